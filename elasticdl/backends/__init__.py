@@ -1,0 +1,1 @@
+"""Where roles run: local child processes (and, later, Kubernetes pods)."""

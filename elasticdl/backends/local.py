@@ -1,0 +1,122 @@
+"""The local backend: every role is a child process of the ``elasticdl`` command.
+
+Each child's output goes, line by line with a ``[role-i]`` prefix, to
+``<log_dir>/<role>-<i>.log``. Children die with the parent (see ``child.py``) and are
+stopped, SIGTERM then SIGKILL, when the job ends or the user presses Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+
+from elasticdl.backends.child import PARENT_PID_ENV
+
+logger = logging.getLogger(__name__)
+
+_MODULES = {"ps": "elasticdl.ps.main", "worker": "elasticdl.worker.main"}
+
+
+@dataclass(frozen=True)
+class ProcessExit:
+    role: str
+    index: int
+    returncode: int
+    log_tail: str
+
+
+class _Child:
+    def __init__(self, role: str, index: int, popen: subprocess.Popen, log_path: str, echo: bool):
+        self.role, self.index, self.popen, self.log_path = role, index, popen, log_path
+        self.tail: collections.deque[str] = collections.deque(maxlen=30)
+        self.reported = False
+        self._thread = threading.Thread(target=self._pump, args=(echo,), daemon=True)
+        self._thread.start()
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.index}"
+
+    def _pump(self, echo: bool) -> None:
+        prefix = f"[{self.name}] "
+        with open(self.log_path, "a", encoding="utf-8") as log:
+            for raw in self.popen.stdout:
+                line = raw.decode("utf-8", errors="replace")
+                self.tail.append(line)
+                log.write(prefix + line)
+                log.flush()
+                if echo:
+                    sys.stderr.write(prefix + line)
+
+    def join_output(self, timeout: float = 5.0) -> None:
+        self._thread.join(timeout)
+
+
+class LocalBackend:
+    def __init__(self, log_dir: str, echo: bool = False):
+        self.log_dir = log_dir
+        self.echo = echo
+        self._children: dict[tuple[str, int], _Child] = {}
+        os.makedirs(log_dir, exist_ok=True)
+
+    def start(self, role: str, index: int, args: list[str], env: dict[str, str] | None = None) -> None:
+        child_env = dict(os.environ, **(env or {}))
+        child_env[PARENT_PID_ENV] = str(os.getpid())
+        child_env.setdefault("PYTHONUNBUFFERED", "1")
+        popen = subprocess.Popen(
+            [sys.executable, "-m", _MODULES[role], *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=child_env,
+        )
+        log_path = os.path.join(self.log_dir, f"{role}-{index}.log")
+        self._children[(role, index)] = _Child(role, index, popen, log_path, self.echo)
+        logger.debug("started %s-%d (pid %d), log %s", role, index, popen.pid, log_path)
+
+    def pid(self, role: str, index: int) -> int:
+        return self._children[(role, index)].popen.pid
+
+    def running(self, role: str) -> list[int]:
+        return sorted(i for (r, i), c in self._children.items() if r == role and c.popen.poll() is None)
+
+    def poll_exits(self) -> list[ProcessExit]:
+        """Children that exited since the last call."""
+        exits = []
+        for child in self._children.values():
+            code = child.popen.poll()
+            if code is not None and not child.reported:
+                child.reported = True
+                child.join_output()
+                exits.append(ProcessExit(child.role, child.index, code, "".join(child.tail)))
+        return exits
+
+    def stop(self, role: str, index: int, timeout: float = 10.0) -> None:
+        child = self._children.get((role, index))
+        if child is not None:
+            _terminate([child.popen], timeout)
+
+    def stop_all(self, timeout: float = 10.0) -> None:
+        """Workers first (they may still be pushing), then the parameter servers."""
+        for role in ("worker", "ps"):
+            _terminate([c.popen for (r, _), c in self._children.items() if r == role], timeout)
+        for child in self._children.values():
+            child.join_output(1.0)
+
+
+def _terminate(popens: list[subprocess.Popen], timeout: float) -> None:
+    alive = [p for p in popens if p.poll() is None]
+    for p in alive:
+        p.send_signal(signal.SIGTERM)
+    for p in alive:
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

@@ -1,0 +1,90 @@
+"""The ``elasticdl`` command: argparse at the edge, a typed JobConfig below it.
+
+The parser is built from JobConfig's fields, so every flag, its default and its help
+live in one place (elasticdl/config.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+import typing
+
+from elasticdl.config import ConfigError, JobConfig
+from elasticdl.logs import configure_logging
+
+SUBCOMMANDS = {"train": "Train a model-zoo model with parameter servers and workers."}
+
+
+def parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false. Received: {text!r}")
+
+
+def _add_config_flags(parser: argparse.ArgumentParser, command: str) -> None:
+    hints = typing.get_type_hints(JobConfig)
+    for f in dataclasses.fields(JobConfig):
+        if command not in f.metadata.get("commands", ()):
+            continue
+        names = [f"--{f.name}", *f.metadata.get("aliases", ())]
+        kind = hints[f.name]
+        help_text = f"{f.metadata['help']} (default: {f.default!r})"
+        if kind is bool:
+            parser.add_argument(*names, dest=f.name, type=parse_bool, nargs="?", const=True,
+                                default=f.default, metavar="BOOL", help=help_text)
+        else:
+            parser.add_argument(*names, dest=f.name, type=kind, default=f.default,
+                                metavar=f.name.upper(), help=help_text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="elasticdl",
+        description="Elastic parameter-server training for Keras models.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command, help_text in SUBCOMMANDS.items():
+        sub_parser = sub.add_parser(command, help=help_text, description=help_text)
+        _add_config_flags(sub_parser, command)
+    return parser
+
+
+def config_from_args(argv: list[str]) -> tuple[str, JobConfig]:
+    args = vars(build_parser().parse_args(argv))
+    command = args.pop("command")
+    return command, JobConfig(**args).with_defaults()
+
+
+def main(argv: list[str] | None = None) -> int:
+    command, config = config_from_args(sys.argv[1:] if argv is None else argv)
+    configure_logging(config.logging_level, "master")
+    log = logging.getLogger("elasticdl")
+    from elasticdl.api import run
+    from elasticdl.data.errors import DataError
+    from elasticdl.master.job import JobFailedError
+    from elasticdl.model_spec import ModelSpecError
+
+    try:
+        report = run(config, command)
+    except (ConfigError, ModelSpecError, DataError) as err:
+        print(f"elasticdl {command}: error: {err}", file=sys.stderr)
+        return 2
+    except JobFailedError as err:
+        log.error("job failed: %s", err)
+        return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted: all job processes were stopped", file=sys.stderr)
+        return 130
+    print(report.to_json())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

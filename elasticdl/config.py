@@ -1,0 +1,224 @@
+"""Typed job configuration: one dataclass, validated before any process starts.
+
+Every field carries its command-line help in ``metadata``; ``elasticdl.cli`` builds
+the argument parser from these fields, so the CLI, the Python API and the generated
+CLI reference (docs/cli.md) cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+BACKENDS = ("local", "kubernetes")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+COMMANDS = ("train", "evaluate", "predict")
+
+
+class ConfigError(ValueError):
+    """A flag or flag combination that cannot work; the message names the flag and the fix."""
+
+
+def _flag(default: Any, help: str, commands: tuple[str, ...] = COMMANDS, aliases: tuple[str, ...] = ()):
+    return field(default=default, metadata={"help": help, "commands": commands, "aliases": aliases})
+
+
+@dataclass
+class JobConfig:
+    """Everything a job needs. Build it with the CLI, ``elasticdl.train(...)`` or directly."""
+
+    # The model zoo.
+    model_zoo: str = _flag("", "Directory that holds the model-zoo packages (required).")
+    model_def: str = _flag(
+        "",
+        "The model function or class, as pkg.module.name under --model_zoo "
+        "(e.g. digits.digits_functional.custom_model; required).",
+    )
+    model_params: str = _flag(
+        "", "Keyword arguments for the model function: \"a=1;b=2.5;c='x'\"."
+    )
+
+    # Data.
+    training_data: str = _flag(
+        "",
+        "Training data: a file, a directory, a glob, or several separated by commas "
+        "(TFRecord of tf.train.Example, or .csv/.txt lines).",
+        commands=("train",),
+    )
+    validation_data: str = _flag(
+        "",
+        "Validation data (same forms as --training_data); evaluated with "
+        "eval_metrics_fn() when training ends.",
+    )
+    data_reader_params: str = _flag(
+        "", "Reader options, e.g. \"has_header=True\" for CSV files with a header line."
+    )
+    minibatch_size: int = _flag(64, "Records per minibatch.")
+    num_epochs: int = _flag(1, "Passes over the training data.", commands=("train",))
+    num_minibatches_per_task: int = _flag(
+        8, "Minibatches per task, when --records_per_task is not given."
+    )
+    records_per_task: int = _flag(
+        0, "Records per task (0: --minibatch_size x --num_minibatches_per_task)."
+    )
+    shuffle_seed: int = _flag(0, "Seed for the per-epoch task shuffle.", commands=("train",))
+
+    # Roles.
+    num_workers: int = _flag(1, "Number of workers.")
+    num_ps: int = _flag(1, "Number of parameter servers.", aliases=("--num_ps_pods",))
+    backend: str = _flag("local", "Where roles run: local (child processes) or kubernetes.")
+    num_threads_per_process: int = _flag(
+        0,
+        "TensorFlow intra-op threads per worker (0: the machine's cores shared "
+        "among the workers, at least 1).",
+    )
+
+    # Consistency.
+    grads_to_wait: int = _flag(
+        1,
+        "Sync mode: gradients gathered (and averaged) per model version.",
+        commands=("train",),
+    )
+    use_async: bool = _flag(
+        False, "Apply each gradient as it arrives, without version checks.", commands=("train",)
+    )
+
+    # Fault handling.
+    task_timeout: float = _flag(
+        600.0, "Seconds a task may stay in progress before it goes back to the queue."
+    )
+    max_task_retries: int = _flag(
+        3, "Times a task may fail or time out before it is dropped and reported."
+    )
+
+    # Checkpoints and output.
+    checkpoint_dir: str = _flag("", "Directory for PS checkpoints (empty: no checkpoints).")
+    checkpoint_steps: int = _flag(
+        0, "Checkpoint every N model versions (0: only at the end of training)."
+    )
+    keep_checkpoint_max: int = _flag(3, "Checkpoints to keep (0: keep all).")
+    checkpoint_dir_for_init: str = _flag(
+        "", "A checkpoint (a version-N directory, or a checkpoint dir: its latest) to start from."
+    )
+    output: str = _flag("", "Directory for the exported SavedModel.", commands=("train",))
+
+    # Job.
+    job_name: str = _flag("", "Job name (default: elasticdl-<model>-<time>).")
+    log_level: str = _flag("INFO", "DEBUG, INFO, WARNING or ERROR.")
+    log_dir: str = _flag("", "Where role logs go (default: runs/<job_name>/logs).")
+
+    # ---------------------------------------------------------------- helpers
+
+    @property
+    def effective_records_per_task(self) -> int:
+        return self.records_per_task or self.minibatch_size * self.num_minibatches_per_task
+
+    @property
+    def model_params_dict(self) -> dict[str, Any]:
+        return parse_kv_params(self.model_params, "--model_params")
+
+    @property
+    def data_reader_params_dict(self) -> dict[str, Any]:
+        return parse_kv_params(self.data_reader_params, "--data_reader_params")
+
+    @property
+    def run_dir(self) -> str:
+        return os.path.join("runs", self.job_name)
+
+    @property
+    def effective_log_dir(self) -> str:
+        return self.log_dir or os.path.join(self.run_dir, "logs")
+
+    def with_defaults(self) -> JobConfig:
+        """Fill the defaults that depend on other fields."""
+        cfg = dataclasses.replace(self)
+        if not cfg.job_name:
+            model = cfg.model_def.rsplit(".", 2)[0].replace(".", "-").replace("_", "-") or "job"
+            cfg.job_name = f"elasticdl-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
+        return cfg
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobConfig:
+        return cls(**json.loads(text))
+
+    def validate(self, command: str = "train") -> None:
+        """Raise ConfigError for flags that cannot work, before anything starts."""
+        if command not in COMMANDS:
+            raise ConfigError(f"Unknown command {command!r}; use one of {', '.join(COMMANDS)}.")
+        if not self.model_zoo:
+            raise ConfigError("--model_zoo is required: the directory holding your model-zoo packages.")
+        if not os.path.isdir(self.model_zoo):
+            raise ConfigError(f"--model_zoo {self.model_zoo!r} is not a directory.")
+        if not self.model_def or "." not in self.model_def:
+            raise ConfigError(
+                f"--model_def must be pkg.module.name under --model_zoo "
+                f"(e.g. digits.digits_functional.custom_model). Received: {self.model_def!r}"
+            )
+        if command == "train" and not self.training_data:
+            raise ConfigError("--training_data is required for `elasticdl train`.")
+        if command == "evaluate" and not self.validation_data:
+            raise ConfigError("--validation_data is required for `elasticdl evaluate`.")
+        for name in ("minibatch_size", "num_epochs", "num_workers", "num_ps", "grads_to_wait",
+                     "num_minibatches_per_task"):
+            value = getattr(self, name)
+            if value < 1:
+                raise ConfigError(f"--{name} must be at least 1. Received: {name}={value}")
+        for name in ("records_per_task", "checkpoint_steps", "keep_checkpoint_max",
+                     "max_task_retries", "num_threads_per_process"):
+            value = getattr(self, name)
+            if value < 0:
+                raise ConfigError(f"--{name} must be 0 or more. Received: {name}={value}")
+        if self.task_timeout <= 0:
+            raise ConfigError(f"--task_timeout must be positive. Received: {self.task_timeout}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}. Received: {self.backend!r}")
+        if self.backend == "kubernetes":
+            raise ConfigError(
+                "--backend kubernetes is not available in this version yet; use --backend local."
+            )
+        if self.log_level.upper() not in LOG_LEVELS:
+            raise ConfigError(f"--log_level must be one of {', '.join(LOG_LEVELS)}. Received: {self.log_level!r}")
+        if self.use_async and self.grads_to_wait != 1:
+            raise ConfigError(
+                "--grads_to_wait only applies to sync training; drop it or drop --use_async. "
+                f"Received: --use_async with --grads_to_wait={self.grads_to_wait}"
+            )
+        if self.checkpoint_steps and not self.checkpoint_dir:
+            raise ConfigError("--checkpoint_steps needs --checkpoint_dir: where should checkpoints go?")
+        if self.checkpoint_dir_for_init and not os.path.exists(self.checkpoint_dir_for_init):
+            raise ConfigError(f"--checkpoint_dir_for_init {self.checkpoint_dir_for_init!r} does not exist.")
+        # Parse now so a malformed string fails here, not in a worker.
+        self.model_params_dict  # noqa: B018
+        self.data_reader_params_dict  # noqa: B018
+
+    @property
+    def logging_level(self) -> int:
+        return getattr(logging, self.log_level.upper())
+
+
+def parse_kv_params(text: str, flag: str) -> dict[str, Any]:
+    """Parse ``"a=1;b=2.5;c='x';d=True"`` into keyword arguments (Python literals, else strings)."""
+    import ast
+
+    params: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise ConfigError(
+                f"{flag} must look like \"a=1;b=2.5;c='x'\". Cannot parse {item!r} in {text!r}."
+            )
+        raw = raw.strip()
+        try:
+            params[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            params[key] = raw  # a bare word such as relu
+    return params

@@ -1,0 +1,1 @@
+"""The master: task ledger, progress, the job loop and its gRPC edge."""

@@ -1,0 +1,135 @@
+"""Submit-time checks: everything that can be wrong is found before any process starts.
+
+Loads the model zoo, counts the data, and runs one real batch through ``dataset_fn``,
+the model, ``loss`` and a gradient, so a broken model-zoo file fails here with a
+message naming the function and the fix, not minutes later in a worker's log.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from elasticdl.config import JobConfig
+from elasticdl.data.sources import count_records, read_records, record_format, resolve_data_files
+from elasticdl.mode import Mode
+from elasticdl.model_spec import DatasetMetadata, ModelSpec, ModelSpecError, load_model_spec
+from elasticdl.ps.optimizers import OptimizerSpec, UnsupportedOptimizerError, optimizer_spec_from_keras
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class CheckedJob:
+    config: JobConfig
+    spec: ModelSpec
+    optimizer_spec: OptimizerSpec
+    files: list[tuple[str, int]]  # (path, records) of the data the command reads
+    sample_features: Any  # one batch of features: builds the model for export
+
+
+def check_job(config: JobConfig, command: str = "train") -> CheckedJob:
+    config.validate(command)
+    spec = load_model_spec(config.model_zoo, config.model_def)
+    optimizer_spec = _check_optimizer(spec)
+    metrics = check_eval_metrics(spec)
+    has_header = bool(config.data_reader_params_dict.get("has_header", False))
+    data = config.training_data if command == "train" else config.validation_data
+    files = [(path, count_records(path, has_header)) for path in resolve_data_files(data)]
+    if sum(n for _, n in files) == 0:
+        raise ModelSpecError(f"the data in {data!r} holds no records")
+    if config.validation_data and command == "train":
+        resolve_data_files(config.validation_data)  # fail now on a typo, not after training
+    features = _check_one_batch(spec, config, files, has_header, metrics)
+    return CheckedJob(config, spec, optimizer_spec, files, features)
+
+
+def _check_optimizer(spec: ModelSpec) -> OptimizerSpec:
+    try:
+        optimizer = spec.optimizer()
+    except Exception as err:
+        raise ModelSpecError(f"{spec.module_path}: optimizer() failed: {type(err).__name__}: {err}") from err
+    try:
+        return optimizer_spec_from_keras(optimizer)
+    except UnsupportedOptimizerError as err:
+        raise ModelSpecError(f"{spec.module_path}: {err}") from err
+
+
+def check_eval_metrics(spec: ModelSpec) -> dict[str, Any]:
+    """The metrics from eval_metrics_fn(), each a Keras Metric or a callable."""
+    if spec.eval_metrics_fn is None:
+        return {}
+    import keras
+
+    metrics = spec.eval_metrics_fn()
+    if not isinstance(metrics, dict) or not metrics:
+        raise ModelSpecError(
+            f"{spec.module_path}: eval_metrics_fn() must return a non-empty dict "
+            f"{{name: keras.metrics.Metric or fn(labels, predictions)}}. Received: {type(metrics).__name__}"
+        )
+    for name, metric in metrics.items():
+        if not isinstance(metric, keras.metrics.Metric) and not callable(metric):
+            raise ModelSpecError(
+                f"{spec.module_path}: eval_metrics_fn()[{name!r}] must be a keras.metrics.Metric "
+                f"or a function (labels, predictions) -> per-example values. Received: {metric!r}"
+            )
+    return metrics
+
+
+def _check_one_batch(spec, config, files, has_header, metrics) -> Any:
+    import tensorflow as tf
+
+    from elasticdl.worker.trainer import Trainer, make_dataset
+
+    path = next(p for p, n in files if n > 0)
+    n = min(config.minibatch_size, dict(files)[path])
+    records = list(itertools.islice(read_records(path, 0, n, has_header), n))
+    dataset = make_dataset(spec, records, Mode.TRAINING, DatasetMetadata(record_format(path)), n)
+    try:
+        batch = next(iter(dataset))
+    except StopIteration:
+        raise ModelSpecError(
+            f"{spec.module_path}: dataset_fn produced no elements from {n} records of {path}"
+        ) from None
+    except Exception as err:
+        raise ModelSpecError(
+            f"{spec.module_path}: dataset_fn failed on records of {path}: {type(err).__name__}: {err}"
+        ) from err
+    if not isinstance(batch, tuple) or len(batch) != 2:
+        raise ModelSpecError(
+            f"{spec.module_path}: in training mode dataset_fn must yield (features, labels) pairs. "
+            f"Received elements of type {type(batch).__name__}"
+        )
+    features, labels = batch
+    trainer = Trainer(spec, config.model_params_dict)
+    trainer.ensure_built(features)
+    predictions = trainer.model(features, training=False)
+    try:
+        loss = spec.loss(labels, predictions)
+    except Exception as err:
+        raise ModelSpecError(f"{spec.module_path}: loss(labels, predictions) failed: {err}") from err
+    if int(tf.size(loss)) != 1:
+        raise ModelSpecError(
+            f"{spec.module_path}: loss(labels, predictions) must return a scalar; got shape "
+            f"{tuple(loss.shape)}. Reduce it, e.g. with tf.reduce_mean."
+        )
+    _, grads = trainer.compute_gradients(features, labels)
+    if not grads:
+        raise ModelSpecError(f"{spec.module_path}: the loss has no gradient for any trainable variable.")
+    for name, metric in metrics.items():
+        if not hasattr(metric, "update_state"):
+            try:
+                metric(labels, predictions)
+            except Exception as err:
+                raise ModelSpecError(
+                    f"{spec.module_path}: eval_metrics_fn()[{name!r}](labels, predictions) failed: "
+                    f"{type(err).__name__}: {err}"
+                ) from err
+    logger.info(
+        "model checked: %d trainable variables, %d parameters",
+        len(trainer.variables),
+        sum(int(v.numpy().size) for v in trainer.variables.values()),
+    )
+    return features

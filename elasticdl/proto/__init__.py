@@ -1,0 +1,1 @@
+"""Generated gRPC code only (``make proto`` regenerates it from protos/)."""

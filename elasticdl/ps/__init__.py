@@ -1,0 +1,1 @@
+"""The parameter server: shards, optimizers, updating strategies, checkpoints."""

@@ -1,0 +1,122 @@
+"""PS shard checkpoints: ``<dir>/version-<v>/ps-<i>-of-<n>.npz``.
+
+Each PS writes its own file (atomically: a temp file, then rename). A version directory
+is complete when all ``n`` files are there. Restoring reads every file of a version and
+keeps the variables that hash to this PS, so a job may restart on a different number
+of parameter servers.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+from dataclasses import dataclass
+
+import numpy as np
+
+from elasticdl.sharding import ps_for_variable
+
+_VERSION_DIR = re.compile(r"^version-(\d+)$")
+_SHARD_FILE = re.compile(r"^ps-(\d+)-of-(\d+)\.npz$")
+
+
+class CheckpointError(ValueError):
+    """No usable checkpoint where one was asked for."""
+
+
+@dataclass
+class ShardState:
+    version: int
+    step: int
+    params: dict[str, np.ndarray]
+    slots: dict[str, dict[str, np.ndarray]]
+
+
+def save_shard(checkpoint_dir: str, ps_id: int, num_ps: int, state: ShardState) -> str:
+    version_dir = os.path.join(checkpoint_dir, f"version-{state.version}")
+    os.makedirs(version_dir, exist_ok=True)
+    arrays: dict[str, np.ndarray] = {
+        "__version__": np.array(state.version, dtype=np.int64),
+        "__step__": np.array(state.step, dtype=np.int64),
+    }
+    for name, value in state.params.items():
+        arrays[f"param:{name}"] = value
+        for slot_name, slot in state.slots.get(name, {}).items():
+            arrays[f"slot:{slot_name}:{name}"] = slot
+    path = os.path.join(version_dir, f"ps-{ps_id}-of-{num_ps}.npz")
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+    return path
+
+
+def complete_versions(checkpoint_dir: str) -> list[int]:
+    """Versions whose every shard file is present, oldest first."""
+    versions = []
+    for entry in os.listdir(checkpoint_dir) if os.path.isdir(checkpoint_dir) else []:
+        match = _VERSION_DIR.match(entry)
+        if match and _is_complete(os.path.join(checkpoint_dir, entry)):
+            versions.append(int(match.group(1)))
+    return sorted(versions)
+
+
+def _shard_files(version_dir: str) -> list[tuple[int, int, str]]:
+    found = []
+    for path in glob.glob(os.path.join(version_dir, "ps-*-of-*.npz")):
+        match = _SHARD_FILE.match(os.path.basename(path))
+        if match:
+            found.append((int(match.group(1)), int(match.group(2)), path))
+    return found
+
+
+def _is_complete(version_dir: str) -> bool:
+    files = _shard_files(version_dir)
+    if not files:
+        return False
+    num_ps = files[0][1]
+    return {i for i, n, _ in files if n == num_ps} == set(range(num_ps))
+
+
+def resolve_checkpoint(path: str) -> str:
+    """A version directory: ``path`` itself, or the latest complete one under it."""
+    if _VERSION_DIR.match(os.path.basename(os.path.normpath(path))):
+        if not _is_complete(path):
+            raise CheckpointError(f"checkpoint {path} is incomplete: some ps-*-of-*.npz files are missing")
+        return path
+    versions = complete_versions(path)
+    if not versions:
+        raise CheckpointError(
+            f"no complete checkpoint under {path} (expected version-<N>/ps-<i>-of-<n>.npz)"
+        )
+    return os.path.join(path, f"version-{versions[-1]}")
+
+
+def load_shard(path: str, ps_id: int, num_ps: int) -> ShardState:
+    """This PS's part of the checkpoint at ``path`` (re-sharded for ``num_ps``)."""
+    version_dir = resolve_checkpoint(path)
+    params: dict[str, np.ndarray] = {}
+    slots: dict[str, dict[str, np.ndarray]] = {}
+    version = step = 0
+    for _, _, file in sorted(_shard_files(version_dir)):
+        with np.load(file) as data:
+            version = int(data["__version__"])
+            step = max(step, int(data["__step__"]))
+            for key in data.files:
+                kind, _, rest = key.partition(":")
+                if kind == "param" and ps_for_variable(rest, num_ps) == ps_id:
+                    params[rest] = data[key]
+                elif kind == "slot":
+                    slot_name, _, name = rest.partition(":")
+                    if ps_for_variable(name, num_ps) == ps_id:
+                        slots.setdefault(name, {})[slot_name] = data[key]
+    return ShardState(version=version, step=step, params=params, slots=slots)
+
+
+def prune(checkpoint_dir: str, keep_max: int) -> None:
+    """Keep the newest ``keep_max`` complete versions (0 keeps all)."""
+    if keep_max <= 0:
+        return
+    for version in complete_versions(checkpoint_dir)[:-keep_max]:
+        shutil.rmtree(os.path.join(checkpoint_dir, f"version-{version}"), ignore_errors=True)

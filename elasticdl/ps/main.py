@@ -1,0 +1,77 @@
+"""Entry point of a parameter-server process (started by a backend, not by users)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import threading
+
+from elasticdl.backends.child import die_with_parent
+from elasticdl.config import JobConfig
+from elasticdl.grpc_utils import bind_local, make_server
+from elasticdl.logs import configure_logging
+from elasticdl.proto import elasticdl_pb2_grpc
+from elasticdl.ps.optimizers import OptimizerSpec, make_optimizer
+from elasticdl.ps.server import ParameterServer, PSSettings
+from elasticdl.ps.servicer import PServerServicer
+
+logger = logging.getLogger("elasticdl.ps")
+
+
+def settings_from_config(config: JobConfig, ps_id: int) -> PSSettings:
+    return PSSettings(
+        ps_id=ps_id,
+        num_ps=config.num_ps,
+        grads_to_wait=config.grads_to_wait,
+        use_async=config.use_async,
+        checkpoint_dir=config.checkpoint_dir,
+        checkpoint_steps=config.checkpoint_steps,
+        keep_checkpoint_max=config.keep_checkpoint_max,
+        checkpoint_dir_for_init=config.checkpoint_dir_for_init,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    die_with_parent()
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--job_config", required=True, help="JobConfig JSON file")
+    parser.add_argument("--optimizer_spec", required=True, help="OptimizerSpec JSON file")
+    parser.add_argument("--ps_id", type=int, required=True)
+    parser.add_argument("--port", type=int, default=0, help="0: any free port")
+    parser.add_argument("--ready_file", default="", help="write the bound port here once serving")
+    args = parser.parse_args(argv)
+
+    with open(args.job_config) as f:
+        config = JobConfig.from_json(f.read())
+    with open(args.optimizer_spec) as f:
+        spec = OptimizerSpec.from_json_dict(json.load(f))
+    configure_logging(config.logging_level, f"ps-{args.ps_id}")
+
+    core = ParameterServer(settings_from_config(config, args.ps_id), make_optimizer(spec))
+    core.restore()
+    server = make_server()
+    elasticdl_pb2_grpc.add_PServerServicer_to_server(PServerServicer(core), server)
+    port = bind_local(server, args.port)
+    server.start()
+    logger.info("serving on 127.0.0.1:%d (%s, %s)", port, spec.name,
+                "async" if config.use_async else f"sync, grads_to_wait={config.grads_to_wait}")
+    if args.ready_file:
+        tmp = args.ready_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(str(port))
+        os.replace(tmp, args.ready_file)
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop.wait()
+    server.stop(grace=2).wait()
+    logger.info("stopped at version %d", core.shard.version)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

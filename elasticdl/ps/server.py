@@ -1,0 +1,131 @@
+"""The parameter server's core: one lock around a shard, its updating strategy and checkpoints.
+
+Pure Python (numpy, no TensorFlow, no protobuf): the gRPC servicer translates messages
+and calls these methods; tests drive them directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from elasticdl.ps import checkpoint
+from elasticdl.ps.optimizers import Optimizer
+from elasticdl.ps.parameters import GradientError, ParameterShard
+from elasticdl.ps.strategies import (
+    AverageUpdatingStrategy,
+    DirectUpdatingStrategy,
+    GradientUpdatingStrategy,
+    PushResult,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PSSettings:
+    ps_id: int = 0
+    num_ps: int = 1
+    grads_to_wait: int = 1
+    use_async: bool = False
+    checkpoint_dir: str = ""
+    checkpoint_steps: int = 0
+    keep_checkpoint_max: int = 3
+    checkpoint_dir_for_init: str = ""
+
+
+def make_updating_strategy(settings: PSSettings) -> GradientUpdatingStrategy:
+    if settings.use_async:
+        return DirectUpdatingStrategy()
+    return AverageUpdatingStrategy(settings.grads_to_wait)
+
+
+class ParameterServer:
+    def __init__(self, settings: PSSettings, optimizer: Optimizer):
+        self.settings = settings
+        self.shard = ParameterShard(optimizer)
+        self.strategy = make_updating_strategy(settings)
+        self._lock = threading.Lock()
+        self._last_checkpoint_version = -1
+
+    def restore(self) -> None:
+        """Load --checkpoint_dir_for_init, if given (call before serving)."""
+        if not self.settings.checkpoint_dir_for_init:
+            return
+        state = checkpoint.load_shard(
+            self.settings.checkpoint_dir_for_init, self.settings.ps_id, self.settings.num_ps
+        )
+        with self._lock:
+            self.shard.initialize(state.params, state.version)
+            self.shard.step = state.step
+            for name, slots in state.slots.items():
+                self.shard.slots[name].update(slots)
+        logger.info(
+            "restored %d variables at version %d from %s",
+            len(state.params), state.version, self.settings.checkpoint_dir_for_init,
+        )
+
+    def push_model(self, params: dict[str, np.ndarray], version: int = 0) -> tuple[bool, int]:
+        with self._lock:
+            accepted = self.shard.initialize(params, version)
+            if accepted:
+                logger.info("initialized with %d variables at version %d", len(params), version)
+            return accepted, self.shard.version
+
+    def pull(self, worker_version: int) -> tuple[bool, int, dict[str, np.ndarray]]:
+        """(initialized, version, params); params are empty when the worker is current."""
+        with self._lock:
+            if not self.shard.initialized:
+                return False, self.shard.version, {}
+            if worker_version == self.shard.version:
+                return True, self.shard.version, {}
+            # Copies: the arrays change under the lock once it is released.
+            return True, self.shard.version, {n: v.copy() for n, v in self.shard.params.items()}
+
+    def push_gradients(
+        self, grads: dict[str, np.ndarray], version: int, learning_rate: float | None
+    ) -> PushResult:
+        with self._lock:
+            try:
+                self.shard.check_gradients(grads)
+            except GradientError as err:
+                logger.warning("rejected push: %s", err)
+                return PushResult(False, self.shard.version, str(err))
+            result = self.strategy.push(self.shard, grads, version, learning_rate)
+            if self._checkpoint_due():
+                self._save_locked()
+            return result
+
+    def save_checkpoint(self) -> str:
+        """Write this shard now (the end of training); '' without --checkpoint_dir."""
+        with self._lock:
+            if not self.settings.checkpoint_dir or not self.shard.initialized:
+                return ""
+            if self._last_checkpoint_version == self.shard.version:
+                return self._path_for(self.shard.version)
+            return self._save_locked()
+
+    def _checkpoint_due(self) -> bool:
+        steps = self.settings.checkpoint_steps
+        return bool(
+            self.settings.checkpoint_dir
+            and steps
+            and self.shard.version % steps == 0
+            and self.shard.version != self._last_checkpoint_version
+        )
+
+    def _path_for(self, version: int) -> str:
+        return f"{self.settings.checkpoint_dir}/version-{version}"
+
+    def _save_locked(self) -> str:
+        state = checkpoint.ShardState(
+            self.shard.version, self.shard.step, self.shard.params, self.shard.slots
+        )
+        checkpoint.save_shard(self.settings.checkpoint_dir, self.settings.ps_id, self.settings.num_ps, state)
+        checkpoint.prune(self.settings.checkpoint_dir, self.settings.keep_checkpoint_max)
+        self._last_checkpoint_version = self.shard.version
+        logger.info("checkpoint at version %d", self.shard.version)
+        return self._path_for(self.shard.version)

@@ -1,0 +1,46 @@
+"""Thin gRPC edge of the PS: messages in, ParameterServer calls, messages out."""
+
+from __future__ import annotations
+
+import grpc
+
+from elasticdl import tensor_codec
+from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
+from elasticdl.ps.server import ParameterServer
+
+
+class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
+    def __init__(self, server: ParameterServer):
+        self._server = server
+
+    def push_model(self, request, context):
+        params = _decode_or_abort(request.dense_parameters, context, writable=True)
+        accepted, version = self._server.push_model(params, request.version)
+        return elasticdl_pb2.PushModelResponse(accepted=accepted, version=version)
+
+    def pull_dense_parameters(self, request, context):
+        initialized, version, params = self._server.pull(request.version)
+        return elasticdl_pb2.PullDenseParametersResponse(
+            initialized=initialized,
+            version=version,
+            dense_parameters=tensor_codec.encode_dict(params),
+        )
+
+    def push_gradients(self, request, context):
+        grads = _decode_or_abort(request.gradients, context)
+        lr = request.learning_rate if request.learning_rate > 0 else None
+        result = self._server.push_gradients(grads, request.version, lr)
+        return elasticdl_pb2.PushGradientsResponse(
+            accepted=result.accepted, version=result.version, reason=result.reason
+        )
+
+    def save_checkpoint(self, request, context):
+        path = self._server.save_checkpoint()
+        return elasticdl_pb2.SaveCheckpointResponse(path=path, version=self._server.shard.version)
+
+
+def _decode_or_abort(tensors, context, writable: bool = False):
+    try:
+        return tensor_codec.decode_list(tensors, writable)
+    except tensor_codec.TensorDecodeError as err:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))

@@ -1,0 +1,1 @@
+"""Compatibility package (see elasticdl.python.common.constants)."""

@@ -1,0 +1,21 @@
+"""Where each dense variable lives: a stable hash of its name, the same in every process.
+
+Python's built-in ``hash`` of a str is salted per process, so it cannot place variables.
+"""
+
+import zlib
+
+
+def ps_for_variable(name: str, num_ps: int) -> int:
+    """The index of the parameter server that holds variable ``name``."""
+    if num_ps < 1:
+        raise ValueError(f"num_ps must be at least 1. Received: {num_ps}")
+    return zlib.crc32(name.encode("utf-8")) % num_ps
+
+
+def partition_by_ps(names, num_ps: int) -> list[list[str]]:
+    """Variable names grouped by the PS that holds them (index = PS id)."""
+    groups: list[list[str]] = [[] for _ in range(num_ps)]
+    for name in names:
+        groups[ps_for_variable(name, num_ps)].append(name)
+    return groups

@@ -1,0 +1,1 @@
+"""The worker: task loop, PS client and the TensorFlow trainer."""

@@ -1,0 +1,54 @@
+"""Entry point of a worker process (started by a backend, not by users)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from elasticdl.backends.child import die_with_parent
+from elasticdl.config import JobConfig
+from elasticdl.logs import configure_logging
+from elasticdl.tf_runtime import configure_tensorflow, default_threads, quiet_tensorflow
+
+logger = logging.getLogger("elasticdl.worker")
+
+
+def main(argv: list[str] | None = None) -> int:
+    die_with_parent()
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--job_config", required=True, help="JobConfig JSON file")
+    parser.add_argument("--worker_id", type=int, required=True)
+    parser.add_argument("--master_addr", required=True)
+    parser.add_argument("--ps_addrs", required=True, help="comma-separated, in PS id order")
+    args = parser.parse_args(argv)
+
+    with open(args.job_config) as f:
+        config = JobConfig.from_json(f.read())
+    configure_logging(config.logging_level, f"worker-{args.worker_id}")
+    quiet_tensorflow()
+    configure_tensorflow(config.num_threads_per_process or default_threads(config.num_workers))
+
+    # Imported after the thread limits: these pull in TensorFlow.
+    from elasticdl.model_spec import load_model_spec
+    from elasticdl.worker.master_client import MasterClient
+    from elasticdl.worker.ps_client import PSClient
+    from elasticdl.worker.trainer import Trainer
+    from elasticdl.worker.worker import Worker
+
+    spec = load_model_spec(config.model_zoo, config.model_def)
+    worker = Worker(
+        worker_id=args.worker_id,
+        spec=spec,
+        trainer=Trainer(spec, config.model_params_dict),
+        master=MasterClient(args.master_addr, args.worker_id),
+        ps=PSClient(args.ps_addrs.split(",")),
+        minibatch_size=config.minibatch_size,
+        has_header=bool(config.data_reader_params_dict.get("has_header", False)),
+    )
+    worker.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

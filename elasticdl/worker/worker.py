@@ -1,0 +1,153 @@
+"""The worker's task loop: get a task, train its records batch by batch, report it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from elasticdl.data.sources import read_records, record_format
+from elasticdl.mode import Mode
+from elasticdl.model_spec import DatasetMetadata, ModelSpec
+from elasticdl.worker.master_client import MasterClient, TaskOrder
+from elasticdl.worker.ps_client import PSClient
+from elasticdl.worker.trainer import Trainer, make_dataset
+
+logger = logging.getLogger(__name__)
+
+# A sync-mode gradient rejected as stale is recomputed on fresh parameters; past this
+# many tries in a row the batch is skipped (other workers are moving the model anyway).
+MAX_PUSH_TRIES = 64
+
+
+@dataclass
+class TaskResult:
+    records: int = 0
+    loss_sum: float = 0.0
+    batches: int = 0
+
+
+class Worker:
+    def __init__(
+        self,
+        worker_id: int,
+        spec: ModelSpec,
+        trainer: Trainer,
+        master: MasterClient,
+        ps: PSClient,
+        minibatch_size: int,
+        has_header: bool = False,
+        wait_seconds: float = 0.5,
+    ):
+        self.worker_id = worker_id
+        self.spec = spec
+        self.trainer = trainer
+        self.master = master
+        self.ps = ps
+        self.minibatch_size = minibatch_size
+        self.has_header = has_header
+        self.wait_seconds = wait_seconds
+        self.versions = [-1] * ps.num_ps  # the version of each PS shard we hold
+        self.batches_trained = 0
+
+    def run(self) -> None:
+        while True:
+            order = self.master.get_task()
+            if order.kind == "end":
+                logger.info("no more tasks; %d batches trained", self.batches_trained)
+                return
+            if order.kind == "wait":
+                time.sleep(self.wait_seconds)
+                continue
+            if order.kind != "training":
+                self.master.report(order.task_id, 0, f"worker cannot run {order.kind} tasks yet")
+                continue
+            try:
+                result = self.train_task(order)
+            except Exception as err:  # report it: the master retries or drops the task
+                logger.exception("task %d failed", order.task_id)
+                self.master.report(order.task_id, 0, f"{type(err).__name__}: {err}")
+                continue
+            self.master.report(
+                order.task_id, result.records, "", result.loss_sum, result.batches, self.model_version
+            )
+
+    @property
+    def model_version(self) -> int:
+        return max(self.versions)
+
+    def train_task(self, order: TaskOrder) -> TaskResult:
+        records = list(read_records(order.path, order.start, order.end, self.has_header))
+        metadata = DatasetMetadata(record_format(order.path))
+        dataset = make_dataset(self.spec, records, Mode.TRAINING, metadata, self.minibatch_size)
+        result = TaskResult()
+        for features, labels in dataset:
+            loss = self.train_batch(features, labels)
+            result.records += _batch_size(labels)
+            result.loss_sum += loss
+            result.batches += 1
+        return result
+
+    def train_batch(self, features, labels) -> float:
+        if not self.trainer.built:
+            self.trainer.ensure_built(features)
+            self._initialize_ps()
+        pending = set(range(self.ps.num_ps))
+        loss = 0.0
+        for _ in range(MAX_PUSH_TRIES):
+            self._pull()
+            loss, grads = self.trainer.compute_gradients(features, labels)
+            parts = self.ps.split(grads)
+            lr = self._learning_rate()
+            answers = self.ps.push_gradients(
+                {ps: parts[ps] for ps in pending}, self.versions, lr, self.worker_id
+            )
+            for ps, answer in answers.items():
+                if answer.accepted:
+                    pending.discard(ps)
+                elif "stale" not in answer.reason:
+                    raise RuntimeError(f"PS {ps} rejected the gradients: {answer.reason}")
+            if not pending:
+                self.batches_trained += 1
+                return loss
+        logger.warning("skipped a batch: its gradients were stale %d times in a row", MAX_PUSH_TRIES)
+        return loss
+
+    def _learning_rate(self) -> float:
+        if self.spec.learning_rate_scheduler is None:
+            return 0.0  # the optimizer's own
+        return float(self.spec.learning_rate_scheduler(self.model_version))
+
+    def _initialize_ps(self) -> None:
+        """The first worker to get here gives the PS its freshly built model; the rest pull."""
+        pulled = self.ps.pull([-1] * self.ps.num_ps)
+        if not all(p.initialized for p in pulled):
+            accepted = self.ps.push_model(self.trainer.get_params())
+            if any(accepted):
+                logger.info("initialized the parameter servers with this worker's model")
+        self.versions = [-1] * self.ps.num_ps
+        self._pull()
+        held = set().union(*(p.params for p in self.ps.pull([-1] * self.ps.num_ps)))
+        missing = sorted(set(self.trainer.variables) - held)
+        if missing:
+            raise RuntimeError(
+                f"the parameter servers do not hold {missing[:5]}: was the model changed "
+                "since the checkpoint in --checkpoint_dir_for_init was made?"
+            )
+
+    def _pull(self) -> None:
+        for ps, result in enumerate(self.ps.pull(self.versions)):
+            if not result.initialized:
+                raise RuntimeError(f"PS {ps} has no model")
+            if result.params:
+                self.trainer.set_params(result.params)
+            self.versions[ps] = result.version
+
+
+def _batch_size(labels) -> int:
+    first = labels
+    while isinstance(first, (dict, list, tuple)):
+        first = next(iter(first.values())) if isinstance(first, dict) else first[0]
+    return int(np.shape(first)[0])

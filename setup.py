@@ -1,0 +1,24 @@
+"""ElasticDL: elastic parameter-server training for Keras models."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="elasticdl",
+    version="0.1.0",
+    description="Elastic parameter-server training for Keras models",
+    python_requires=">=3.11",
+    packages=find_packages(include=["elasticdl", "elasticdl.*"]),
+    install_requires=[
+        "numpy>=1.26",
+        "grpcio>=1.70",
+        "protobuf>=7.35.1",  # the generated code in elasticdl/proto needs at least this runtime
+        "google-crc32c>=1.5",
+    ],
+    extras_require={
+        # TensorFlow is an extra so a GPU image can bring its own build.
+        "cpu": ["tensorflow-cpu>=2.18"],
+        "gpu": ["tensorflow[and-cuda]>=2.18"],
+        "dev": ["pytest>=8", "pytest-timeout", "hypothesis", "ruff", "scikit-learn", "grpcio-tools>=1.70"],
+    },
+    entry_points={"console_scripts": ["elasticdl=elasticdl.cli:main"]},
+)
