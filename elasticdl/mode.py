@@ -3,16 +3,13 @@
 import enum
 
 
-class Mode(str, enum.Enum):
+class Mode(enum.StrEnum):
     """Passed to ``dataset_fn(dataset, mode, metadata)``.
 
-    A ``str`` enum, so ``mode == Mode.PREDICTION`` and ``mode == "prediction"`` both
+    A string enum, so ``mode == Mode.PREDICTION`` and ``mode == "prediction"`` both
     hold, as in the original ElasticDL.
     """
 
     TRAINING = "training"
     EVALUATION = "evaluation"
     PREDICTION = "prediction"
-
-    def __str__(self) -> str:
-        return self.value

@@ -16,9 +16,10 @@ import importlib
 import inspect
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 
 class ModelSpecError(ValueError):

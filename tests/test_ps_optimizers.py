@@ -24,30 +24,30 @@ SHAPES = [(4, 3), (5,)]
 STEPS = 10
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 
-O = keras.optimizers
+opts = keras.optimizers
 CONFIGS = {
-    "sgd": lambda: O.SGD(learning_rate=0.1),
-    "sgd_momentum": lambda: O.SGD(learning_rate=0.05, momentum=0.9),
-    "sgd_nesterov": lambda: O.SGD(learning_rate=0.05, momentum=0.8, nesterov=True),
-    "adam": lambda: O.Adam(learning_rate=0.01),
-    "adam_amsgrad": lambda: O.Adam(learning_rate=0.01, beta_1=0.8, amsgrad=True),
-    "adagrad": lambda: O.Adagrad(learning_rate=0.1),
-    "adagrad_custom": lambda: O.Adagrad(
+    "sgd": lambda: opts.SGD(learning_rate=0.1),
+    "sgd_momentum": lambda: opts.SGD(learning_rate=0.05, momentum=0.9),
+    "sgd_nesterov": lambda: opts.SGD(learning_rate=0.05, momentum=0.8, nesterov=True),
+    "adam": lambda: opts.Adam(learning_rate=0.01),
+    "adam_amsgrad": lambda: opts.Adam(learning_rate=0.01, beta_1=0.8, amsgrad=True),
+    "adagrad": lambda: opts.Adagrad(learning_rate=0.1),
+    "adagrad_custom": lambda: opts.Adagrad(
         learning_rate=0.05, initial_accumulator_value=0.5, epsilon=1e-3
     ),
-    "rmsprop": lambda: O.RMSprop(learning_rate=0.01),
-    "rmsprop_momentum": lambda: O.RMSprop(learning_rate=0.01, rho=0.8, momentum=0.5),
-    "rmsprop_centered": lambda: O.RMSprop(learning_rate=0.01, centered=True),
-    "rmsprop_centered_momentum": lambda: O.RMSprop(
+    "rmsprop": lambda: opts.RMSprop(learning_rate=0.01),
+    "rmsprop_momentum": lambda: opts.RMSprop(learning_rate=0.01, rho=0.8, momentum=0.5),
+    "rmsprop_centered": lambda: opts.RMSprop(learning_rate=0.01, centered=True),
+    "rmsprop_centered_momentum": lambda: opts.RMSprop(
         learning_rate=0.005, momentum=0.9, centered=True, epsilon=1e-4
     ),
-    "sgd_weight_decay": lambda: O.SGD(learning_rate=0.1, weight_decay=0.05),
-    "adam_weight_decay": lambda: O.Adam(learning_rate=0.01, weight_decay=0.1),
-    "adamw": lambda: O.AdamW(learning_rate=0.01),
-    "sgd_clipnorm": lambda: O.SGD(learning_rate=0.1, clipnorm=0.5),
-    "adam_clipnorm_loose": lambda: O.Adam(learning_rate=0.01, clipnorm=100.0),
-    "rmsprop_clipvalue": lambda: O.RMSprop(learning_rate=0.01, clipvalue=0.3),
-    "adagrad_clipvalue_wd": lambda: O.Adagrad(
+    "sgd_weight_decay": lambda: opts.SGD(learning_rate=0.1, weight_decay=0.05),
+    "adam_weight_decay": lambda: opts.Adam(learning_rate=0.01, weight_decay=0.1),
+    "adamw": lambda: opts.AdamW(learning_rate=0.01),
+    "sgd_clipnorm": lambda: opts.SGD(learning_rate=0.1, clipnorm=0.5),
+    "adam_clipnorm_loose": lambda: opts.Adam(learning_rate=0.01, clipnorm=100.0),
+    "rmsprop_clipvalue": lambda: opts.RMSprop(learning_rate=0.01, clipvalue=0.3),
+    "adagrad_clipvalue_wd": lambda: opts.Adagrad(
         learning_rate=0.1, clipvalue=0.5, weight_decay=0.01
     ),
 }
@@ -99,14 +99,14 @@ def test_learning_rate_override_matches_keras(config):
 
 
 def test_spec_contents_and_defaults():
-    spec = optimizer_spec_from_keras(O.SGD(learning_rate=0.1, momentum=0.9))
+    spec = optimizer_spec_from_keras(opts.SGD(learning_rate=0.1, momentum=0.9))
     assert spec.name == "SGD"
     assert spec.config["momentum"] == 0.9
     opt = make_optimizer(spec)
     assert opt.learning_rate == pytest.approx(0.1)
     assert opt.slot_names == ("momentum",)
     assert make_optimizer(OptimizerSpec("SGD", {})).slot_names == ()
-    assert optimizer_spec_from_keras(O.AdamW()).name == "Adam"
+    assert optimizer_spec_from_keras(opts.AdamW()).name == "Adam"
 
     slots = make_optimizer(
         OptimizerSpec("Adagrad", {"initial_accumulator_value": 0.3})
@@ -143,12 +143,12 @@ class _Lookalike:
 _Lookalike.__name__ = "Adam"
 
 
-class _MyAdam(O.Adam):
+class _MyAdam(opts.Adam):
     pass
 
 
 def _excluded_adam():
-    opt = O.Adam(weight_decay=0.1)
+    opt = opts.Adam(weight_decay=0.1)
     opt.exclude_from_weight_decay(var_names=["bias"])
     return opt
 
@@ -156,13 +156,13 @@ def _excluded_adam():
 @pytest.mark.parametrize(
     "make_keras, needles",
     [
-        (lambda: O.Nadam(), ["keras.optimizers.Nadam", "SGD, Adam, Adagrad, RMSprop"]),
-        (lambda: O.Ftrl(), ["Ftrl", "Return one of those"]),
+        (lambda: opts.Nadam(), ["keras.optimizers.Nadam", "SGD, Adam, Adagrad, RMSprop"]),
+        (lambda: opts.Ftrl(), ["Ftrl", "Return one of those"]),
         (lambda: _MyAdam(), ["_MyAdam", "SGD, Adam, Adagrad, RMSprop"]),
         (_Lookalike, ["test_ps_optimizers.Adam", "not Keras 3's own"]),
-        (lambda: O.LossScaleOptimizer(O.SGD()), ["LossScaleOptimizer"]),
+        (lambda: opts.LossScaleOptimizer(opts.SGD()), ["LossScaleOptimizer"]),
         (
-            lambda: O.Adam(learning_rate=O.schedules.ExponentialDecay(0.1, 10, 0.9)),
+            lambda: opts.Adam(learning_rate=opts.schedules.ExponentialDecay(0.1, 10, 0.9)),
             [
                 "ExponentialDecay",
                 "LearningRateSchedule",
@@ -170,16 +170,16 @@ def _excluded_adam():
             ],
         ),
         (
-            lambda: O.SGD(learning_rate=lambda: 0.1),
+            lambda: opts.SGD(learning_rate=lambda: 0.1),
             ["callable", "learning_rate_scheduler(model_version)"],
         ),
-        (lambda: O.SGD(global_clipnorm=1.0), ["global_clipnorm", "clipnorm"]),
-        (lambda: O.Adam(use_ema=True), ["use_ema"]),
+        (lambda: opts.SGD(global_clipnorm=1.0), ["global_clipnorm", "clipnorm"]),
+        (lambda: opts.Adam(use_ema=True), ["use_ema"]),
         (
-            lambda: O.Adam(gradient_accumulation_steps=4),
+            lambda: opts.Adam(gradient_accumulation_steps=4),
             ["gradient_accumulation_steps"],
         ),
-        (lambda: O.RMSprop(loss_scale_factor=128.0), ["loss_scale_factor"]),
+        (lambda: opts.RMSprop(loss_scale_factor=128.0), ["loss_scale_factor"]),
         (_excluded_adam, ["exclude_from_weight_decay"]),
     ],
 )

@@ -1,7 +1,7 @@
 """The local backend: every role is a child process of the ``elasticdl`` command.
 
-Each child's output goes, line by line with a ``[role-i]`` prefix, to
-``<log_dir>/<role>-<i>.log``. Children die with the parent (see ``child.py``) and are
+Each child's output goes, line by line, to ``<log_dir>/<role>-<i>.log`` (and, with
+``echo``, to the console with a ``[role-i]`` prefix). Children die with the parent (see ``child.py``) and are
 stopped, SIGTERM then SIGKILL, when the job ends or the user presses Ctrl-C.
 """
 
@@ -49,7 +49,7 @@ class _Child:
             for raw in self.popen.stdout:
                 line = raw.decode("utf-8", errors="replace")
                 self.tail.append(line)
-                log.write(prefix + line)
+                log.write(line)  # the file name says which role; no prefix needed
                 log.flush()
                 if echo:
                     sys.stderr.write(prefix + line)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from elasticdl.master.task_manager import NoTask, TaskManager, TaskType
 from elasticdl.master.progress import TrainingProgress
+from elasticdl.master.task_manager import NoTask, TaskManager, TaskType
 from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
 
 _TASK_TYPES = {

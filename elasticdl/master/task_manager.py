@@ -18,15 +18,15 @@ import random
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from elasticdl.data.sources import Shard
 
 logger = logging.getLogger(__name__)
 
 
-class TaskType(str, enum.Enum):
+class TaskType(enum.StrEnum):
     TRAINING = "training"
     EVALUATION = "evaluation"
     PREDICTION = "prediction"

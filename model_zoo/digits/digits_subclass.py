@@ -1,7 +1,6 @@
 """Digits with a subclassed Keras model (the same data contract as digits_functional)."""
 
 import keras
-
 from digits.digits_functional import dataset_fn, eval_metrics_fn, loss  # noqa: F401
 
 

@@ -1,0 +1,42 @@
+# One command each: `make demo` trains the digits demo, `make test` runs the suite.
+# Both set up .venv first on a fresh machine.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install demo test lint proto bench clean
+
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[cpu,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+data/digits/train: | $(STAMP)
+	$(PY) model_zoo/digits/prepare_data.py --output data/digits
+
+demo: $(STAMP) data/digits/train
+	$(VENV)/bin/elasticdl train \
+	    --model_zoo model_zoo --model_def digits.digits_functional.custom_model \
+	    --training_data data/digits/train --validation_data data/digits/test \
+	    --num_workers 2 --num_ps 1 --minibatch_size 32 --num_epochs 5 \
+	    --checkpoint_dir out/digits-checkpoints --output out/digits-model \
+	    --job_name digits-demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+# Regenerate the gRPC code after editing protos/elasticdl.proto.
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=elasticdl/proto --grpc_python_out=elasticdl/proto protos/elasticdl.proto
+	sed -i 's/^import elasticdl_pb2 as/from elasticdl.proto import elasticdl_pb2 as/' elasticdl/proto/elasticdl_pb2_grpc.py
+
+clean:
+	rm -rf $(VENV) data out runs
