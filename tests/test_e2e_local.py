@@ -1,0 +1,207 @@
+"""End to end: `elasticdl train` on digits with real processes over real gRPC."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL_ZOO = os.path.join(REPO, "model_zoo")
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    out = tmp_path_factory.mktemp("digits")
+    subprocess.run(
+        [sys.executable, os.path.join(MODEL_ZOO, "digits", "prepare_data.py"), "--output", str(out)],
+        check=True, capture_output=True,
+    )
+    return out
+
+
+def elasticdl(args: list[str], cwd, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "elasticdl", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def train_args(digits, model_def: str, **flags) -> list[str]:
+    args = [
+        "train", "--model_zoo", MODEL_ZOO, "--model_def", model_def,
+        "--training_data", str(digits / "train"), "--validation_data", str(digits / "test"),
+        "--minibatch_size", "32", "--num_epochs", "5",
+    ]
+    for name, value in flags.items():
+        args += [f"--{name}", str(value)]
+    return args
+
+
+def report_of(result: subprocess.CompletedProcess) -> dict:
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout[result.stdout.index("{"):])
+
+
+def load_checkpoint_params(version_dir: str) -> dict[str, np.ndarray]:
+    params = {}
+    for path in sorted(glob.glob(os.path.join(version_dir, "ps-*.npz"))):
+        with np.load(path) as data:
+            for key in data.files:
+                if key.startswith("param:"):
+                    assert key[6:] not in params, f"{key} is held by two parameter servers"
+                    params[key[6:]] = data[key]
+    return params
+
+
+def test_two_workers_one_ps_reach_accuracy_and_export(digits, tmp_path):
+    result = elasticdl(
+        train_args(digits, "digits.digits_functional.custom_model", num_workers=2, num_ps=1,
+                   checkpoint_dir=tmp_path / "ckpt", output=tmp_path / "model", job_name="e2e"),
+        cwd=tmp_path,
+    )
+    report = report_of(result)
+    assert report["metrics"]["accuracy"] >= 0.90
+    assert report["records_trained"] == 5 * 1437
+    assert report["dropped_tasks"] == 0
+    assert os.path.isfile(tmp_path / "runs" / "e2e" / "logs" / "worker-1.log")
+
+    # The SavedModel loads without ElasticDL and predicts what the trained parameters predict.
+    import keras
+    import tensorflow as tf
+
+    from elasticdl.model_spec import load_model_spec
+
+    loaded = tf.saved_model.load(report["saved_model"])
+    serving = loaded.signatures["serving_default"]
+    spec = load_model_spec(MODEL_ZOO, "digits.digits_functional.custom_model")
+    model = spec.build_model({})
+    params = load_checkpoint_params(report["checkpoint"])
+    assert set(params) == {v.path for v in model.trainable_variables}
+    for var in model.trainable_variables:
+        var.assign(params[var.path])
+    images = np.random.default_rng(0).random((16, 64), dtype=np.float32)
+    served = list(serving(tf.constant(images)).values())[0].numpy()
+    np.testing.assert_allclose(served, model(images).numpy(), atol=1e-5)
+    assert isinstance(model, keras.Model)
+
+    cli = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "saved_model_cli"), "show", "--all",
+         "--dir", report["saved_model"]],
+        capture_output=True, text=True,
+    )
+    assert cli.returncode == 0 and "serving_default" in cli.stdout
+
+
+def test_two_ps_hold_every_variable_once_and_restore_onto_one(digits, tmp_path):
+    """A subclassed model with Adam on 2 PS; then its checkpoint restarts a job on 1 PS."""
+    first = report_of(elasticdl(
+        train_args(digits, "digits.digits_subclass.CustomModel", num_workers=2, num_ps=2,
+                   num_epochs=3, checkpoint_dir=tmp_path / "ckpt", output=tmp_path / "model"),
+        cwd=tmp_path,
+    ))
+    files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(first["checkpoint"], "*.npz")))
+    assert files == ["ps-0-of-2.npz", "ps-1-of-2.npz"]
+    params = load_checkpoint_params(first["checkpoint"])  # asserts no variable is on both PS
+    assert set(params) == {
+        "digits_subclass/hidden/kernel", "digits_subclass/hidden/bias",
+        "digits_subclass/logits/kernel", "digits_subclass/logits/bias",
+    }
+    with np.load(os.path.join(first["checkpoint"], "ps-0-of-2.npz")) as data:
+        assert any(k.startswith("slot:velocity:") for k in data.files)  # Adam's slots are saved
+    assert first["metrics"]["accuracy"] >= 0.90
+
+    second = report_of(elasticdl(
+        train_args(digits, "digits.digits_subclass.CustomModel", num_workers=1, num_ps=1,
+                   num_epochs=1, checkpoint_dir_for_init=tmp_path / "ckpt"),
+        cwd=tmp_path,
+    ))
+    # It continued from the checkpoint's version instead of starting over.
+    assert second["model_version"] > first["model_version"]
+    assert second["metrics"]["accuracy"] >= 0.90
+
+
+def test_bad_model_zoo_fails_before_any_process_starts(digits, tmp_path):
+    zoo = tmp_path / "zoo" / "broken"
+    zoo.mkdir(parents=True)
+    (zoo / "no_loss.py").write_text(
+        "import keras\n"
+        "def custom_model():\n    return keras.Sequential([keras.layers.Dense(1)])\n"
+        "def optimizer(lr=0.1):\n    return keras.optimizers.SGD(lr)\n"
+        "def dataset_fn(dataset, mode, metadata):\n    return dataset\n"
+    )
+    result = elasticdl(
+        ["train", "--model_zoo", str(tmp_path / "zoo"), "--model_def", "broken.no_loss.custom_model",
+         "--training_data", str(digits / "train")],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert "no_loss.py: missing `loss`" in result.stderr
+    assert "loss(labels, predictions)" in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def _children_of(pid: int) -> list[int]:
+    """Processes started by the local backend of ``pid`` (they carry its pid in their env)."""
+    marker = f"ELASTICDL_PARENT_PID={pid}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if marker in f.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def _alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] != "Z":
+                    alive.append(pid)
+        except OSError:
+            continue
+    return alive
+
+
+def _start_long_job(digits, tmp_path) -> tuple[subprocess.Popen, list[int]]:
+    job = subprocess.Popen(
+        [sys.executable, "-m", "elasticdl", *train_args(digits, "digits.digits_functional.custom_model",
+                                                        num_workers=2, num_ps=1, num_epochs=1000)],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 120
+    children: list[int] = []
+    while time.monotonic() < deadline and len(children) < 3:
+        time.sleep(0.5)
+        assert job.poll() is None, job.stderr.read()
+        children = _alive(_children_of(job.pid))
+    assert len(children) == 3, "expected 1 PS and 2 workers"
+    return job, children
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "kill-9"])
+def test_no_orphan_processes(digits, tmp_path, how):
+    job, children = _start_long_job(digits, tmp_path)
+    if how == "ctrl-c":
+        job.send_signal(signal.SIGINT)
+        assert job.wait(timeout=60) == 130
+        assert "interrupted" in job.stderr.read()
+    else:
+        job.kill()
+        job.wait(timeout=10)
+    deadline = time.monotonic() + 30
+    while _alive(children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _alive(children) == []
