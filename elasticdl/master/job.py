@@ -80,7 +80,7 @@ class TrainingJob:
         report.seconds = round(time.monotonic() - started, 2)
         report.epochs = self.tasks.epoch + 1
         report.records_trained = self.progress.records_trained
-        report.model_version = self.progress.model_version
+        report.model_version = max(report.model_version, self.progress.model_version)
         report.final_loss = self.progress.recent_loss
         report.dropped_tasks = len(self.tasks.dropped_tasks())
         return report
@@ -185,6 +185,7 @@ class TrainingJob:
         trainer.ensure_built(self.checked.sample_features)
         for pulled in ps.pull([-1] * ps.num_ps):
             trainer.set_params(pulled.params)
+            report.model_version = max(report.model_version, pulled.version)
         ps.close()
         if cfg.output:
             report.saved_model = export_saved_model(trainer.model, cfg.output)
