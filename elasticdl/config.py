@@ -87,6 +87,28 @@ class JobConfig:
     use_async: bool = _flag(
         False, "Apply each gradient as it arrives, without version checks.", commands=("train",)
     )
+    staleness_bound: int = _flag(
+        0,
+        "Async only: stale-synchronous parallel; a worker waits while it is more than this "
+        "many steps ahead of the slowest worker holding a task (0: no bound).",
+        commands=("train",),
+    )
+    get_model_steps: int = _flag(
+        1,
+        "Async only: pull the model every N steps, applying the worker's own gradients "
+        "locally in between.",
+        commands=("train",),
+    )
+    sync_version_tolerance: int = _flag(
+        0,
+        "Sync only: accept gradients computed up to K versions behind the model.",
+        commands=("train",),
+    )
+    lr_staleness_modulation: bool = _flag(
+        False,
+        "Divide each gradient's learning rate by its staleness (at least 1).",
+        commands=("train",),
+    )
 
     # Fault handling.
     task_timeout: float = _flag(
@@ -186,11 +208,7 @@ class JobConfig:
             )
         if self.log_level.upper() not in LOG_LEVELS:
             raise ConfigError(f"--log_level must be one of {', '.join(LOG_LEVELS)}. Received: {self.log_level!r}")
-        if self.use_async and self.grads_to_wait != 1:
-            raise ConfigError(
-                "--grads_to_wait only applies to sync training; drop it or drop --use_async. "
-                f"Received: --use_async with --grads_to_wait={self.grads_to_wait}"
-            )
+        self._validate_consistency()
         if self.checkpoint_steps and not self.checkpoint_dir:
             raise ConfigError("--checkpoint_steps needs --checkpoint_dir: where should checkpoints go?")
         if self.checkpoint_dir_for_init and not os.path.exists(self.checkpoint_dir_for_init):
@@ -198,6 +216,49 @@ class JobConfig:
         # Parse now so a malformed string fails here, not in a worker.
         self.model_params_dict  # noqa: B018
         self.data_reader_params_dict  # noqa: B018
+
+    def _validate_consistency(self) -> None:
+        for name in ("staleness_bound", "sync_version_tolerance"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name} must be 0 or more. Received: {name}={getattr(self, name)}")
+        if self.get_model_steps < 1:
+            raise ConfigError(f"--get_model_steps must be at least 1. Received: {self.get_model_steps}")
+        if self.use_async:
+            conflicts = [
+                f"--grads_to_wait={self.grads_to_wait}" if self.grads_to_wait != 1 else "",
+                f"--sync_version_tolerance={self.sync_version_tolerance}" if self.sync_version_tolerance else "",
+            ]
+            conflicts = [c for c in conflicts if c]
+            if conflicts:
+                raise ConfigError(
+                    f"{' and '.join(conflicts)} only apply to sync training, but --use_async is set: "
+                    "drop them or drop --use_async."
+                )
+            return
+        conflicts = [
+            f"--staleness_bound={self.staleness_bound}" if self.staleness_bound else "",
+            f"--get_model_steps={self.get_model_steps}" if self.get_model_steps != 1 else "",
+        ]
+        conflicts = [c for c in conflicts if c]
+        if conflicts:
+            raise ConfigError(
+                f"{' and '.join(conflicts)} only apply to async training: add --use_async "
+                "(stale-synchronous parallel is --use_async with --staleness_bound)."
+            )
+        if self.lr_staleness_modulation and not self.sync_version_tolerance:
+            raise ConfigError(
+                "--lr_staleness_modulation has no effect in strict sync training (every applied "
+                "gradient has staleness 0): add --use_async or --sync_version_tolerance."
+            )
+
+    @property
+    def consistency_description(self) -> str:
+        if not self.use_async:
+            tolerance = f", version tolerance {self.sync_version_tolerance}" if self.sync_version_tolerance else ""
+            return f"sync SGD, grads_to_wait={self.grads_to_wait}{tolerance}"
+        if self.staleness_bound:
+            return f"stale-synchronous parallel, staleness bound {self.staleness_bound}"
+        return "async SGD" + (f", pull every {self.get_model_steps} steps" if self.get_model_steps > 1 else "")
 
     @property
     def logging_level(self) -> int:
@@ -219,6 +280,6 @@ def parse_kv_params(text: str, flag: str) -> dict[str, Any]:
         raw = raw.strip()
         try:
             params[key] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, TypeError):  # TypeError: e.g. {[]: 1}, an unhashable key
             params[key] = raw  # a bare word such as relu
     return params

@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from elasticdl.backends.local import LocalBackend, ProcessExit
 from elasticdl.data.sources import make_shards
 from elasticdl.grpc_utils import bind_local, make_server
+from elasticdl.master.clocks import WorkerClocks
 from elasticdl.master.progress import TrainingProgress
 from elasticdl.master.servicer import MasterServicer
 from elasticdl.master.task_manager import TaskManager
+from elasticdl.master.telemetry import StalenessSummary, summarize
 from elasticdl.preflight import CheckedJob
 from elasticdl.proto import elasticdl_pb2_grpc
 
@@ -42,6 +44,8 @@ class JobReport:
     checkpoint: str = ""
     log_dir: str = ""
     dropped_tasks: int = 0
+    consistency: str = ""
+    staleness: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=2, sort_keys=True)
@@ -62,19 +66,31 @@ class TrainingJob:
             seed=self.config.shuffle_seed,
         )
         self.progress = TrainingProgress(self.tasks.records_per_epoch, self.config.num_epochs)
+        self.clocks = WorkerClocks()
+        self._ps_client = None  # the master's own connection to the PS (telemetry, live workers)
+        self._live_workers_told = -1
+        self._epoch_seen = 0
+        self._telemetry_at_epoch_start = StalenessSummary()
         self.ps_addresses: list[str] = []
         self.master_address = ""
         self._server = None
 
     def run(self) -> JobReport:
         started = time.monotonic()
-        report = JobReport(self.config.job_name, log_dir=self.config.effective_log_dir)
+        report = JobReport(
+            self.config.job_name,
+            log_dir=self.config.effective_log_dir,
+            consistency=self.config.consistency_description,
+        )
         try:
             self._start()
             self._watch()
+            report.staleness = self._epoch_telemetry(final=True)
             report.checkpoint = self._finish(report)
         finally:
             self.backend.stop_all()
+            if self._ps_client is not None:
+                self._ps_client.close()
             if self._server is not None:
                 self._server.stop(grace=1)
         report.seconds = round(time.monotonic() - started, 2)
@@ -99,7 +115,7 @@ class TrainingJob:
             json.dump(self.checked.optimizer_spec.to_json_dict(), f)
 
         self._server = make_server()
-        elasticdl_pb2_grpc.add_MasterServicer_to_server(MasterServicer(self.tasks, self.progress), self._server)
+        elasticdl_pb2_grpc.add_MasterServicer_to_server(MasterServicer(self.tasks, self.progress, self.clocks), self._server)
         port = bind_local(self._server)
         self._server.start()
         self.master_address = f"127.0.0.1:{port}"
@@ -117,7 +133,10 @@ class TrainingJob:
                  "--ps_id", str(ps_id), "--ready_file", ready],
             )
         self.ps_addresses = [f"127.0.0.1:{port}" for port in self._wait_for_ps(ready_files)]
-        logger.info("parameter servers at %s", ", ".join(self.ps_addresses))
+        logger.info("parameter servers at %s (%s)", ", ".join(self.ps_addresses), cfg.consistency_description)
+        from elasticdl.worker.ps_client import PSClient
+
+        self._ps_client = PSClient(self.ps_addresses)
         for worker_id in range(cfg.num_workers):
             self.backend.start(
                 "worker", worker_id,
@@ -148,6 +167,10 @@ class TrainingJob:
                     failures.append(exit_)
                     logger.error(_describe_exit(exit_, "died"))
                     self.tasks.recover_worker_tasks(exit_.index)
+                self.clocks.forget(exit_.index)
+            self._tell_ps_live_workers()
+            if self.tasks.epoch != self._epoch_seen:
+                self._epoch_telemetry()
             if not self.backend.running("worker"):
                 if self.tasks.finished:
                     break
@@ -163,6 +186,27 @@ class TrainingJob:
             time.sleep(self.poll_seconds)
         self._render(final=True)
 
+    def _tell_ps_live_workers(self) -> None:
+        """Sync mode: the PS averages over the workers holding a task, never waits for absent ones."""
+        if self.config.use_async:
+            return
+        count = len(self.tasks.active_workers())
+        if count and count != self._live_workers_told:
+            self._ps_client.set_live_workers(count)
+            self._live_workers_told = count
+
+    def _epoch_telemetry(self, final: bool = False) -> dict:
+        """Log the staleness summary of the epoch that ended (and of the job, when final)."""
+        total = summarize(self._ps_client.stats(), self.clocks.blocked_seconds)
+        epoch = total.minus(self._telemetry_at_epoch_start)
+        ended = self._epoch_seen
+        logger.info("epoch %d consistency: %s", ended + 1, epoch.describe())
+        self._telemetry_at_epoch_start = total
+        self._epoch_seen = self.tasks.epoch
+        if final:
+            logger.info("job consistency (%s): %s", self.config.consistency_description, total.describe())
+        return total.to_dict()
+
     def _render(self, final: bool = False) -> None:
         epoch = self.tasks.epoch
         self.progress.render(epoch, self.tasks.epochs[epoch].records_done, final)
@@ -172,11 +216,10 @@ class TrainingJob:
         from elasticdl.evaluation import evaluate
         from elasticdl.export import export_saved_model
         from elasticdl.preflight import check_eval_metrics
-        from elasticdl.worker.ps_client import PSClient
         from elasticdl.worker.trainer import Trainer
 
         cfg = self.config
-        ps = PSClient(self.ps_addresses)
+        ps = self._ps_client
         checkpoint = ""
         if cfg.checkpoint_dir:
             checkpoint = ps.save_checkpoint()[0]
@@ -186,7 +229,6 @@ class TrainingJob:
         for pulled in ps.pull([-1] * ps.num_ps):
             trainer.set_params(pulled.params)
             report.model_version = max(report.model_version, pulled.version)
-        ps.close()
         if cfg.output:
             report.saved_model = export_saved_model(trainer.model, cfg.output)
         if cfg.validation_data:

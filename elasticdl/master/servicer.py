@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from elasticdl.master.clocks import WorkerClocks
 from elasticdl.master.progress import TrainingProgress
 from elasticdl.master.task_manager import NoTask, TaskManager, TaskType
 from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
@@ -14,9 +15,10 @@ _TASK_TYPES = {
 
 
 class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
-    def __init__(self, task_manager: TaskManager, progress: TrainingProgress):
+    def __init__(self, task_manager: TaskManager, progress: TrainingProgress, clocks: WorkerClocks):
         self._tasks = task_manager
         self._progress = progress
+        self._clocks = clocks
 
     def get_task(self, request, context):
         task = self._tasks.get_task(request.worker_id)
@@ -43,4 +45,12 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
             )
         return elasticdl_pb2.ReportTaskResultResponse(
             accepted=outcome.accepted, reason=outcome.reason
+        )
+
+    def report_clock(self, request, context):
+        view = self._clocks.report(
+            request.worker_id, request.clock, self._tasks.active_workers(), request.blocked_seconds
+        )
+        return elasticdl_pb2.ReportClockResponse(
+            clock=view.clock, slowest_clock=view.slowest, fastest_clock=view.fastest
         )

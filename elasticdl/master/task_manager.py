@@ -177,6 +177,11 @@ class TaskManager:
         with self._lock:
             return len(self._todo), len(self._doing)
 
+    def active_workers(self) -> set[int]:
+        """Workers holding a task now."""
+        with self._lock:
+            return {d.worker_id for d in self._doing.values()}
+
     def dropped_tasks(self) -> list[Task]:
         return [t for e in self.epochs for t in e.dropped]
 

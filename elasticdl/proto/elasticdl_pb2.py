@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0f\x65lasticdl.proto\x12\telasticdl\"E\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\x0c\"#\n\x0eGetTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\"\x8a\x01\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12!\n\x04type\x18\x02 \x01(\x0e\x32\x13.elasticdl.TaskType\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\r\n\x05start\x18\x04 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x03\x12\r\n\x05\x65poch\x18\x06 \x01(\x05\x12\x15\n\rmodel_version\x18\x07 \x01(\x03\"\x9d\x01\n\x17ReportTaskResultRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x13\n\x0b\x65rr_message\x18\x03 \x01(\t\x12\x0f\n\x07records\x18\x04 \x01(\x03\x12\x10\n\x08loss_sum\x18\x05 \x01(\x01\x12\x0f\n\x07\x62\x61tches\x18\x06 \x01(\x03\x12\x15\n\rmodel_version\x18\x07 \x01(\x03\"<\n\x18ReportTaskResultResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"E\n\x05Model\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12+\n\x10\x64\x65nse_parameters\x18\x02 \x03(\x0b\x32\x11.elasticdl.Tensor\"6\n\x11PushModelResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\"-\n\x1aPullDenseParametersRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\"p\n\x1bPullDenseParametersResponse\x12\x13\n\x0binitialized\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12+\n\x10\x64\x65nse_parameters\x18\x03 \x03(\x0b\x32\x11.elasticdl.Tensor\"w\n\x14PushGradientsRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x15\n\rlearning_rate\x18\x03 \x01(\x02\x12$\n\tgradients\x18\x04 \x03(\x0b\x32\x11.elasticdl.Tensor\"J\n\x15PushGradientsResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x17\n\x15SaveCheckpointRequest\"7\n\x16SaveCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03*f\n\x08TaskType\x12\x19\n\x15TASK_TYPE_UNSPECIFIED\x10\x00\x12\x0c\n\x08TRAINING\x10\x01\x12\x0e\n\nEVALUATION\x10\x02\x12\x0e\n\nPREDICTION\x10\x03\x12\x08\n\x04WAIT\x10\x04\x12\x07\n\x03\x45ND\x10\x05\x32\x9f\x01\n\x06Master\x12\x36\n\x08get_task\x12\x19.elasticdl.GetTaskRequest\x1a\x0f.elasticdl.Task\x12]\n\x12report_task_result\x12\".elasticdl.ReportTaskResultRequest\x1a#.elasticdl.ReportTaskResultResponse2\xdc\x02\n\x07PServer\x12<\n\npush_model\x12\x10.elasticdl.Model\x1a\x1c.elasticdl.PushModelResponse\x12\x66\n\x15pull_dense_parameters\x12%.elasticdl.PullDenseParametersRequest\x1a&.elasticdl.PullDenseParametersResponse\x12S\n\x0epush_gradients\x12\x1f.elasticdl.PushGradientsRequest\x1a .elasticdl.PushGradientsResponse\x12V\n\x0fsave_checkpoint\x12 .elasticdl.SaveCheckpointRequest\x1a!.elasticdl.SaveCheckpointResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0f\x65lasticdl.proto\x12\telasticdl\"E\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\x0c\"#\n\x0eGetTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\"\x8a\x01\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12!\n\x04type\x18\x02 \x01(\x0e\x32\x13.elasticdl.TaskType\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\r\n\x05start\x18\x04 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x03\x12\r\n\x05\x65poch\x18\x06 \x01(\x05\x12\x15\n\rmodel_version\x18\x07 \x01(\x03\"\x9d\x01\n\x17ReportTaskResultRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x13\n\x0b\x65rr_message\x18\x03 \x01(\t\x12\x0f\n\x07records\x18\x04 \x01(\x03\x12\x10\n\x08loss_sum\x18\x05 \x01(\x01\x12\x0f\n\x07\x62\x61tches\x18\x06 \x01(\x03\x12\x15\n\rmodel_version\x18\x07 \x01(\x03\"<\n\x18ReportTaskResultResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"O\n\x12ReportClockRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\r\n\x05\x63lock\x18\x02 \x01(\x03\x12\x17\n\x0f\x62locked_seconds\x18\x03 \x01(\x01\"R\n\x13ReportClockResponse\x12\r\n\x05\x63lock\x18\x01 \x01(\x03\x12\x15\n\rslowest_clock\x18\x02 \x01(\x03\x12\x15\n\rfastest_clock\x18\x03 \x01(\x03\"E\n\x05Model\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12+\n\x10\x64\x65nse_parameters\x18\x02 \x03(\x0b\x32\x11.elasticdl.Tensor\"6\n\x11PushModelResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\"^\n\x1aPullDenseParametersRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x16\n\x0ewait_for_newer\x18\x02 \x01(\x08\x12\x17\n\x0ftimeout_seconds\x18\x03 \x01(\x02\"p\n\x1bPullDenseParametersResponse\x12\x13\n\x0binitialized\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12+\n\x10\x64\x65nse_parameters\x18\x03 \x03(\x0b\x32\x11.elasticdl.Tensor\"w\n\x14PushGradientsRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x15\n\rlearning_rate\x18\x03 \x01(\x02\x12$\n\tgradients\x18\x04 \x03(\x0b\x32\x11.elasticdl.Tensor\"[\n\x15PushGradientsResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07\x61pplied\x18\x04 \x01(\x08\"\x1c\n\x0bLiveWorkers\x12\r\n\x05\x63ount\x18\x01 \x01(\x05\"\x07\n\x05\x45mpty\"2\n\x0eStalenessCount\x12\x11\n\tstaleness\x18\x01 \x01(\x03\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\"\xb8\x01\n\x07PSStats\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x17\n\x0fpushes_accepted\x18\x02 \x01(\x03\x12\x1d\n\x15pushes_rejected_stale\x18\x03 \x01(\x03\x12\x1f\n\x17pushes_rejected_invalid\x18\x04 \x01(\x03\x12,\n\tstaleness\x18\x05 \x03(\x0b\x32\x19.elasticdl.StalenessCount\x12\x15\n\rgrads_to_wait\x18\x06 \x01(\x05\"\x17\n\x15SaveCheckpointRequest\"7\n\x16SaveCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03*f\n\x08TaskType\x12\x19\n\x15TASK_TYPE_UNSPECIFIED\x10\x00\x12\x0c\n\x08TRAINING\x10\x01\x12\x0e\n\nEVALUATION\x10\x02\x12\x0e\n\nPREDICTION\x10\x03\x12\x08\n\x04WAIT\x10\x04\x12\x07\n\x03\x45ND\x10\x05\x32\xee\x01\n\x06Master\x12\x36\n\x08get_task\x12\x19.elasticdl.GetTaskRequest\x1a\x0f.elasticdl.Task\x12]\n\x12report_task_result\x12\".elasticdl.ReportTaskResultRequest\x1a#.elasticdl.ReportTaskResultResponse\x12M\n\x0creport_clock\x12\x1d.elasticdl.ReportClockRequest\x1a\x1e.elasticdl.ReportClockResponse2\xcd\x03\n\x07PServer\x12<\n\npush_model\x12\x10.elasticdl.Model\x1a\x1c.elasticdl.PushModelResponse\x12\x66\n\x15pull_dense_parameters\x12%.elasticdl.PullDenseParametersRequest\x1a&.elasticdl.PullDenseParametersResponse\x12S\n\x0epush_gradients\x12\x1f.elasticdl.PushGradientsRequest\x1a .elasticdl.PushGradientsResponse\x12V\n\x0fsave_checkpoint\x12 .elasticdl.SaveCheckpointRequest\x1a!.elasticdl.SaveCheckpointResponse\x12<\n\x10set_live_workers\x12\x16.elasticdl.LiveWorkers\x1a\x10.elasticdl.Empty\x12\x31\n\tget_stats\x12\x10.elasticdl.Empty\x1a\x12.elasticdl.PSStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'elasticdl_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TASKTYPE']._serialized_start=1068
-  _globals['_TASKTYPE']._serialized_end=1170
+  _globals['_TASKTYPE']._serialized_start=1577
+  _globals['_TASKTYPE']._serialized_end=1679
   _globals['_TENSOR']._serialized_start=30
   _globals['_TENSOR']._serialized_end=99
   _globals['_GETTASKREQUEST']._serialized_start=101
@@ -43,24 +43,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REPORTTASKRESULTREQUEST']._serialized_end=437
   _globals['_REPORTTASKRESULTRESPONSE']._serialized_start=439
   _globals['_REPORTTASKRESULTRESPONSE']._serialized_end=499
-  _globals['_MODEL']._serialized_start=501
-  _globals['_MODEL']._serialized_end=570
-  _globals['_PUSHMODELRESPONSE']._serialized_start=572
-  _globals['_PUSHMODELRESPONSE']._serialized_end=626
-  _globals['_PULLDENSEPARAMETERSREQUEST']._serialized_start=628
-  _globals['_PULLDENSEPARAMETERSREQUEST']._serialized_end=673
-  _globals['_PULLDENSEPARAMETERSRESPONSE']._serialized_start=675
-  _globals['_PULLDENSEPARAMETERSRESPONSE']._serialized_end=787
-  _globals['_PUSHGRADIENTSREQUEST']._serialized_start=789
-  _globals['_PUSHGRADIENTSREQUEST']._serialized_end=908
-  _globals['_PUSHGRADIENTSRESPONSE']._serialized_start=910
-  _globals['_PUSHGRADIENTSRESPONSE']._serialized_end=984
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=986
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=1009
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=1011
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=1066
-  _globals['_MASTER']._serialized_start=1173
-  _globals['_MASTER']._serialized_end=1332
-  _globals['_PSERVER']._serialized_start=1335
-  _globals['_PSERVER']._serialized_end=1683
+  _globals['_REPORTCLOCKREQUEST']._serialized_start=501
+  _globals['_REPORTCLOCKREQUEST']._serialized_end=580
+  _globals['_REPORTCLOCKRESPONSE']._serialized_start=582
+  _globals['_REPORTCLOCKRESPONSE']._serialized_end=664
+  _globals['_MODEL']._serialized_start=666
+  _globals['_MODEL']._serialized_end=735
+  _globals['_PUSHMODELRESPONSE']._serialized_start=737
+  _globals['_PUSHMODELRESPONSE']._serialized_end=791
+  _globals['_PULLDENSEPARAMETERSREQUEST']._serialized_start=793
+  _globals['_PULLDENSEPARAMETERSREQUEST']._serialized_end=887
+  _globals['_PULLDENSEPARAMETERSRESPONSE']._serialized_start=889
+  _globals['_PULLDENSEPARAMETERSRESPONSE']._serialized_end=1001
+  _globals['_PUSHGRADIENTSREQUEST']._serialized_start=1003
+  _globals['_PUSHGRADIENTSREQUEST']._serialized_end=1122
+  _globals['_PUSHGRADIENTSRESPONSE']._serialized_start=1124
+  _globals['_PUSHGRADIENTSRESPONSE']._serialized_end=1215
+  _globals['_LIVEWORKERS']._serialized_start=1217
+  _globals['_LIVEWORKERS']._serialized_end=1245
+  _globals['_EMPTY']._serialized_start=1247
+  _globals['_EMPTY']._serialized_end=1254
+  _globals['_STALENESSCOUNT']._serialized_start=1256
+  _globals['_STALENESSCOUNT']._serialized_end=1306
+  _globals['_PSSTATS']._serialized_start=1309
+  _globals['_PSSTATS']._serialized_end=1493
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=1495
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=1518
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=1520
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=1575
+  _globals['_MASTER']._serialized_start=1682
+  _globals['_MASTER']._serialized_end=1920
+  _globals['_PSERVER']._serialized_start=1923
+  _globals['_PSERVER']._serialized_end=2384
 # @@protoc_insertion_point(module_scope)

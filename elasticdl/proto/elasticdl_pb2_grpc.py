@@ -44,6 +44,11 @@ class MasterStub:
                 request_serializer=elasticdl__pb2.ReportTaskResultRequest.SerializeToString,
                 response_deserializer=elasticdl__pb2.ReportTaskResultResponse.FromString,
                 _registered_method=True)
+        self.report_clock = channel.unary_unary(
+                '/elasticdl.Master/report_clock',
+                request_serializer=elasticdl__pb2.ReportClockRequest.SerializeToString,
+                response_deserializer=elasticdl__pb2.ReportClockResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -61,6 +66,12 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def report_clock(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +84,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.report_task_result,
                     request_deserializer=elasticdl__pb2.ReportTaskResultRequest.FromString,
                     response_serializer=elasticdl__pb2.ReportTaskResultResponse.SerializeToString,
+            ),
+            'report_clock': grpc.unary_unary_rpc_method_handler(
+                    servicer.report_clock,
+                    request_deserializer=elasticdl__pb2.ReportClockRequest.FromString,
+                    response_serializer=elasticdl__pb2.ReportClockResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -139,6 +155,33 @@ class Master:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def report_clock(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticdl.Master/report_clock',
+            elasticdl__pb2.ReportClockRequest.SerializeToString,
+            elasticdl__pb2.ReportClockResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class PServerStub:
     """Missing associated documentation comment in .proto file."""
@@ -169,6 +212,16 @@ class PServerStub:
                 request_serializer=elasticdl__pb2.SaveCheckpointRequest.SerializeToString,
                 response_deserializer=elasticdl__pb2.SaveCheckpointResponse.FromString,
                 _registered_method=True)
+        self.set_live_workers = channel.unary_unary(
+                '/elasticdl.PServer/set_live_workers',
+                request_serializer=elasticdl__pb2.LiveWorkers.SerializeToString,
+                response_deserializer=elasticdl__pb2.Empty.FromString,
+                _registered_method=True)
+        self.get_stats = channel.unary_unary(
+                '/elasticdl.PServer/get_stats',
+                request_serializer=elasticdl__pb2.Empty.SerializeToString,
+                response_deserializer=elasticdl__pb2.PSStats.FromString,
+                _registered_method=True)
 
 
 class PServerServicer:
@@ -198,6 +251,18 @@ class PServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def set_live_workers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def get_stats(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -220,6 +285,16 @@ def add_PServerServicer_to_server(servicer, server):
                     servicer.save_checkpoint,
                     request_deserializer=elasticdl__pb2.SaveCheckpointRequest.FromString,
                     response_serializer=elasticdl__pb2.SaveCheckpointResponse.SerializeToString,
+            ),
+            'set_live_workers': grpc.unary_unary_rpc_method_handler(
+                    servicer.set_live_workers,
+                    request_deserializer=elasticdl__pb2.LiveWorkers.FromString,
+                    response_serializer=elasticdl__pb2.Empty.SerializeToString,
+            ),
+            'get_stats': grpc.unary_unary_rpc_method_handler(
+                    servicer.get_stats,
+                    request_deserializer=elasticdl__pb2.Empty.FromString,
+                    response_serializer=elasticdl__pb2.PSStats.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -330,6 +405,60 @@ class PServer:
             '/elasticdl.PServer/save_checkpoint',
             elasticdl__pb2.SaveCheckpointRequest.SerializeToString,
             elasticdl__pb2.SaveCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def set_live_workers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticdl.PServer/set_live_workers',
+            elasticdl__pb2.LiveWorkers.SerializeToString,
+            elasticdl__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def get_stats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticdl.PServer/get_stats',
+            elasticdl__pb2.Empty.SerializeToString,
+            elasticdl__pb2.PSStats.FromString,
             options,
             channel_credentials,
             insecure,

@@ -31,6 +31,9 @@ def settings_from_config(config: JobConfig, ps_id: int) -> PSSettings:
         checkpoint_steps=config.checkpoint_steps,
         keep_checkpoint_max=config.keep_checkpoint_max,
         checkpoint_dir_for_init=config.checkpoint_dir_for_init,
+        sync_version_tolerance=config.sync_version_tolerance,
+        lr_staleness_modulation=config.lr_staleness_modulation,
+        minibatch_size=config.minibatch_size,
     )
 
 
@@ -57,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     port = bind_local(server, args.port)
     server.start()
     logger.info("serving on 127.0.0.1:%d (%s, %s)", port, spec.name,
-                "async" if config.use_async else f"sync, grads_to_wait={config.grads_to_wait}")
+                config.consistency_description)
     if args.ready_file:
         tmp = args.ready_file + ".tmp"
         with open(tmp, "w") as f:

@@ -6,6 +6,7 @@ and calls these methods; tests drive them directly.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from dataclasses import dataclass
@@ -35,12 +36,17 @@ class PSSettings:
     checkpoint_steps: int = 0
     keep_checkpoint_max: int = 3
     checkpoint_dir_for_init: str = ""
+    sync_version_tolerance: int = 0
+    lr_staleness_modulation: bool = False
+    minibatch_size: int = 0  # only to log the effective global batch size
 
 
 def make_updating_strategy(settings: PSSettings) -> GradientUpdatingStrategy:
     if settings.use_async:
-        return DirectUpdatingStrategy()
-    return AverageUpdatingStrategy(settings.grads_to_wait)
+        return DirectUpdatingStrategy(settings.lr_staleness_modulation)
+    return AverageUpdatingStrategy(
+        settings.grads_to_wait, settings.sync_version_tolerance, settings.lr_staleness_modulation
+    )
 
 
 class ParameterServer:
@@ -49,6 +55,7 @@ class ParameterServer:
         self.shard = ParameterShard(optimizer)
         self.strategy = make_updating_strategy(settings)
         self._lock = threading.Lock()
+        self._version_changed = threading.Condition(self._lock)
         self._last_checkpoint_version = -1
 
     def restore(self) -> None:
@@ -75,9 +82,17 @@ class ParameterServer:
                 logger.info("initialized with %d variables at version %d", len(params), version)
             return accepted, self.shard.version
 
-    def pull(self, worker_version: int) -> tuple[bool, int, dict[str, np.ndarray]]:
-        """(initialized, version, params); params are empty when the worker is current."""
+    def pull(
+        self, worker_version: int, wait_for_newer: bool = False, timeout: float = 0.0
+    ) -> tuple[bool, int, dict[str, np.ndarray]]:
+        """(initialized, version, params); params are empty when the worker is current.
+
+        With ``wait_for_newer`` the call blocks (up to ``timeout`` seconds) while the model
+        is still at ``worker_version``: a sync worker waits there for the others' gradients.
+        """
         with self._lock:
+            if wait_for_newer:
+                self._version_changed.wait_for(lambda: self.shard.version != worker_version, timeout)
             if not self.shard.initialized:
                 return False, self.shard.version, {}
             if worker_version == self.shard.version:
@@ -93,11 +108,40 @@ class ParameterServer:
                 self.shard.check_gradients(grads)
             except GradientError as err:
                 logger.warning("rejected push: %s", err)
+                self.strategy.telemetry.pushes_rejected_invalid += 1
                 return PushResult(False, self.shard.version, str(err))
+            before = self.shard.version
             result = self.strategy.push(self.shard, grads, version, learning_rate)
-            if self._checkpoint_due():
-                self._save_locked()
+            if self.shard.version != before:
+                self._on_new_version()
             return result
+
+    def set_live_workers(self, count: int) -> None:
+        """The master's count of workers holding a task (sync mode adapts grads_to_wait)."""
+        with self._lock:
+            before_wait, before_version = self.strategy.grads_to_wait, self.shard.version
+            self.strategy.set_live_workers(self.shard, count)
+            if self.strategy.grads_to_wait != before_wait:
+                logger.info(
+                    "%d workers hold a task: %d gradients per version (was %d), "
+                    "effective global batch size %d",
+                    count, self.strategy.grads_to_wait, before_wait,
+                    self.strategy.grads_to_wait * self.settings.minibatch_size,
+                )
+            if self.shard.version != before_version:
+                self._on_new_version()
+
+    def stats(self):
+        """(version, telemetry, grads_to_wait): a consistent snapshot for the master."""
+        with self._lock:
+            return self.shard.version, copy.deepcopy(self.strategy.telemetry), self.strategy.grads_to_wait
+
+    def _on_new_version(self) -> None:
+        """Called with the lock held whenever an update produced a version."""
+        self._version_changed.notify_all()
+        # Only a version an update produced is checkpointed: not the initial or restored model.
+        if self._checkpoint_due():
+            self._save_locked()
 
     def save_checkpoint(self) -> str:
         """Write this shard now (the end of training); '' without --checkpoint_dir."""

@@ -19,7 +19,9 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         return elasticdl_pb2.PushModelResponse(accepted=accepted, version=version)
 
     def pull_dense_parameters(self, request, context):
-        initialized, version, params = self._server.pull(request.version)
+        initialized, version, params = self._server.pull(
+            request.version, request.wait_for_newer, request.timeout_seconds
+        )
         return elasticdl_pb2.PullDenseParametersResponse(
             initialized=initialized,
             version=version,
@@ -31,12 +33,30 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         lr = request.learning_rate if request.learning_rate > 0 else None
         result = self._server.push_gradients(grads, request.version, lr)
         return elasticdl_pb2.PushGradientsResponse(
-            accepted=result.accepted, version=result.version, reason=result.reason
+            accepted=result.accepted, version=result.version, reason=result.reason, applied=result.applied
         )
 
     def save_checkpoint(self, request, context):
         path = self._server.save_checkpoint()
         return elasticdl_pb2.SaveCheckpointResponse(path=path, version=self._server.shard.version)
+
+    def set_live_workers(self, request, context):
+        self._server.set_live_workers(request.count)
+        return elasticdl_pb2.Empty()
+
+    def get_stats(self, request, context):
+        version, telemetry, grads_to_wait = self._server.stats()
+        return elasticdl_pb2.PSStats(
+            version=version,
+            pushes_accepted=telemetry.pushes_accepted,
+            pushes_rejected_stale=telemetry.pushes_rejected_stale,
+            pushes_rejected_invalid=telemetry.pushes_rejected_invalid,
+            staleness=[
+                elasticdl_pb2.StalenessCount(staleness=k, count=v)
+                for k, v in sorted(telemetry.staleness.items())
+            ],
+            grads_to_wait=grads_to_wait,
+        )
 
 
 def _decode_or_abort(tensors, context, writable: bool = False):
@@ -44,3 +64,4 @@ def _decode_or_abort(tensors, context, writable: bool = False):
         return tensor_codec.decode_list(tensors, writable)
     except tensor_codec.TensorDecodeError as err:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+

@@ -1,19 +1,28 @@
 """How a PS turns pushed gradients into model versions.
 
-``DirectUpdatingStrategy`` applies each gradient at once (async SGD).
-``AverageUpdatingStrategy`` gathers ``grads_to_wait`` gradients computed on the current
-version, averages them and applies once (sync SGD); a gradient computed on an older
-version is rejected so the worker re-pulls and recomputes.
+``DirectUpdatingStrategy`` applies each gradient at once (async SGD and stale-synchronous
+parallel). ``AverageUpdatingStrategy`` gathers ``grads_to_wait`` gradients computed on
+the current version (or up to ``version_tolerance`` versions older), averages them and
+applies once (sync SGD); an older gradient is rejected, so the worker re-pulls and
+recomputes. When fewer workers than ``grads_to_wait`` hold a task, the master says so
+(``set_live_workers``) and the PS averages over the live ones instead of waiting forever.
+
+Staleness of a gradient = the PS version when it arrives - the version it was computed
+on. With ``lr_staleness_modulation`` its learning rate is divided by max(1, staleness).
 """
 
 from __future__ import annotations
 
+import collections
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from elasticdl.ps.parameters import ParameterShard
+
+# Per-version telemetry kept for this many recent versions (totals are kept for all).
+TELEMETRY_VERSIONS = 10_000
 
 
 @dataclass(frozen=True)
@@ -21,9 +30,48 @@ class PushResult:
     accepted: bool
     version: int  # the shard's version after the push
     reason: str = ""
+    applied: bool = False  # False and accepted: waiting for more gradients (sync)
+
+
+@dataclass
+class VersionCounts:
+    accepted: int = 0
+    rejected_stale: int = 0
+
+
+@dataclass
+class UpdateTelemetry:
+    """What staleness does to a job: counted on the PS, summarised by the master."""
+
+    pushes_accepted: int = 0
+    pushes_rejected_stale: int = 0
+    pushes_rejected_invalid: int = 0
+    staleness: collections.Counter = field(default_factory=collections.Counter)  # of applied grads
+    per_version: collections.OrderedDict = field(default_factory=collections.OrderedDict)
+
+    def _at(self, version: int) -> VersionCounts:
+        counts = self.per_version.get(version)
+        if counts is None:
+            counts = self.per_version[version] = VersionCounts()
+            while len(self.per_version) > TELEMETRY_VERSIONS:
+                self.per_version.popitem(last=False)
+        return counts
+
+    def accepted(self, version: int, staleness: int) -> None:
+        self.pushes_accepted += 1
+        self.staleness[staleness] += 1
+        self._at(version).accepted += 1
+
+    def rejected_stale(self, version: int) -> None:
+        self.pushes_rejected_stale += 1
+        self._at(version).rejected_stale += 1
 
 
 class GradientUpdatingStrategy(ABC):
+    def __init__(self, lr_staleness_modulation: bool = False):
+        self.lr_staleness_modulation = lr_staleness_modulation
+        self.telemetry = UpdateTelemetry()
+
     @abstractmethod
     def push(
         self,
@@ -34,40 +82,85 @@ class GradientUpdatingStrategy(ABC):
     ) -> PushResult:
         """Take one worker's gradients (already checked by ``shard.check_gradients``)."""
 
+    def set_live_workers(self, shard: ParameterShard, count: int) -> bool:
+        """The number of workers holding a task changed; True if that applied an update."""
+        return False
+
+    @property
+    def grads_to_wait(self) -> int:
+        return 1
+
+    def _staleness_scale(self, staleness: int) -> float:
+        return 1.0 / max(1, staleness) if self.lr_staleness_modulation else 1.0
+
 
 class DirectUpdatingStrategy(GradientUpdatingStrategy):
     def push(self, shard, grads, version, learning_rate):
+        # A version ahead of the PS (it restarted from an older checkpoint) counts as fresh.
+        staleness = max(0, shard.version - version)
+        scale = self._staleness_scale(staleness)
+        if scale != 1.0:
+            learning_rate = (learning_rate or shard.optimizer.learning_rate) * scale
+        self.telemetry.accepted(shard.version, staleness)
         shard.apply(grads, learning_rate)
-        return PushResult(True, shard.version)
+        return PushResult(True, shard.version, applied=True)
 
 
 class AverageUpdatingStrategy(GradientUpdatingStrategy):
-    def __init__(self, grads_to_wait: int):
+    def __init__(self, grads_to_wait: int, version_tolerance: int = 0, lr_staleness_modulation: bool = False):
+        super().__init__(lr_staleness_modulation)
         if grads_to_wait < 1:
             raise ValueError(f"grads_to_wait must be at least 1. Received: {grads_to_wait}")
-        self.grads_to_wait = grads_to_wait
+        self.configured_grads_to_wait = grads_to_wait
+        self.effective_grads_to_wait = grads_to_wait
+        self.version_tolerance = version_tolerance
         self._sums: dict[str, np.ndarray] = {}
         self._count = 0
+        self._learning_rate: float | None = None
+
+    @property
+    def grads_to_wait(self) -> int:
+        return self.effective_grads_to_wait
 
     def push(self, shard, grads, version, learning_rate):
-        if version != shard.version:
+        staleness = shard.version - version
+        if staleness > self.version_tolerance or staleness < 0:
+            self.telemetry.rejected_stale(shard.version)
             return PushResult(
                 False,
                 shard.version,
-                f"stale gradient: computed on version {version}, the model is at {shard.version}",
+                f"stale gradient: computed on version {version}, the model is at {shard.version} "
+                f"(--sync_version_tolerance={self.version_tolerance})",
             )
+        scale = np.float32(self._staleness_scale(staleness))
         for name, grad in grads.items():
             acc = self._sums.get(name)
             if acc is None:
-                self._sums[name] = np.array(grad, dtype=np.float32)
-            else:
+                self._sums[name] = np.array(grad, dtype=np.float32) * scale
+            elif scale == 1:
                 acc += grad
+            else:
+                acc += grad * scale
         self._count += 1
-        if self._count >= self.grads_to_wait:
-            scale = np.float32(1.0 / self._count)
-            for acc in self._sums.values():
-                acc *= scale
-            shard.apply(self._sums, learning_rate)
-            self._sums = {}
-            self._count = 0
-        return PushResult(True, shard.version)
+        if learning_rate is not None:
+            self._learning_rate = learning_rate
+        self.telemetry.accepted(shard.version, staleness)
+        applied = self._apply_if_ready(shard)
+        return PushResult(True, shard.version, applied=applied)
+
+    def set_live_workers(self, shard, count):
+        effective = max(1, min(self.configured_grads_to_wait, count))
+        if effective == self.effective_grads_to_wait:
+            return False
+        self.effective_grads_to_wait = effective
+        return self._apply_if_ready(shard)
+
+    def _apply_if_ready(self, shard: ParameterShard) -> bool:
+        if self._count == 0 or self._count < self.effective_grads_to_wait:
+            return False
+        inverse = np.float32(1.0 / self._count)
+        for acc in self._sums.values():
+            acc *= inverse
+        shard.apply(self._sums, self._learning_rate)
+        self._sums, self._count, self._learning_rate = {}, 0, None
+        return True

@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from elasticdl.model_spec import load_model_spec
     from elasticdl.worker.master_client import MasterClient
     from elasticdl.worker.ps_client import PSClient
+    from elasticdl.worker.staleness import StalenessStrategy
     from elasticdl.worker.trainer import Trainer
     from elasticdl.worker.worker import Worker
 
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         ps=PSClient(args.ps_addrs.split(",")),
         minibatch_size=config.minibatch_size,
         has_header=bool(config.data_reader_params_dict.get("has_header", False)),
+        staleness=StalenessStrategy.from_config(config),
     )
     worker.run()
     return 0

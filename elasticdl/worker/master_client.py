@@ -66,3 +66,12 @@ class MasterClient:
 
     def close(self) -> None:
         self._channel.close()
+
+    def report_clock(self, clock: int, blocked_seconds: float = 0.0) -> tuple[int, int]:
+        """(this worker's clock, the slowest active worker's clock) as the master counts them."""
+        reply = self._stub.report_clock(
+            elasticdl_pb2.ReportClockRequest(
+                worker_id=self.worker_id, clock=clock, blocked_seconds=blocked_seconds
+            )
+        )
+        return reply.clock, reply.slowest_clock

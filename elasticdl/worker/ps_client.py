@@ -24,6 +24,19 @@ class PushAnswer:
     accepted: bool
     version: int
     reason: str
+    applied: bool = True
+
+
+@dataclass(frozen=True)
+class PSStats:
+    """One PS's update counters since it started."""
+
+    version: int
+    pushes_accepted: int
+    pushes_rejected_stale: int
+    pushes_rejected_invalid: int
+    staleness: dict[int, int]  # staleness of applied gradients -> count
+    grads_to_wait: int
 
 
 class PSClient:
@@ -44,10 +57,18 @@ class PSClient:
             parts[ps_for_variable(name, self.num_ps)][name] = value
         return parts
 
-    def pull(self, versions: list[int]) -> list[PullResult]:
+    def pull(
+        self, versions: list[int], wait_for_newer: list[bool] | None = None, timeout: float = 30.0
+    ) -> list[PullResult]:
+        """Pull from every PS; where ``wait_for_newer[i]``, PS i answers once its model moved."""
+        waits = wait_for_newer or [False] * len(versions)
         futures = [
-            stub.pull_dense_parameters.future(elasticdl_pb2.PullDenseParametersRequest(version=v))
-            for stub, v in zip(self._stubs, versions)
+            stub.pull_dense_parameters.future(
+                elasticdl_pb2.PullDenseParametersRequest(
+                    version=v, wait_for_newer=w, timeout_seconds=timeout if w else 0.0
+                )
+            )
+            for stub, v, w in zip(self._stubs, versions, waits)
         ]
         results = []
         for future in futures:
@@ -88,7 +109,7 @@ class PSClient:
         answers = {}
         for ps, future in futures.items():
             reply = future.result()
-            answers[ps] = PushAnswer(reply.accepted, reply.version, reply.reason)
+            answers[ps] = PushAnswer(reply.accepted, reply.version, reply.reason, reply.applied)
         return answers
 
     def save_checkpoint(self) -> list[str]:
@@ -98,3 +119,22 @@ class PSClient:
     def close(self) -> None:
         for channel in self._channels:
             channel.close()
+
+    def set_live_workers(self, count: int) -> None:
+        futures = [s.set_live_workers.future(elasticdl_pb2.LiveWorkers(count=count)) for s in self._stubs]
+        for future in futures:
+            future.result()
+
+    def stats(self) -> list[PSStats]:
+        futures = [s.get_stats.future(elasticdl_pb2.Empty()) for s in self._stubs]
+        return [
+            PSStats(
+                version=r.version,
+                pushes_accepted=r.pushes_accepted,
+                pushes_rejected_stale=r.pushes_rejected_stale,
+                pushes_rejected_invalid=r.pushes_rejected_invalid,
+                staleness={c.staleness: c.count for c in r.staleness},
+                grads_to_wait=r.grads_to_wait,
+            )
+            for r in (f.result() for f in futures)
+        ]

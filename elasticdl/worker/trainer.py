@@ -37,6 +37,7 @@ class Trainer:
         self.spec = spec
         self.model = spec.build_model(model_params)
         self.variables: dict[str, tf.Variable] = {}
+        self._local_optimizer = None
         self._train_step = tf.function(self._train_step_eager, reduce_retracing=True)
 
     @property
@@ -73,6 +74,16 @@ class Trainer:
                     "was the checkpoint made by a different model?"
                 )
             var.assign(value)
+
+    def apply_locally(self, grads: dict[str, np.ndarray], learning_rate: float | None) -> None:
+        """Async with --get_model_steps > 1: train on our own updates until the next pull."""
+        if self._local_optimizer is None:
+            self._local_optimizer = self.spec.optimizer()
+        if learning_rate:
+            self._local_optimizer.learning_rate = learning_rate
+        self._local_optimizer.apply_gradients(
+            [(tf.convert_to_tensor(grads[name]), var) for name, var in self.variables.items() if name in grads]
+        )
 
     def compute_gradients(self, features: Any, labels: Any) -> tuple[float, dict[str, np.ndarray]]:
         loss, grads = self._train_step(features, labels)

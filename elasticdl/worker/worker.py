@@ -13,6 +13,7 @@ from elasticdl.mode import Mode
 from elasticdl.model_spec import DatasetMetadata, ModelSpec
 from elasticdl.worker.master_client import MasterClient, TaskOrder
 from elasticdl.worker.ps_client import PSClient
+from elasticdl.worker.staleness import StalenessStrategy
 from elasticdl.worker.trainer import Trainer, make_dataset
 
 logger = logging.getLogger(__name__)
@@ -20,6 +21,9 @@ logger = logging.getLogger(__name__)
 # A sync-mode gradient rejected as stale is recomputed on fresh parameters; past this
 # many tries in a row the batch is skipped (other workers are moving the model anyway).
 MAX_PUSH_TRIES = 64
+# A sync worker waits this long for the others' gradients before it computes again on
+# the same version (a safety net: the master lowers grads_to_wait when workers leave).
+SYNC_WAIT_SECONDS = 30.0
 
 
 @dataclass
@@ -40,6 +44,7 @@ class Worker:
         minibatch_size: int,
         has_header: bool = False,
         wait_seconds: float = 0.5,
+        staleness: StalenessStrategy | None = None,
     ):
         self.worker_id = worker_id
         self.spec = spec
@@ -49,8 +54,14 @@ class Worker:
         self.minibatch_size = minibatch_size
         self.has_header = has_header
         self.wait_seconds = wait_seconds
+        self.staleness = staleness or StalenessStrategy()
         self.versions = [-1] * ps.num_ps  # the version of each PS shard we hold
         self.batches_trained = 0
+        self.clock = 0  # batches pushed (stale-synchronous parallel)
+        self.steps_since_pull = 0
+        self.blocked_seconds = 0.0
+        # Per PS: our last push was accepted but not yet applied (sync): wait for the update.
+        self._awaiting_update = [False] * ps.num_ps
 
     def run(self) -> None:
         while True:
@@ -94,10 +105,13 @@ class Worker:
         if not self.trainer.built:
             self.trainer.ensure_built(features)
             self._initialize_ps()
+        if self.staleness.bounded:
+            self._wait_within_staleness_bound()
         pending = set(range(self.ps.num_ps))
         loss = 0.0
-        for _ in range(MAX_PUSH_TRIES):
-            self._pull()
+        for attempt in range(MAX_PUSH_TRIES):
+            if attempt or self.staleness.must_pull(self.steps_since_pull):
+                self._pull()
             loss, grads = self.trainer.compute_gradients(features, labels)
             parts = self.ps.split(grads)
             lr = self._learning_rate()
@@ -107,13 +121,29 @@ class Worker:
             for ps, answer in answers.items():
                 if answer.accepted:
                     pending.discard(ps)
+                    self._awaiting_update[ps] = self.staleness.waits_for_version and not answer.applied
                 elif "stale" not in answer.reason:
                     raise RuntimeError(f"PS {ps} rejected the gradients: {answer.reason}")
             if not pending:
                 self.batches_trained += 1
+                self.clock += 1
+                self.steps_since_pull += 1
+                if self.staleness.applies_locally:
+                    self.trainer.apply_locally(grads, lr or None)
                 return loss
         logger.warning("skipped a batch: its gradients were stale %d times in a row", MAX_PUSH_TRIES)
         return loss
+
+    def _wait_within_staleness_bound(self) -> None:
+        """SSP: block while this worker is too far ahead of the slowest worker holding a task."""
+        blocked, pause = 0.0, 0.005
+        while True:
+            clock, slowest = self.master.report_clock(self.clock, blocked)
+            self.blocked_seconds += blocked
+            if not self.staleness.must_wait(clock, slowest):
+                return
+            time.sleep(pause)
+            blocked, pause = pause, min(pause * 2, 0.2)
 
     def _learning_rate(self) -> float:
         if self.spec.learning_rate_scheduler is None:
@@ -138,12 +168,20 @@ class Worker:
             )
 
     def _pull(self) -> None:
-        for ps, result in enumerate(self.ps.pull(self.versions)):
+        waiting = list(self._awaiting_update)
+        for ps, result in enumerate(self.ps.pull(self.versions, waiting, SYNC_WAIT_SECONDS)):
             if not result.initialized:
                 raise RuntimeError(f"PS {ps} has no model")
+            if waiting[ps] and result.version == self.versions[ps]:
+                logger.warning(
+                    "PS %d did not move past version %d within %.0fs; computing on it again",
+                    ps, result.version, SYNC_WAIT_SECONDS,
+                )
             if result.params:
                 self.trainer.set_params(result.params)
             self.versions[ps] = result.version
+        self._awaiting_update = [False] * self.ps.num_ps
+        self.steps_since_pull = 0
 
 
 def _batch_size(labels) -> int:

@@ -1,0 +1,176 @@
+"""Render the command-line reference (docs/cli.md) from the real argument parser.
+
+    python -m elasticdl.cli_reference > docs/cli.md
+
+The tables come from ``elasticdl.cli.build_parser()``, whose flags come from the fields
+of ``elasticdl.config.JobConfig``; tests/test_docs.py fails when docs/cli.md is stale.
+The output depends only on the code (no terminal width, no time, no paths), so the same
+code always renders the same file.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+REGENERATE_COMMAND = "python -m elasticdl.cli_reference > docs/cli.md"
+
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argparse.ArgumentParser]]:
+    """(name, help, parser) of every subcommand, in the order they were added."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
+            for name, sub_parser in action.choices.items():
+                found.append((name, helps.get(name, ""), sub_parser))
+    return found
+
+
+def _type_name(action: argparse.Action) -> str:
+    kind = action.type
+    if kind is None:
+        return "string"
+    if kind is str:
+        return "string"
+    if kind is int:
+        return "int"
+    if kind is float:
+        return "float"
+    from elasticdl.cli import parse_bool
+
+    if kind is parse_bool:
+        return "bool"
+    return getattr(kind, "__name__", str(kind))
+
+
+def _default(action: argparse.Action) -> str:
+    value = action.default
+    if value is None or value == "":
+        return "*(empty)*"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    return f"`{value}`"
+
+
+def _strip_default(action: argparse.Action) -> str:
+    """The help text without the " (default: ...)" that cli.py appends; the table has a column."""
+    help_text = action.help or ""
+    suffix = f" (default: {action.default!r})"
+    return help_text[: -len(suffix)] if help_text.endswith(suffix) else help_text
+
+
+def _cell(text: str) -> str:
+    """Text safe inside a Markdown table cell (no raw pipes; <x> is not read as HTML)."""
+    text = " ".join(text.split())
+    for char in "|<>":
+        text = text.replace(char, "\\" + char)
+    return text
+
+
+def _flag_cell(action: argparse.Action) -> str:
+    long_names = [s for s in action.option_strings if s.startswith("--")]
+    others = [s for s in action.option_strings if not s.startswith("--")]
+    names = [f"`{name}`" for name in long_names + others]
+    if len(names) == 1:
+        return names[0]
+    return f"{names[0]} (alias: {', '.join(names[1:])})"
+
+
+def _flag_table(parser: argparse.ArgumentParser) -> list[str]:
+    lines = ["| Flag | Type | Default | Description |", "| --- | --- | --- | --- |"]
+    for action in parser._actions:
+        if not action.option_strings or isinstance(action, argparse._HelpAction):
+            continue
+        help_text = _strip_default(action)
+        lines.append(
+            f"| {_flag_cell(action)} | {_type_name(action)} | {_default(action)} | {_cell(help_text)} |"
+        )
+    return lines
+
+
+def render() -> str:
+    """docs/cli.md as a string."""
+    from elasticdl.cli import build_parser
+    from elasticdl.config import COMMANDS
+
+    parser = build_parser()
+    subcommands = _subcommands(parser)
+    names = [name for name, _, _ in subcommands]
+    planned = [command for command in COMMANDS if command not in names]
+
+    out = [
+        "<!-- Generated from elasticdl/cli.py and elasticdl/config.py; do not edit by hand. -->",
+        "",
+        "# Command-line reference",
+        "",
+        f"Regenerate this file with `{REGENERATE_COMMAND}`",
+        "(tests/test_docs.py fails when it is out of date).",
+        "",
+        f"`{parser.prog}`: {parser.description}",
+        "",
+        "| Command | What it does |",
+        "| --- | --- |",
+    ]
+    for name, help_text, _ in subcommands:
+        out.append(f"| [`{parser.prog} {name}`](#{parser.prog}-{name}) | {_cell(help_text)} |")
+    out.append("")
+    if planned:
+        out += [
+            f"Not in this version yet: {', '.join(f'`{parser.prog} {c}`' for c in planned)}.",
+            "",
+        ]
+    out += [
+        "A flag takes its value as the next argument or after `=` (`--num_workers 2`,",
+        "`--num_workers=2`). A `bool` flag alone means true (`--use_async`); it also takes",
+        "`true`/`false`, `yes`/`no`, `on`/`off` or `1`/`0`.",
+        f"`{parser.prog} COMMAND --help` prints the same list. The Python API takes the same",
+        "names as keyword arguments, without the dashes: `elasticdl.train(num_workers=2, ...)`;",
+        "aliases work on the command line only.",
+        "",
+    ]
+    for name, help_text, sub_parser in subcommands:
+        out += [
+            f"## {parser.prog} {name}",
+            "",
+            _cell(help_text),
+            "",
+            "```",
+            f"{parser.prog} {name} [FLAGS]",
+            "```",
+            "",
+            *_flag_table(sub_parser),
+            "",
+        ]
+    out += [
+        "## Checks before anything starts",
+        "",
+        "`JobConfig.validate()` (elasticdl/config.py) stops the command with exit code 2 and a",
+        "message naming the flag when:",
+        "",
+        "- `--model_zoo` is missing or not a directory, or `--model_def` is not `pkg.module.name`;",
+        "- `--training_data` is missing (`train`);",
+        "- a count is below its minimum (`--minibatch_size`, `--num_epochs`, `--num_workers`,",
+        "  `--num_ps`, `--grads_to_wait`, `--num_minibatches_per_task` at least 1; `--records_per_task`,",
+        "  `--checkpoint_steps`, `--keep_checkpoint_max`, `--max_task_retries`,",
+        "  `--num_threads_per_process` at least 0; `--task_timeout` above 0);",
+        "- `--backend` is not `local` (`kubernetes` is not in this version yet);",
+        "- `--log_level` is not one of DEBUG, INFO, WARNING, ERROR;",
+        "- `--use_async` is combined with `--grads_to_wait` other than 1;",
+        "- `--checkpoint_steps` is given without `--checkpoint_dir`;",
+        "- `--checkpoint_dir_for_init` does not exist;",
+        "- `--model_params` or `--data_reader_params` is not `a=1;b=2.5;c='x'`.",
+        "",
+        "The model-zoo checks that follow are described in [model_zoo.md](model_zoo.md#submit-time-checks).",
+    ]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def main() -> None:
+    import sys
+
+    sys.stdout.write(render())
+
+
+if __name__ == "__main__":
+    main()

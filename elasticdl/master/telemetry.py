@@ -1,0 +1,75 @@
+"""What staleness does to a job, summarised from the PS counters.
+
+Each PS counts pushes accepted, pushes rejected as stale, and the staleness (PS version
+at arrival - the version the gradient was computed on) of every gradient it applied.
+The master turns those counters into a per-epoch and a whole-job summary.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StalenessSummary:
+    pushes_accepted: int = 0
+    pushes_rejected_stale: int = 0
+    pushes_rejected_invalid: int = 0
+    staleness: dict[int, int] = field(default_factory=dict)  # staleness -> applied gradients
+    blocked_seconds: float = 0.0  # workers waiting for the staleness bound, summed
+
+    @property
+    def rejected_rate(self) -> float:
+        total = self.pushes_accepted + self.pushes_rejected_stale
+        return self.pushes_rejected_stale / total if total else 0.0
+
+    @property
+    def mean_staleness(self) -> float:
+        count = sum(self.staleness.values())
+        return sum(k * v for k, v in self.staleness.items()) / count if count else 0.0
+
+    def minus(self, earlier: StalenessSummary) -> StalenessSummary:
+        """The counts since ``earlier`` (counters only grow)."""
+        hist = collections.Counter(self.staleness)
+        hist.subtract(earlier.staleness)
+        return StalenessSummary(
+            self.pushes_accepted - earlier.pushes_accepted,
+            self.pushes_rejected_stale - earlier.pushes_rejected_stale,
+            self.pushes_rejected_invalid - earlier.pushes_rejected_invalid,
+            {k: v for k, v in sorted(hist.items()) if v > 0},
+            self.blocked_seconds - earlier.blocked_seconds,
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "pushes_accepted": self.pushes_accepted,
+            "pushes_rejected_stale": self.pushes_rejected_stale,
+            "pushes_rejected_invalid": self.pushes_rejected_invalid,
+            "rejected_stale_rate": round(self.rejected_rate, 4),
+            "mean_staleness": round(self.mean_staleness, 3),
+            "staleness_histogram": {str(k): v for k, v in sorted(self.staleness.items())},
+            "seconds_blocked_by_bound": round(self.blocked_seconds, 3),
+        }
+
+    def describe(self) -> str:
+        hist = " ".join(f"{k}:{v}" for k, v in sorted(self.staleness.items())) or "-"
+        return (
+            f"pushes accepted {self.pushes_accepted}, rejected as stale {self.pushes_rejected_stale} "
+            f"({self.rejected_rate:.1%}), invalid {self.pushes_rejected_invalid}; "
+            f"staleness histogram {{{hist}}} (mean {self.mean_staleness:.2f}); "
+            f"workers blocked by the bound {self.blocked_seconds:.2f}s"
+        )
+
+
+def summarize(ps_stats, blocked_seconds: float) -> StalenessSummary:
+    """Counters summed over the parameter servers (each push reaches every PS)."""
+    hist: collections.Counter = collections.Counter()
+    summary = StalenessSummary(blocked_seconds=blocked_seconds)
+    for stats in ps_stats:
+        summary.pushes_accepted += stats.pushes_accepted
+        summary.pushes_rejected_stale += stats.pushes_rejected_stale
+        summary.pushes_rejected_invalid += stats.pushes_rejected_invalid
+        hist.update(stats.staleness)
+    summary.staleness = dict(sorted(hist.items()))
+    return summary

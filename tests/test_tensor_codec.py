@@ -1,0 +1,101 @@
+"""numpy arrays <-> Tensor messages."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from elasticdl import tensor_codec
+from elasticdl.proto import elasticdl_pb2
+from elasticdl.tensor_codec import TensorDecodeError
+
+ARRAYS = {
+    "f32": np.arange(12, dtype=np.float32).reshape(3, 4) / 7,
+    "f64": np.linspace(-1, 1, 5, dtype=np.float64),
+    "i64": np.array([[-(2**40), 0, 2**40]], dtype=np.int64),
+    "bool": np.array([True, False, True]),
+    "scalar": np.array(3.5, dtype=np.float32),
+    "empty": np.zeros((0, 3), dtype=np.float32),
+    "f16": np.array([1.5, -2.0], dtype=np.float16),
+    "i32": np.array([1, -2, 3], dtype=np.int32),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARRAYS))
+def test_round_trip(name):
+    array = ARRAYS[name]
+    message = tensor_codec.encode(name, array)
+    # Through the wire format, not just the object.
+    message = elasticdl_pb2.Tensor.FromString(message.SerializeToString())
+    assert message.name == name and message.dtype == array.dtype.name
+    assert tuple(message.shape) == array.shape
+    out = tensor_codec.decode(message)
+    assert out.dtype == array.dtype and out.shape == array.shape
+    np.testing.assert_array_equal(out, array)
+
+
+def test_non_contiguous_and_big_endian_inputs():
+    view = np.arange(20, dtype=np.float32).reshape(4, 5)[:, ::2]
+    np.testing.assert_array_equal(tensor_codec.decode(tensor_codec.encode("v", view)), view)
+    big = np.arange(4, dtype=">f8")
+    out = tensor_codec.decode(tensor_codec.encode("b", big))
+    assert out.dtype == np.float64
+    np.testing.assert_array_equal(out, big)
+
+
+def test_decode_is_read_only_unless_writable():
+    message = tensor_codec.encode("x", ARRAYS["f32"])
+    assert not tensor_codec.decode(message).flags.writeable
+    out = tensor_codec.decode(message, writable=True)
+    out[0, 0] = 42
+    assert tensor_codec.decode(message)[0, 0] == 0  # the message is untouched
+
+
+def test_dict_round_trip():
+    messages = tensor_codec.encode_dict(ARRAYS)
+    out = tensor_codec.decode_list(messages)
+    assert list(out) == list(ARRAYS)
+    for name, array in ARRAYS.items():
+        np.testing.assert_array_equal(out[name], array)
+    assert tensor_codec.decode_list([]) == {}
+
+
+def _tensor(name="w", dtype="float32", shape=(2,), content=b"\0" * 8):
+    return elasticdl_pb2.Tensor(name=name, dtype=dtype, shape=shape, content=content)
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "object", "", "uint8", "float32 "])
+def test_bad_dtype(dtype):
+    with pytest.raises(TensorDecodeError, match=r"tensor 'layer/w'.*unsupported dtype") as info:
+        tensor_codec.decode(_tensor(name="layer/w", dtype=dtype))
+    assert "float32" in str(info.value)  # lists what is allowed
+
+
+@pytest.mark.parametrize(
+    "shape, content",
+    [((2,), b"\0" * 7), ((2,), b"\0" * 9), ((3, 2), b"\0" * 8), ((), b""), ((0,), b"\0" * 4)],
+)
+def test_byte_count_mismatch(shape, content):
+    with pytest.raises(TensorDecodeError) as info:
+        tensor_codec.decode(_tensor(name="layer/w", shape=shape, content=content))
+    message = str(info.value)
+    assert "'layer/w'" in message
+    assert f"carries {len(content)}" in message
+
+
+def test_negative_dimension():
+    with pytest.raises(TensorDecodeError, match="'w'.*negative dimension"):
+        tensor_codec.decode(_tensor(shape=(-2, -1), content=b"\0" * 8))
+
+
+def test_duplicate_names():
+    messages = [tensor_codec.encode("dense/kernel", ARRAYS["f32"]), tensor_codec.encode("b", ARRAYS["f64"]),
+                tensor_codec.encode("dense/kernel", ARRAYS["f32"])]
+    with pytest.raises(TensorDecodeError, match="'dense/kernel' appears twice"):
+        tensor_codec.decode_list(messages)
+
+
+def test_decode_list_names_the_bad_tensor():
+    messages = [tensor_codec.encode("ok", ARRAYS["f32"]), _tensor(name="broken", content=b"\0")]
+    with pytest.raises(TensorDecodeError, match="'broken'"):
+        tensor_codec.decode_list(messages)
