@@ -63,13 +63,16 @@ def load_checkpoint_params(version_dir: str) -> dict[str, np.ndarray]:
 def test_two_workers_one_ps_reach_accuracy_and_export(digits, tmp_path):
     result = elasticdl(
         train_args(digits, "digits.digits_functional.custom_model", num_workers=2, num_ps=1,
-                   checkpoint_dir=tmp_path / "ckpt", output=tmp_path / "model", job_name="e2e"),
+                   grads_to_wait=2, checkpoint_dir=tmp_path / "ckpt", output=tmp_path / "model",
+                   job_name="e2e"),
         cwd=tmp_path,
     )
     report = report_of(result)
     assert report["metrics"]["accuracy"] >= 0.90
     assert report["records_trained"] == 5 * 1437
     assert report["dropped_tasks"] == 0
+    assert report["consistency"] == "sync SGD, grads_to_wait=2"
+    assert report["staleness"]["staleness_histogram"].keys() == {"0"}  # strict sync
     assert os.path.isfile(tmp_path / "runs" / "e2e" / "logs" / "worker-1.log")
 
     # The SavedModel loads without ElasticDL and predicts what the trained parameters predict.
@@ -205,3 +208,19 @@ def test_no_orphan_processes(digits, tmp_path, how):
     while _alive(children) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _alive(children) == []
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [{"use_async": "true"}, {"use_async": "true", "staleness_bound": 2}],
+    ids=["async", "ssp-2"],
+)
+def test_async_and_ssp_converge(digits, tmp_path, flags):
+    """Sync (grads_to_wait=1 and 2) is covered above and in test_consistency.py."""
+    report = report_of(elasticdl(
+        train_args(digits, "digits.digits_functional.custom_model", num_workers=2, num_ps=1, **flags),
+        cwd=tmp_path,
+    ))
+    assert report["metrics"]["accuracy"] >= 0.90
+    assert report["staleness"]["pushes_accepted"] == report["model_version"]
+    assert report["staleness"]["pushes_rejected_stale"] == 0
