@@ -14,6 +14,53 @@ import argparse
 
 REGENERATE_COMMAND = "python -m elasticdl.cli_reference > docs/cli.md"
 
+# The flag rules of JobConfig.validate(), as docs/cli.md states them. Each comes with flag
+# values that break it; tests/test_docs.py checks that every one of them is refused, so a
+# rule that changes in config.py without this list fails the tests.
+VALIDATION_RULES: tuple[tuple[str, tuple[dict, ...]], ...] = (
+    ("`--model_zoo` is missing or not a directory", ({"model_zoo": ""}, {"model_zoo": "/nonexistent/zoo"})),
+    ("`--model_def` is not `pkg.module.name`", ({"model_def": ""}, {"model_def": "custom_model"})),
+    ("`--training_data` is missing (`train`)", ({"training_data": ""},)),
+    (
+        "`--minibatch_size`, `--num_epochs`, `--num_workers`, `--num_ps`, `--grads_to_wait`, "
+        "`--num_minibatches_per_task` or `--get_model_steps` is below 1",
+        tuple({name: 0} for name in ("minibatch_size", "num_epochs", "num_workers", "num_ps",
+                                     "grads_to_wait", "num_minibatches_per_task", "get_model_steps")),
+    ),
+    (
+        "`--records_per_task`, `--checkpoint_steps`, `--keep_checkpoint_max`, `--max_task_retries`, "
+        "`--num_threads_per_process`, `--staleness_bound` or `--sync_version_tolerance` is negative",
+        tuple({name: -1} for name in ("records_per_task", "checkpoint_steps", "keep_checkpoint_max",
+                                      "max_task_retries", "num_threads_per_process", "staleness_bound",
+                                      "sync_version_tolerance")),
+    ),
+    ("`--task_timeout` is not above 0", ({"task_timeout": 0.0},)),
+    (
+        "`--backend` is not `local` (`kubernetes` is not in this version yet)",
+        ({"backend": "kubernetes"}, {"backend": "yarn"}),
+    ),
+    ("`--log_level` is not one of DEBUG, INFO, WARNING, ERROR (any case)", ({"log_level": "TRACE"},)),
+    (
+        "`--use_async` is combined with `--grads_to_wait` other than 1 or with `--sync_version_tolerance`",
+        ({"use_async": True, "grads_to_wait": 2}, {"use_async": True, "sync_version_tolerance": 1}),
+    ),
+    (
+        "`--staleness_bound` or `--get_model_steps` other than 1 is given without `--use_async`",
+        ({"staleness_bound": 2}, {"get_model_steps": 2}),
+    ),
+    (
+        "`--lr_staleness_modulation` is given in sync mode without `--sync_version_tolerance` "
+        "(every applied gradient would have staleness 0)",
+        ({"lr_staleness_modulation": True},),
+    ),
+    ("`--checkpoint_steps` is given without `--checkpoint_dir`", ({"checkpoint_steps": 10},)),
+    ("`--checkpoint_dir_for_init` does not exist", ({"checkpoint_dir_for_init": "/nonexistent/ckpt"},)),
+    (
+        "`--model_params` or `--data_reader_params` is not like `a=1;b=2.5;c='x'`",
+        ({"model_params": "hidden_units"}, {"data_reader_params": "1=2"}),
+    ),
+)
+
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argparse.ArgumentParser]]:
@@ -148,18 +195,8 @@ def render() -> str:
         "`JobConfig.validate()` (elasticdl/config.py) stops the command with exit code 2 and a",
         "message naming the flag when:",
         "",
-        "- `--model_zoo` is missing or not a directory, or `--model_def` is not `pkg.module.name`;",
-        "- `--training_data` is missing (`train`);",
-        "- a count is below its minimum (`--minibatch_size`, `--num_epochs`, `--num_workers`,",
-        "  `--num_ps`, `--grads_to_wait`, `--num_minibatches_per_task` at least 1; `--records_per_task`,",
-        "  `--checkpoint_steps`, `--keep_checkpoint_max`, `--max_task_retries`,",
-        "  `--num_threads_per_process` at least 0; `--task_timeout` above 0);",
-        "- `--backend` is not `local` (`kubernetes` is not in this version yet);",
-        "- `--log_level` is not one of DEBUG, INFO, WARNING, ERROR;",
-        "- `--use_async` is combined with `--grads_to_wait` other than 1;",
-        "- `--checkpoint_steps` is given without `--checkpoint_dir`;",
-        "- `--checkpoint_dir_for_init` does not exist;",
-        "- `--model_params` or `--data_reader_params` is not `a=1;b=2.5;c='x'`.",
+        *(f"- {text}{'.' if i == len(VALIDATION_RULES) - 1 else ';'}"
+          for i, (text, _) in enumerate(VALIDATION_RULES)),
         "",
         "The model-zoo checks that follow are described in [model_zoo.md](model_zoo.md#submit-time-checks).",
     ]

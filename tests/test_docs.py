@@ -1,0 +1,167 @@
+"""The docs stay true to the code: the generated CLI reference, flag coverage, links."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from elasticdl.cli_reference import REGENERATE_COMMAND, VALIDATION_RULES, render
+from elasticdl.config import ConfigError, JobConfig
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
+CLI_MD = DOCS / "cli.md"
+DOC_FILES = sorted(DOCS.glob("*.md"))
+
+# [text](target) and [text](target "title"); images too. Autolinks and bare URLs are not files.
+_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_FENCE = re.compile(r"^(```|~~~)")
+
+
+def _strip_code(text: str) -> str:
+    """The Markdown without fenced code blocks and inline code, where links are not links."""
+    kept, in_fence = [], False
+    for line in text.splitlines():
+        if _FENCE.match(line.strip()):
+            in_fence = not in_fence
+            continue
+        if not in_fence:
+            kept.append(re.sub(r"`[^`]*`", "", line))
+    return "\n".join(kept)
+
+
+def _config_flags() -> list[str]:
+    flags = []
+    for f in dataclasses.fields(JobConfig):
+        flags.append(f"--{f.name}")
+        flags.extend(f.metadata.get("aliases", ()))
+    return flags
+
+
+def test_docs_exist():
+    assert CLI_MD.is_file(), f"docs/cli.md is missing; run `{REGENERATE_COMMAND}`"
+    assert (DOCS / "index.md").is_file()
+
+
+def test_cli_reference_is_up_to_date():
+    expected = render()
+    actual = CLI_MD.read_text(encoding="utf-8") if CLI_MD.is_file() else ""
+    assert actual == expected, (
+        f"docs/cli.md differs from what the code renders; regenerate it with `{REGENERATE_COMMAND}` "
+        "(from the repository root) and commit the result."
+    )
+
+
+def test_cli_reference_is_deterministic_and_runs_as_a_module():
+    env = dict(os.environ, COLUMNS="37")  # a narrow terminal must not change the output
+    result = subprocess.run(
+        [sys.executable, "-m", "elasticdl.cli_reference"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=True,
+    )
+    assert result.stdout == render() == render()
+    assert REGENERATE_COMMAND in result.stdout
+
+
+@pytest.mark.parametrize("flag", _config_flags())
+def test_every_config_flag_is_documented(flag):
+    text = CLI_MD.read_text(encoding="utf-8")
+    assert f"`{flag}`" in text, (
+        f"{flag} (a JobConfig field in elasticdl/config.py) is not in docs/cli.md; "
+        f"regenerate it with `{REGENERATE_COMMAND}`"
+    )
+
+
+def _anchors(doc: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to dashes."""
+    anchors = set()
+    for line in _strip_code_blocks_only(doc.read_text(encoding="utf-8")).splitlines():
+        match = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if match:
+            anchors.add(re.sub(r"[^\w\- ]", "", match.group(1).lower()).replace(" ", "-"))
+    return anchors
+
+
+def _strip_code_blocks_only(text: str) -> str:
+    kept, in_fence = [], False
+    for line in text.splitlines():
+        if _FENCE.match(line.strip()):
+            in_fence = not in_fence
+        elif not in_fence:
+            kept.append(line)
+    return "\n".join(kept)
+
+
+@pytest.mark.parametrize("doc", DOC_FILES, ids=lambda p: p.name)
+def test_relative_links_point_to_existing_files(doc):
+    broken = []
+    for target in _LINK.findall(_strip_code(doc.read_text(encoding="utf-8"))):
+        if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target):
+            continue  # http:, https:, mailto: ...
+        path, _, anchor = target.split("?", 1)[0].partition("#")
+        file = (doc.parent / path) if path else doc
+        if not file.exists():
+            broken.append(target)
+        elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
+            broken.append(f"{target} (no such heading)")
+    assert not broken, f"{doc.relative_to(REPO)} links to files or headings that do not exist: {broken}"
+
+
+def _valid_config(**overrides) -> JobConfig:
+    flags = {
+        "model_zoo": str(REPO / "model_zoo"),
+        "model_def": "digits.digits_functional.custom_model",
+        "training_data": "data/digits/train",
+    }
+    return JobConfig(**{**flags, **overrides})
+
+
+def test_validation_rules_start_from_a_valid_config():
+    _valid_config().validate("train")
+
+
+@pytest.mark.parametrize(
+    "text,overrides",
+    [(text, o) for text, examples in VALIDATION_RULES for o in examples],
+    ids=lambda v: ",".join(f"{k}={v[k]!r}" for k in v) if isinstance(v, dict) else "",
+)
+def test_every_documented_validation_rule_is_enforced(text, overrides):
+    """docs/cli.md lists these rules; each example must really be refused, naming a flag of the rule."""
+    with pytest.raises(ConfigError) as err:
+        _valid_config(**overrides).validate("train")
+    flags = re.findall(r"--[a-z_]+", text)
+    assert any(flag in str(err.value) for flag in flags), (
+        f"the error for {overrides} does not name any of {flags}: {err.value}"
+    )
+
+
+# Flags in the docs that belong to other programs (saved_model_cli, prepare_data.py, pip).
+_OTHER_PROGRAMS_FLAGS = {"--all", "--dir", "--tag_set", "--signature_def", "--help"}
+
+
+@pytest.mark.parametrize("doc", DOC_FILES, ids=lambda p: p.name)
+def test_docs_mention_only_real_flags(doc):
+    known = set(_config_flags()) | _OTHER_PROGRAMS_FLAGS
+    mentioned = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9_]*", doc.read_text(encoding="utf-8")))
+    unknown = sorted(mentioned - known)
+    assert not unknown, (
+        f"{doc.relative_to(REPO)} mentions flags that `elasticdl` does not have: {unknown} "
+        "(renamed or removed in elasticdl/config.py?)"
+    )
+
+
+@pytest.mark.parametrize("doc", DOC_FILES, ids=lambda p: p.name)
+def test_python_examples_parse(doc):
+    text = doc.read_text(encoding="utf-8")
+    blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+    for block in blocks:
+        try:
+            ast.parse(block)
+        except SyntaxError as err:
+            pytest.fail(f"{doc.relative_to(REPO)}: a python example does not parse: {err}\n{block}")
