@@ -20,6 +20,7 @@ data/digits/train: | $(STAMP)
 	$(PY) model_zoo/digits/prepare_data.py --output data/digits
 
 demo: $(STAMP) data/digits/train
+	rm -rf out/digits-checkpoints  # a demo starts fresh; real jobs continue with --checkpoint_dir_for_init
 	$(VENV)/bin/elasticdl train \
 	    --model_zoo model_zoo --model_def digits.digits_functional.custom_model \
 	    --training_data data/digits/train --validation_data data/digits/test \

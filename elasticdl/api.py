@@ -33,10 +33,10 @@ def make_config(**flags) -> JobConfig:
 
 def run(config: JobConfig, command: str = "train"):
     """Check the job, then run it on the configured backend; returns a JobReport."""
-    from elasticdl.tf_runtime import configure_tensorflow, quiet_tensorflow
+    config.validate(command)  # flags first: no TensorFlow import for a typo
+    from elasticdl.tf_runtime import quiet_tensorflow
 
     quiet_tensorflow()
-    configure_tensorflow(1)
     from elasticdl.master.job import TrainingJob
     from elasticdl.preflight import check_job
 

@@ -66,6 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     command, config = config_from_args(sys.argv[1:] if argv is None else argv)
     configure_logging(config.logging_level, "master")
     log = logging.getLogger("elasticdl")
+    from elasticdl.tf_runtime import configure_tensorflow, quiet_tensorflow
+
+    # The master process only checks the model and exports it: one thread leaves the
+    # cores to the workers. (The Python API leaves the caller's TensorFlow alone.)
+    quiet_tensorflow()
+    configure_tensorflow(1)
     from elasticdl.api import run
     from elasticdl.data.errors import DataError
     from elasticdl.master.job import JobFailedError

@@ -159,6 +159,7 @@ class JobConfig:
     def with_defaults(self) -> JobConfig:
         """Fill the defaults that depend on other fields."""
         cfg = dataclasses.replace(self)
+        cfg.log_level = cfg.log_level.upper()
         if not cfg.job_name:
             model = cfg.model_def.rsplit(".", 2)[0].replace(".", "-").replace("_", "-") or "job"
             cfg.job_name = f"elasticdl-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -213,9 +214,25 @@ class JobConfig:
             raise ConfigError("--checkpoint_steps needs --checkpoint_dir: where should checkpoints go?")
         if self.checkpoint_dir_for_init and not os.path.exists(self.checkpoint_dir_for_init):
             raise ConfigError(f"--checkpoint_dir_for_init {self.checkpoint_dir_for_init!r} does not exist.")
+        self._validate_checkpoint_dir(command)
         # Parse now so a malformed string fails here, not in a worker.
         self.model_params_dict  # noqa: B018
         self.data_reader_params_dict  # noqa: B018
+
+    def _validate_checkpoint_dir(self, command: str) -> None:
+        """A fresh job must not mix its versions with an old job's: they would collide and be pruned."""
+        if command != "train" or not self.checkpoint_dir or not os.path.isdir(self.checkpoint_dir):
+            return
+        old = [e for e in os.listdir(self.checkpoint_dir) if e.startswith("version-")]
+        same_dir = self.checkpoint_dir_for_init and os.path.abspath(self.checkpoint_dir_for_init).startswith(
+            os.path.abspath(self.checkpoint_dir)
+        )
+        if old and not same_dir:
+            raise ConfigError(
+                f"--checkpoint_dir {self.checkpoint_dir!r} already holds checkpoints ({len(old)} versions). "
+                f"Pass --checkpoint_dir_for_init {self.checkpoint_dir} to continue from the latest, "
+                "or choose an empty directory."
+            )
 
     def _validate_consistency(self) -> None:
         for name in ("staleness_bound", "sync_version_tolerance"):

@@ -42,6 +42,11 @@ def check_job(config: JobConfig, command: str = "train") -> CheckedJob:
         raise ModelSpecError(f"the data in {data!r} holds no records")
     if config.validation_data and command == "train":
         resolve_data_files(config.validation_data)  # fail now on a typo, not after training
+        if not metrics:
+            logger.warning(
+                "--validation_data is set but %s defines no eval_metrics_fn(): no metrics will be "
+                "computed. Define eval_metrics_fn() -> {name: metric}.", spec.module_path,
+            )
     features = _check_one_batch(spec, config, files, has_header, metrics)
     return CheckedJob(config, spec, optimizer_spec, files, features)
 

@@ -55,7 +55,9 @@ class TrainingJob:
     def __init__(self, checked: CheckedJob, backend: LocalBackend | None = None, poll_seconds: float = 0.2):
         self.checked = checked
         self.config = checked.config
-        self.backend = backend or LocalBackend(self.config.effective_log_dir, echo=self.config.log_level == "DEBUG")
+        self.backend = backend or LocalBackend(
+            self.config.effective_log_dir, echo=self.config.log_level.upper() == "DEBUG"
+        )
         self.poll_seconds = poll_seconds
         shards = make_shards(checked.files, self.config.effective_records_per_task)
         self.tasks = TaskManager(
@@ -77,6 +79,10 @@ class TrainingJob:
 
     def run(self) -> JobReport:
         started = time.monotonic()
+        os.makedirs(self.config.effective_log_dir, exist_ok=True)
+        master_log = logging.FileHandler(os.path.join(self.config.effective_log_dir, "master.log"))
+        master_log.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [master] %(name)s: %(message)s"))
+        logging.getLogger().addHandler(master_log)
         report = JobReport(
             self.config.job_name,
             log_dir=self.config.effective_log_dir,
@@ -91,6 +97,8 @@ class TrainingJob:
             self.backend.stop_all()
             if self._ps_client is not None:
                 self._ps_client.close()
+            logging.getLogger().removeHandler(master_log)
+            master_log.close()
             if self._server is not None:
                 self._server.stop(grace=1)
         report.seconds = round(time.monotonic() - started, 2)

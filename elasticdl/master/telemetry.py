@@ -54,11 +54,11 @@ class StalenessSummary:
 
     def describe(self) -> str:
         hist = " ".join(f"{k}:{v}" for k, v in sorted(self.staleness.items())) or "-"
+        blocked = f"; workers blocked by the bound {self.blocked_seconds:.2f}s" if self.blocked_seconds else ""
         return (
             f"pushes accepted {self.pushes_accepted}, rejected as stale {self.pushes_rejected_stale} "
             f"({self.rejected_rate:.1%}), invalid {self.pushes_rejected_invalid}; "
-            f"staleness histogram {{{hist}}} (mean {self.mean_staleness:.2f}); "
-            f"workers blocked by the bound {self.blocked_seconds:.2f}s"
+            f"staleness histogram {{{hist}}} (mean {self.mean_staleness:.2f}){blocked}"
         )
 
 
