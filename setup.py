@@ -16,8 +16,8 @@ setup(
     ],
     extras_require={
         # TensorFlow is an extra so a GPU image can bring its own build.
-        "cpu": ["tensorflow-cpu>=2.18"],
-        "gpu": ["tensorflow[and-cuda]>=2.18"],
+        "cpu": ["tensorflow-cpu>=2.18", "tensorboard"],
+        "gpu": ["tensorflow[and-cuda]>=2.18", "tensorboard"],
         "dev": ["pytest>=8", "pytest-timeout", "hypothesis", "ruff", "scikit-learn", "grpcio-tools>=1.70"],
     },
     entry_points={"console_scripts": ["elasticdl=elasticdl.cli:main"]},

@@ -7,11 +7,25 @@
 from elasticdl.mode import Mode
 
 __version__ = "0.1.0"
-__all__ = ["Mode", "train", "__version__"]
+__all__ = ["Mode", "evaluate", "predict", "train", "__version__"]
 
 
 def train(**flags):
     """Train a model-zoo model; see ``elasticdl.api.train``."""
-    from elasticdl.api import train as _train
+    from elasticdl import api
 
-    return _train(**flags)
+    return api.train(**flags)
+
+
+def evaluate(**flags):
+    """Evaluate a checkpoint; see ``elasticdl.api.evaluate``."""
+    from elasticdl import api
+
+    return api.evaluate(**flags)
+
+
+def predict(**flags):
+    """Batch prediction with a checkpoint; see ``elasticdl.api.predict``."""
+    from elasticdl import api
+
+    return api.predict(**flags)

@@ -37,20 +37,28 @@ def run(config: JobConfig, command: str = "train"):
     from elasticdl.tf_runtime import quiet_tensorflow
 
     quiet_tensorflow()
-    from elasticdl.master.job import TrainingJob
+    from elasticdl.master.job import Job
     from elasticdl.preflight import check_job
 
-    if command != "train":
-        raise ConfigError(f"`elasticdl {command}` is not available in this version yet.")
     checked = check_job(config, command)
     logger.info(
-        "job %s: %d records in %d files, %d workers, %d PS",
-        config.job_name, sum(n for _, n in checked.files), len(checked.files),
+        "%s job %s: %d records in %d files, %d workers, %d PS",
+        command, config.job_name, sum(n for _, n in checked.files), len(checked.files),
         config.num_workers, config.num_ps,
     )
-    return TrainingJob(checked).run()
+    return Job(checked, command).run()
 
 
 def train(**flags):
     """Train a model-zoo model; keyword arguments are the ``elasticdl train`` flags."""
     return run(make_config(**flags), "train")
+
+
+def evaluate(**flags):
+    """Evaluate a checkpoint (--checkpoint_dir_for_init) over --validation_data."""
+    return run(make_config(**flags), "evaluate")
+
+
+def predict(**flags):
+    """Predict with a checkpoint over --prediction_data; see --prediction_outputs."""
+    return run(make_config(**flags), "predict")

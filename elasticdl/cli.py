@@ -15,7 +15,11 @@ import typing
 from elasticdl.config import ConfigError, JobConfig
 from elasticdl.logs import configure_logging
 
-SUBCOMMANDS = {"train": "Train a model-zoo model with parameter servers and workers."}
+SUBCOMMANDS = {
+    "train": "Train a model-zoo model with parameter servers and workers.",
+    "evaluate": "Evaluate a checkpoint (--checkpoint_dir_for_init) over --validation_data.",
+    "predict": "Predict with a checkpoint over --prediction_data, one output row per record.",
+}
 
 
 def parse_bool(text: str) -> bool:

@@ -52,8 +52,27 @@ class JobConfig:
     )
     validation_data: str = _flag(
         "",
-        "Validation data (same forms as --training_data); evaluated with "
-        "eval_metrics_fn() when training ends.",
+        "Validation data (same forms as --training_data), evaluated with eval_metrics_fn() "
+        "at each epoch's end, every --evaluation_steps versions, and when training ends.",
+        commands=("train", "evaluate"),
+    )
+    prediction_data: str = _flag(
+        "", "Data to predict on (same forms as --training_data).", commands=("predict",)
+    )
+    prediction_outputs: str = _flag(
+        "",
+        "Directory for predictions.csv (one row per input record, in input order) when the "
+        "model zoo has no PredictionOutputsProcessor.",
+        commands=("predict",),
+    )
+    evaluation_steps: int = _flag(
+        0, "Also evaluate every N model versions (0: at epoch ends only).", commands=("train",)
+    )
+    evaluation_start_delay_secs: float = _flag(
+        0.0, "No --evaluation_steps evaluation before this many seconds of training.", commands=("train",)
+    )
+    evaluation_throttle_secs: float = _flag(
+        0.0, "At least this many seconds between two --evaluation_steps evaluations.", commands=("train",)
     )
     data_reader_params: str = _flag(
         "", "Reader options, e.g. \"has_header=True\" for CSV files with a header line."
@@ -128,6 +147,11 @@ class JobConfig:
         "", "A checkpoint (a version-N directory, or a checkpoint dir: its latest) to start from."
     )
     output: str = _flag("", "Directory for the exported SavedModel.", commands=("train",))
+    tensorboard_log_dir: str = _flag(
+        "",
+        "Write TensorBoard scalars here (loss, eval metrics, examples/s, live workers).",
+        commands=("train", "evaluate"),
+    )
 
     # Job.
     job_name: str = _flag("", "Job name (default: elasticdl-<model>-<time>).")
@@ -163,6 +187,8 @@ class JobConfig:
         if not cfg.job_name:
             model = cfg.model_def.rsplit(".", 2)[0].replace(".", "-").replace("_", "-") or "job"
             cfg.job_name = f"elasticdl-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
+        if not cfg.prediction_outputs:
+            cfg.prediction_outputs = os.path.join(cfg.run_dir, "predictions")
         return cfg
 
     def to_json(self) -> str:
@@ -189,6 +215,18 @@ class JobConfig:
             raise ConfigError("--training_data is required for `elasticdl train`.")
         if command == "evaluate" and not self.validation_data:
             raise ConfigError("--validation_data is required for `elasticdl evaluate`.")
+        if command == "predict" and not self.prediction_data:
+            raise ConfigError("--prediction_data is required for `elasticdl predict`.")
+        if command in ("evaluate", "predict") and not self.checkpoint_dir_for_init:
+            raise ConfigError(
+                f"--checkpoint_dir_for_init is required for `elasticdl {command}`: the model to "
+                f"{command} (a checkpoint written by `elasticdl train --checkpoint_dir`)."
+            )
+        for name in ("evaluation_steps", "evaluation_start_delay_secs", "evaluation_throttle_secs"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name} must be 0 or more. Received: {name}={getattr(self, name)}")
+        if self.evaluation_steps and not self.validation_data:
+            raise ConfigError("--evaluation_steps needs --validation_data: what should be evaluated?")
         for name in ("minibatch_size", "num_epochs", "num_workers", "num_ps", "grads_to_wait",
                      "num_minibatches_per_task"):
             value = getattr(self, name)

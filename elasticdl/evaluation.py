@@ -1,60 +1,129 @@
-"""Metrics over a data set, from the model zoo's ``eval_metrics_fn()``.
+"""Metrics from the model zoo's ``eval_metrics_fn()``, computed by workers, merged by the master.
 
-Keras metric objects accumulate their state; plain functions give per-example values
-that are averaged weighted by record count.
+A Keras metric object is merged by its *state*: every built-in Keras metric keeps sums
+and counts (an AUC keeps its confusion buckets), so summing the states of the tasks and
+computing the result once gives exactly the metric over all records, never an average of
+per-task values. A plain function ``fn(labels, predictions) -> per-example values`` is
+merged as a record-weighted mean (its state is ``[sum, count]``).
+
+A multi-output model may nest metrics per output: ``{"ctr": {"auc": AUC()}, "cvr": {...}}``;
+the metric then sees ``labels["ctr"]`` and ``predictions["ctr"]``, and reports as ``ctr/auc``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from elasticdl.data.sources import read_records, record_format
-from elasticdl.mode import Mode
-from elasticdl.model_spec import DatasetMetadata, ModelSpec
+
+@dataclass(frozen=True)
+class _Entry:
+    output: str | None  # the output it applies to (nested metrics), or None for the whole
+    metric: Any
+
+
+def flatten_metrics(metrics: dict[str, Any]) -> dict[str, _Entry]:
+    flat: dict[str, _Entry] = {}
+    for name, value in metrics.items():
+        if isinstance(value, dict):
+            for inner, metric in value.items():
+                flat[f"{name}/{inner}"] = _Entry(name, metric)
+        else:
+            flat[name] = _Entry(None, value)
+    return flat
+
+
+def _is_keras_metric(metric: Any) -> bool:
+    return hasattr(metric, "update_state") and hasattr(metric, "variables")
+
+
+def _select(values, output: str | None):
+    if output is None:
+        return values
+    if isinstance(values, dict):
+        return values[output]
+    raise ValueError(f"metrics are nested under output {output!r} but the model/labels are not a dict")
 
 
 class MetricsAccumulator:
+    """One task's metrics: ``update`` per batch, then ``states`` for the master."""
+
     def __init__(self, metrics: dict[str, Any]):
-        self._metrics = metrics
-        self._sums = {name: 0.0 for name, m in metrics.items() if not hasattr(m, "update_state")}
-        self._counts = dict.fromkeys(self._sums, 0)
+        self._entries = flatten_metrics(metrics)
+        for entry in self._entries.values():
+            if _is_keras_metric(entry.metric):
+                entry.metric.reset_state()
+        self._sums = {n: np.zeros(2) for n, e in self._entries.items() if not _is_keras_metric(e.metric)}
 
     def update(self, labels, predictions) -> None:
-        for name, metric in self._metrics.items():
-            if hasattr(metric, "update_state"):
-                metric.update_state(labels, predictions)
+        for name, entry in self._entries.items():
+            y, p = _select(labels, entry.output), _select(predictions, entry.output)
+            if _is_keras_metric(entry.metric):
+                entry.metric.update_state(y, p)
             else:
-                values = np.asarray(metric(labels, predictions), dtype=np.float64).reshape(-1)
-                self._sums[name] += float(values.sum())
-                self._counts[name] += values.size
+                values = np.asarray(entry.metric(y, p), dtype=np.float64).reshape(-1)
+                self._sums[name] += (values.sum(), values.size)
 
-    def result(self) -> dict[str, float]:
-        out = {}
-        for name, metric in self._metrics.items():
-            if hasattr(metric, "update_state"):
-                out[name] = float(np.asarray(metric.result()))
+    def states(self) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for name, entry in self._entries.items():
+            if _is_keras_metric(entry.metric):
+                for i, var in enumerate(entry.metric.variables):
+                    out[f"{name}/{i}"] = np.asarray(var.numpy())
             else:
-                out[name] = self._sums[name] / max(1, self._counts[name])
+                out[f"{name}/0"] = self._sums[name].copy()
         return out
 
+    def result(self) -> dict[str, float]:
+        return merge_states(lambda: {}, [self.states()], self._entries)
 
-def evaluate(
-    spec: ModelSpec,
-    model,
-    metrics: dict[str, Any],
-    files: list[tuple[str, int]],
-    batch_size: int,
-    has_header: bool = False,
+
+class MetricsMerger:
+    """The master's side: sums task states, computes the metrics once at the end."""
+
+    def __init__(self, metrics_fn: Callable[[], dict[str, Any]]):
+        self._metrics_fn = metrics_fn
+        self._sums: dict[str, np.ndarray] = {}
+        self.tasks = 0
+
+    def add(self, states: dict[str, np.ndarray]) -> None:
+        for name, value in states.items():
+            value = np.asarray(value, dtype=np.float64)
+            if name in self._sums:
+                if self._sums[name].shape != value.shape:
+                    raise ValueError(f"metric state {name!r} changed shape: {value.shape} vs {self._sums[name].shape}")
+                self._sums[name] += value
+            else:
+                self._sums[name] = value.copy()
+        self.tasks += 1
+
+    def result(self) -> dict[str, float]:
+        return merge_states(self._metrics_fn, [self._sums])
+
+
+def merge_states(
+    metrics_fn: Callable[[], dict[str, Any]],
+    states: list[dict[str, np.ndarray]],
+    entries: dict[str, _Entry] | None = None,
 ) -> dict[str, float]:
-    """Run ``model`` over every record of ``files`` and return the metrics."""
-    from elasticdl.worker.trainer import make_dataset
-
-    accumulator = MetricsAccumulator(metrics)
-    for path, count in files:
-        records = list(read_records(path, 0, count, has_header))
-        metadata = DatasetMetadata(record_format(path))
-        for features, labels in make_dataset(spec, records, Mode.EVALUATION, metadata, batch_size):
-            accumulator.update(labels, model(features, training=False))
-    return accumulator.result()
+    """Metric values from summed states, computed on fresh metric objects."""
+    entries = entries if entries is not None else flatten_metrics(metrics_fn())
+    summed: dict[str, np.ndarray] = {}
+    for state in states:
+        for name, value in state.items():
+            summed[name] = summed.get(name, 0) + np.asarray(value, dtype=np.float64)
+    results: dict[str, float] = {}
+    for name, entry in entries.items():
+        if _is_keras_metric(entry.metric):
+            if f"{name}/0" not in summed:
+                continue
+            for i, var in enumerate(entry.metric.variables):
+                var.assign(np.asarray(summed[f"{name}/{i}"], dtype=var.dtype))
+            results[name] = float(np.asarray(entry.metric.result()))
+        else:
+            total, count = summed.get(f"{name}/0", np.zeros(2))
+            results[name] = float(total / count) if count else float("nan")
+    return results

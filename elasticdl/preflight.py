@@ -36,7 +36,12 @@ def check_job(config: JobConfig, command: str = "train") -> CheckedJob:
     optimizer_spec = _check_optimizer(spec)
     metrics = check_eval_metrics(spec)
     has_header = bool(config.data_reader_params_dict.get("has_header", False))
-    data = config.training_data if command == "train" else config.validation_data
+    data = {"train": config.training_data, "evaluate": config.validation_data,
+            "predict": config.prediction_data}[command]
+    if command == "evaluate" and not metrics:
+        raise ModelSpecError(
+            f"{spec.module_path}: `elasticdl evaluate` needs eval_metrics_fn() -> {{name: metric}}."
+        )
     files = [(path, count_records(path, has_header)) for path in resolve_data_files(data)]
     if sum(n for _, n in files) == 0:
         raise ModelSpecError(f"the data in {data!r} holds no records")
@@ -47,7 +52,8 @@ def check_job(config: JobConfig, command: str = "train") -> CheckedJob:
                 "--validation_data is set but %s defines no eval_metrics_fn(): no metrics will be "
                 "computed. Define eval_metrics_fn() -> {name: metric}.", spec.module_path,
             )
-    features = _check_one_batch(spec, config, files, has_header, metrics)
+    mode = {"train": Mode.TRAINING, "evaluate": Mode.EVALUATION, "predict": Mode.PREDICTION}[command]
+    features = _check_one_batch(spec, config, files, has_header, metrics, mode)
     return CheckedJob(config, spec, optimizer_spec, files, features)
 
 
@@ -83,7 +89,7 @@ def check_eval_metrics(spec: ModelSpec) -> dict[str, Any]:
     return metrics
 
 
-def _check_one_batch(spec, config, files, has_header, metrics) -> Any:
+def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> Any:
     import tensorflow as tf
 
     from elasticdl.worker.trainer import Trainer, make_dataset
@@ -91,7 +97,7 @@ def _check_one_batch(spec, config, files, has_header, metrics) -> Any:
     path = next(p for p, n in files if n > 0)
     n = min(config.minibatch_size, dict(files)[path])
     records = list(itertools.islice(read_records(path, 0, n, has_header), n))
-    dataset = make_dataset(spec, records, Mode.TRAINING, DatasetMetadata(record_format(path)), n)
+    dataset = make_dataset(spec, records, mode, DatasetMetadata(record_format(path)), n)
     try:
         batch = next(iter(dataset))
     except StopIteration:
@@ -102,15 +108,24 @@ def _check_one_batch(spec, config, files, has_header, metrics) -> Any:
         raise ModelSpecError(
             f"{spec.module_path}: dataset_fn failed on records of {path}: {type(err).__name__}: {err}"
         ) from err
+    if mode == Mode.PREDICTION:
+        features = batch[0] if isinstance(batch, tuple) and len(batch) == 2 else batch
+        trainer = Trainer(spec, config.model_params_dict)
+        trainer.ensure_built(features)
+        return features
     if not isinstance(batch, tuple) or len(batch) != 2:
         raise ModelSpecError(
-            f"{spec.module_path}: in training mode dataset_fn must yield (features, labels) pairs. "
+            f"{spec.module_path}: in {mode} mode dataset_fn must yield (features, labels) pairs. "
             f"Received elements of type {type(batch).__name__}"
         )
     features, labels = batch
     trainer = Trainer(spec, config.model_params_dict)
     trainer.ensure_built(features)
     predictions = trainer.model(features, training=False)
+    if metrics:
+        _check_metrics_on(spec, labels, predictions)
+    if mode == Mode.EVALUATION:
+        return features
     try:
         loss = spec.loss(labels, predictions)
     except Exception as err:
@@ -123,18 +138,26 @@ def _check_one_batch(spec, config, files, has_header, metrics) -> Any:
     _, grads = trainer.compute_gradients(features, labels)
     if not grads:
         raise ModelSpecError(f"{spec.module_path}: the loss has no gradient for any trainable variable.")
-    for name, metric in metrics.items():
-        if not hasattr(metric, "update_state"):
-            try:
-                metric(labels, predictions)
-            except Exception as err:
-                raise ModelSpecError(
-                    f"{spec.module_path}: eval_metrics_fn()[{name!r}](labels, predictions) failed: "
-                    f"{type(err).__name__}: {err}"
-                ) from err
     logger.info(
         "model checked: %d trainable variables, %d parameters",
         len(trainer.variables),
         sum(int(v.numpy().size) for v in trainer.variables.values()),
     )
     return features
+
+
+def _check_metrics_on(spec: ModelSpec, labels, predictions) -> None:
+    """Run every metric once on the sample batch: a metric that raises fails the submit."""
+    from elasticdl.evaluation import MetricsAccumulator, flatten_metrics
+
+    for name, entry in flatten_metrics(spec.eval_metrics_fn()).items():
+        try:
+            accumulator = MetricsAccumulator({name: entry.metric} if entry.output is None
+                                             else {entry.output: {name.split("/", 1)[1]: entry.metric}})
+            accumulator.update(labels, predictions)
+            accumulator.result()
+        except Exception as err:
+            raise ModelSpecError(
+                f"{spec.module_path}: eval_metrics_fn()[{name!r}] failed on a batch of the data: "
+                f"{type(err).__name__}: {err}. A metric must accept (labels, predictions)."
+            ) from err

@@ -82,11 +82,12 @@ def test_defaults_equal_jobconfig_defaults():
     _, cfg = cli.config_from_args(["train"])
     defaults = JobConfig()
     for name in FIELDS:
-        if name == "job_name":
-            continue
+        if name in ("job_name", "prediction_outputs"):
+            continue  # derived defaults, checked below
         assert getattr(cfg, name) == getattr(defaults, name), name
         assert type(getattr(cfg, name)) is type(getattr(defaults, name)), name
     assert cfg.job_name.startswith("elasticdl-job-")  # filled by with_defaults()
+    assert cfg.prediction_outputs == f"runs/{cfg.job_name}/predictions"
 
 
 @pytest.mark.parametrize(
@@ -179,8 +180,16 @@ def test_validate_names_the_flag(valid, changes, message):
 def test_validate_per_command(valid):
     with pytest.raises(ConfigError, match="--validation_data is required for `elasticdl evaluate`"):
         valid.validate("evaluate")
+    with pytest.raises(ConfigError, match="--checkpoint_dir_for_init is required for `elasticdl evaluate`"):
+        dataclasses.replace(valid, validation_data="data/test").validate("evaluate")
+    with pytest.raises(ConfigError, match="--prediction_data is required for `elasticdl predict`"):
+        valid.validate("predict")
     # evaluate reads --validation_data and does not need --training_data.
-    dataclasses.replace(valid, training_data="", validation_data="data/test").validate("evaluate")
+    dataclasses.replace(
+        valid, training_data="", validation_data="data/test", checkpoint_dir_for_init=valid.model_zoo
+    ).validate("evaluate")
+    with pytest.raises(ConfigError, match="--evaluation_steps needs --validation_data"):
+        dataclasses.replace(valid, evaluation_steps=10).validate("train")
     with pytest.raises(ConfigError, match="Unknown command 'serve'"):
         valid.validate("serve")
 

@@ -1,10 +1,14 @@
-"""Thin gRPC edge of the master: translate messages, call the task manager."""
+"""Thin gRPC edge of the master: translate messages, call the task dispatcher."""
 
 from __future__ import annotations
 
+import grpc
+
+from elasticdl import tensor_codec
 from elasticdl.master.clocks import WorkerClocks
+from elasticdl.master.evaluation_service import EVAL_ID_BASE, TaskDispatcher
 from elasticdl.master.progress import TrainingProgress
-from elasticdl.master.task_manager import NoTask, TaskManager, TaskType
+from elasticdl.master.task_manager import NoTask, TaskType
 from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
 
 _TASK_TYPES = {
@@ -15,8 +19,8 @@ _TASK_TYPES = {
 
 
 class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
-    def __init__(self, task_manager: TaskManager, progress: TrainingProgress, clocks: WorkerClocks):
-        self._tasks = task_manager
+    def __init__(self, dispatcher: TaskDispatcher, progress: TrainingProgress, clocks: WorkerClocks):
+        self._tasks = dispatcher
         self._progress = progress
         self._clocks = clocks
 
@@ -33,13 +37,19 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
             start=task.shard.start,
             end=task.shard.end,
             epoch=task.epoch,
+            snapshot_id=task.snapshot_id,
+            model_version=task.model_version,
         )
 
     def report_task_result(self, request, context):
+        try:
+            states = tensor_codec.decode_list(request.metric_states)
+        except tensor_codec.TensorDecodeError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         outcome = self._tasks.report(
-            request.task_id, request.worker_id, request.err_message, request.records
+            request.task_id, request.worker_id, request.err_message, request.records, states
         )
-        if outcome.accepted and not request.err_message:
+        if outcome.accepted and not request.err_message and request.task_id < EVAL_ID_BASE:
             self._progress.record(
                 request.records, request.loss_sum, request.batches, request.model_version
             )

@@ -46,6 +46,8 @@ class Task:
     shard: Shard
     epoch: int
     retries: int = 0
+    snapshot_id: int = 0  # evaluation: the PS snapshot to evaluate
+    model_version: int = -1  # evaluation: the version that snapshot holds
 
     @property
     def records(self) -> int:
@@ -86,6 +88,7 @@ class TaskManager:
         task_type: TaskType = TaskType.TRAINING,
         shuffle: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        first_task_id: int = 0,
     ):
         if not shards:
             raise ValueError("no records to train on: every data file is empty")
@@ -98,7 +101,8 @@ class TaskManager:
         self._shuffle = shuffle
         self._clock = clock
         self._lock = threading.Lock()
-        self._next_id = 0
+        self._next_id = first_task_id
+        self._stopped = False
         self._todo: deque[Task] = deque()
         self._doing: dict[int, _Doing] = {}
         self.epochs: list[EpochStats] = []
@@ -142,13 +146,25 @@ class TaskManager:
             stats.tasks_done += 1
             return ReportOutcome(True)
 
+    def stop(self) -> int:
+        """Stop early (EarlyStopping): drop the tasks not started, start no new epoch.
+
+        Tasks in progress still finish. Returns how many tasks were dropped from todo.
+        """
+        with self._lock:
+            dropped = len(self._todo)
+            self._todo.clear()
+            self._stopped = True
+            return dropped
+
     def recover_worker_tasks(self, worker_id: int) -> list[Task]:
         """Put a dead worker's in-progress tasks back at the front of todo."""
         with self._lock:
             mine = [d.task for d in self._doing.values() if d.worker_id == worker_id]
             for task in mine:
                 del self._doing[task.task_id]
-                self._todo.appendleft(task)
+                if not self._stopped:
+                    self._todo.appendleft(task)
             if mine:
                 logger.info("worker %d is gone; requeued tasks %s", worker_id, [t.task_id for t in mine])
             return mine
@@ -162,7 +178,7 @@ class TaskManager:
     @property
     def finished(self) -> bool:
         with self._lock:
-            return not self._todo and not self._doing and self.epoch + 1 >= self._num_epochs
+            return not self._todo and not self._doing and (self._stopped or self.epoch + 1 >= self._num_epochs)
 
     @property
     def num_epochs(self) -> int:
@@ -197,7 +213,7 @@ class TaskManager:
         self.epochs.append(EpochStats(epoch, sum(s.records for s in shards)))
 
     def _advance_epoch(self) -> bool:
-        if self.epoch + 1 >= self._num_epochs:
+        if self._stopped or self.epoch + 1 >= self._num_epochs:
             return False
         self._start_epoch(self.epoch + 1)
         logger.info("epoch %d of %d starts", self.epoch + 1, self._num_epochs)

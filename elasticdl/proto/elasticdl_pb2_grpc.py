@@ -222,6 +222,21 @@ class PServerStub:
                 request_serializer=elasticdl__pb2.Empty.SerializeToString,
                 response_deserializer=elasticdl__pb2.PSStats.FromString,
                 _registered_method=True)
+        self.take_snapshot = channel.unary_unary(
+                '/elasticdl.PServer/take_snapshot',
+                request_serializer=elasticdl__pb2.Snapshot.SerializeToString,
+                response_deserializer=elasticdl__pb2.Snapshot.FromString,
+                _registered_method=True)
+        self.drop_snapshot = channel.unary_unary(
+                '/elasticdl.PServer/drop_snapshot',
+                request_serializer=elasticdl__pb2.Snapshot.SerializeToString,
+                response_deserializer=elasticdl__pb2.Empty.FromString,
+                _registered_method=True)
+        self.set_learning_rate = channel.unary_unary(
+                '/elasticdl.PServer/set_learning_rate',
+                request_serializer=elasticdl__pb2.LearningRate.SerializeToString,
+                response_deserializer=elasticdl__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class PServerServicer:
@@ -263,6 +278,24 @@ class PServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def take_snapshot(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def drop_snapshot(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def set_learning_rate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -295,6 +328,21 @@ def add_PServerServicer_to_server(servicer, server):
                     servicer.get_stats,
                     request_deserializer=elasticdl__pb2.Empty.FromString,
                     response_serializer=elasticdl__pb2.PSStats.SerializeToString,
+            ),
+            'take_snapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.take_snapshot,
+                    request_deserializer=elasticdl__pb2.Snapshot.FromString,
+                    response_serializer=elasticdl__pb2.Snapshot.SerializeToString,
+            ),
+            'drop_snapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.drop_snapshot,
+                    request_deserializer=elasticdl__pb2.Snapshot.FromString,
+                    response_serializer=elasticdl__pb2.Empty.SerializeToString,
+            ),
+            'set_learning_rate': grpc.unary_unary_rpc_method_handler(
+                    servicer.set_learning_rate,
+                    request_deserializer=elasticdl__pb2.LearningRate.FromString,
+                    response_serializer=elasticdl__pb2.Empty.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -459,6 +507,87 @@ class PServer:
             '/elasticdl.PServer/get_stats',
             elasticdl__pb2.Empty.SerializeToString,
             elasticdl__pb2.PSStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def take_snapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticdl.PServer/take_snapshot',
+            elasticdl__pb2.Snapshot.SerializeToString,
+            elasticdl__pb2.Snapshot.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def drop_snapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticdl.PServer/drop_snapshot',
+            elasticdl__pb2.Snapshot.SerializeToString,
+            elasticdl__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def set_learning_rate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticdl.PServer/set_learning_rate',
+            elasticdl__pb2.LearningRate.SerializeToString,
+            elasticdl__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

@@ -21,6 +21,7 @@ from elasticdl.ps.strategies import (
     DirectUpdatingStrategy,
     GradientUpdatingStrategy,
     PushResult,
+    UpdateTelemetry,
 )
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,8 @@ class ParameterServer:
         self._lock = threading.Lock()
         self._version_changed = threading.Condition(self._lock)
         self._last_checkpoint_version = -1
+        self._snapshots: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
+        self._learning_rate: float | None = None  # set by the master (a LearningRateScheduler)
 
     def restore(self) -> None:
         """Load --checkpoint_dir_for_init, if given (call before serving)."""
@@ -81,6 +84,29 @@ class ParameterServer:
             if accepted:
                 logger.info("initialized with %d variables at version %d", len(params), version)
             return accepted, self.shard.version
+
+    def take_snapshot(self, snapshot_id: int) -> int:
+        """Freeze a copy of the parameters for an evaluation; returns its version."""
+        with self._lock:
+            params = {n: v.copy() for n, v in self.shard.params.items()}
+            self._snapshots[snapshot_id] = (self.shard.version, params)
+            return self.shard.version
+
+    def drop_snapshot(self, snapshot_id: int) -> None:
+        with self._lock:
+            self._snapshots.pop(snapshot_id, None)
+
+    def pull_snapshot(self, snapshot_id: int) -> tuple[bool, int, dict[str, np.ndarray]]:
+        with self._lock:
+            if snapshot_id not in self._snapshots:
+                raise KeyError(f"no snapshot {snapshot_id} on this PS (already dropped?)")
+            version, params = self._snapshots[snapshot_id]
+            return True, version, params
+
+    def set_learning_rate(self, learning_rate: float | None) -> None:
+        with self._lock:
+            self._learning_rate = learning_rate
+        logger.info("learning rate set to %s by the master", learning_rate or "the optimizer's own")
 
     def pull(
         self, worker_version: int, wait_for_newer: bool = False, timeout: float = 0.0
@@ -111,6 +137,8 @@ class ParameterServer:
                 self.strategy.telemetry.pushes_rejected_invalid += 1
                 return PushResult(False, self.shard.version, str(err))
             before = self.shard.version
+            if learning_rate is None:
+                learning_rate = self._learning_rate
             result = self.strategy.push(self.shard, grads, version, learning_rate)
             if self.shard.version != before:
                 self._on_new_version()
@@ -131,10 +159,17 @@ class ParameterServer:
             if self.shard.version != before_version:
                 self._on_new_version()
 
-    def stats(self):
-        """(version, telemetry, grads_to_wait): a consistent snapshot for the master."""
+    def stats(self) -> tuple[int, UpdateTelemetry, int]:
+        """(version, telemetry totals, grads_to_wait): a consistent snapshot for the master.
+
+        The per-version table is left out: the master polls this often.
+        """
         with self._lock:
-            return self.shard.version, copy.deepcopy(self.strategy.telemetry), self.strategy.grads_to_wait
+            t = self.strategy.telemetry
+            totals = UpdateTelemetry(
+                t.pushes_accepted, t.pushes_rejected_stale, t.pushes_rejected_invalid, copy.copy(t.staleness)
+            )
+            return self.shard.version, totals, self.strategy.grads_to_wait
 
     def _on_new_version(self) -> None:
         """Called with the lock held whenever an update produced a version."""

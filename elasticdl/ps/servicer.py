@@ -19,9 +19,15 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         return elasticdl_pb2.PushModelResponse(accepted=accepted, version=version)
 
     def pull_dense_parameters(self, request, context):
-        initialized, version, params = self._server.pull(
-            request.version, request.wait_for_newer, request.timeout_seconds
-        )
+        if request.snapshot_id > 0:
+            try:
+                initialized, version, params = self._server.pull_snapshot(request.snapshot_id)
+            except KeyError as err:
+                context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+        else:
+            initialized, version, params = self._server.pull(
+                request.version, request.wait_for_newer, request.timeout_seconds
+            )
         return elasticdl_pb2.PullDenseParametersResponse(
             initialized=initialized,
             version=version,
@@ -39,6 +45,18 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
     def save_checkpoint(self, request, context):
         path = self._server.save_checkpoint()
         return elasticdl_pb2.SaveCheckpointResponse(path=path, version=self._server.shard.version)
+
+    def take_snapshot(self, request, context):
+        version = self._server.take_snapshot(request.snapshot_id)
+        return elasticdl_pb2.Snapshot(snapshot_id=request.snapshot_id, version=version)
+
+    def drop_snapshot(self, request, context):
+        self._server.drop_snapshot(request.snapshot_id)
+        return elasticdl_pb2.Empty()
+
+    def set_learning_rate(self, request, context):
+        self._server.set_learning_rate(request.value if request.value > 0 else None)
+        return elasticdl_pb2.Empty()
 
     def set_live_workers(self, request, context):
         self._server.set_live_workers(request.count)

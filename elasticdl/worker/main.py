@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker_id", type=int, required=True)
     parser.add_argument("--master_addr", required=True)
     parser.add_argument("--ps_addrs", required=True, help="comma-separated, in PS id order")
+    parser.add_argument("--command", default="train", help="the job's command: train, evaluate or predict")
     args = parser.parse_args(argv)
 
     with open(args.job_config) as f:
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         minibatch_size=config.minibatch_size,
         has_header=bool(config.data_reader_params_dict.get("has_header", False)),
         staleness=StalenessStrategy.from_config(config),
+        prediction_outputs=config.prediction_outputs,
+        may_initialize_ps=args.command == "train",
     )
     worker.run()
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from elasticdl import tensor_codec
 from elasticdl.grpc_utils import make_channel, wait_for_channel
 from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
 
@@ -18,6 +19,8 @@ class TaskOrder:
     start: int = 0
     end: int = 0
     epoch: int = 0
+    snapshot_id: int = 0  # evaluation: the PS snapshot to evaluate
+    model_version: int = -1
 
 
 _KINDS = {
@@ -39,7 +42,8 @@ class MasterClient:
     def get_task(self) -> TaskOrder:
         reply = self._stub.get_task(elasticdl_pb2.GetTaskRequest(worker_id=self.worker_id))
         return TaskOrder(
-            _KINDS.get(reply.type, "wait"), reply.task_id, reply.path, reply.start, reply.end, reply.epoch
+            _KINDS.get(reply.type, "wait"), reply.task_id, reply.path, reply.start, reply.end, reply.epoch,
+            reply.snapshot_id, reply.model_version,
         )
 
     def report(
@@ -50,6 +54,7 @@ class MasterClient:
         loss_sum: float = 0.0,
         batches: int = 0,
         model_version: int = 0,
+        metric_states: dict | None = None,
     ) -> bool:
         reply = self._stub.report_task_result(
             elasticdl_pb2.ReportTaskResultRequest(
@@ -60,6 +65,7 @@ class MasterClient:
                 loss_sum=loss_sum,
                 batches=batches,
                 model_version=model_version,
+                metric_states=tensor_codec.encode_dict(metric_states or {}),
             )
         )
         return reply.accepted

@@ -120,6 +120,31 @@ class PSClient:
         for channel in self._channels:
             channel.close()
 
+    def pull_snapshot(self, snapshot_id: int) -> list[PullResult]:
+        futures = [
+            stub.pull_dense_parameters.future(elasticdl_pb2.PullDenseParametersRequest(snapshot_id=snapshot_id))
+            for stub in self._stubs
+        ]
+        return [
+            PullResult(r.initialized, r.version, tensor_codec.decode_list(r.dense_parameters))
+            for r in (f.result() for f in futures)
+        ]
+
+    def take_snapshot(self, snapshot_id: int) -> int:
+        """Freeze the parameters on every PS; returns the (lowest) version frozen."""
+        futures = [s.take_snapshot.future(elasticdl_pb2.Snapshot(snapshot_id=snapshot_id)) for s in self._stubs]
+        return min(f.result().version for f in futures)
+
+    def drop_snapshot(self, snapshot_id: int) -> None:
+        futures = [s.drop_snapshot.future(elasticdl_pb2.Snapshot(snapshot_id=snapshot_id)) for s in self._stubs]
+        for future in futures:
+            future.result()
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        futures = [s.set_learning_rate.future(elasticdl_pb2.LearningRate(value=learning_rate)) for s in self._stubs]
+        for future in futures:
+            future.result()
+
     def set_live_workers(self, count: int) -> None:
         futures = [s.set_live_workers.future(elasticdl_pb2.LiveWorkers(count=count)) for s in self._stubs]
         for future in futures:

@@ -31,6 +31,7 @@ class TaskResult:
     records: int = 0
     loss_sum: float = 0.0
     batches: int = 0
+    metric_states: dict | None = None
 
 
 class Worker:
@@ -45,6 +46,8 @@ class Worker:
         has_header: bool = False,
         wait_seconds: float = 0.5,
         staleness: StalenessStrategy | None = None,
+        prediction_outputs: str = "",
+        may_initialize_ps: bool = True,
     ):
         self.worker_id = worker_id
         self.spec = spec
@@ -55,6 +58,10 @@ class Worker:
         self.has_header = has_header
         self.wait_seconds = wait_seconds
         self.staleness = staleness or StalenessStrategy()
+        self.prediction_outputs = prediction_outputs
+        # Only a training job may give the PS a fresh model; evaluate/predict need a checkpoint.
+        self.may_initialize_ps = may_initialize_ps
+        self._processor = None  # the model zoo's PredictionOutputsProcessor, made on first use
         self.versions = [-1] * ps.num_ps  # the version of each PS shard we hold
         self.batches_trained = 0
         self.clock = 0  # batches pushed (stale-synchronous parallel)
@@ -64,6 +71,11 @@ class Worker:
         self._awaiting_update = [False] * ps.num_ps
 
     def run(self) -> None:
+        handlers = {
+            "training": self.train_task,
+            "evaluation": self.evaluate_task,
+            "prediction": self.predict_task,
+        }
         while True:
             order = self.master.get_task()
             if order.kind == "end":
@@ -72,27 +84,84 @@ class Worker:
             if order.kind == "wait":
                 time.sleep(self.wait_seconds)
                 continue
-            if order.kind != "training":
-                self.master.report(order.task_id, 0, f"worker cannot run {order.kind} tasks yet")
-                continue
             try:
-                result = self.train_task(order)
+                result = handlers[order.kind](order)
             except Exception as err:  # report it: the master retries or drops the task
-                logger.exception("task %d failed", order.task_id)
+                logger.exception("%s task %d failed", order.kind, order.task_id)
                 self.master.report(order.task_id, 0, f"{type(err).__name__}: {err}")
                 continue
             self.master.report(
-                order.task_id, result.records, "", result.loss_sum, result.batches, self.model_version
+                order.task_id, result.records, "", result.loss_sum, result.batches, self.model_version,
+                result.metric_states,
             )
 
     @property
     def model_version(self) -> int:
         return max(self.versions)
 
-    def train_task(self, order: TaskOrder) -> TaskResult:
+    def _dataset(self, order: TaskOrder, mode: Mode):
         records = list(read_records(order.path, order.start, order.end, self.has_header))
         metadata = DatasetMetadata(record_format(order.path))
-        dataset = make_dataset(self.spec, records, Mode.TRAINING, metadata, self.minibatch_size)
+        return make_dataset(self.spec, records, mode, metadata, self.minibatch_size)
+
+    def _use_snapshot(self, order: TaskOrder, features) -> None:
+        """Load the parameters an evaluation task must use (the next training batch re-pulls)."""
+        if not self.trainer.built:
+            self.trainer.ensure_built(features)
+            self._initialize_ps()
+        for pulled in self.ps.pull_snapshot(order.snapshot_id):
+            self.trainer.set_params(pulled.params)
+        self.versions = [-1] * self.ps.num_ps
+
+    def _use_latest(self, features) -> None:
+        if not self.trainer.built:
+            self.trainer.ensure_built(features)
+            self._initialize_ps()
+        self._pull()
+
+    def evaluate_task(self, order: TaskOrder) -> TaskResult:
+        from elasticdl.evaluation import MetricsAccumulator
+
+        if self.spec.eval_metrics_fn is None:
+            raise RuntimeError(f"{self.spec.module_path} defines no eval_metrics_fn()")
+        metrics = MetricsAccumulator(self.spec.eval_metrics_fn())
+        result = TaskResult()
+        loaded = False
+        for features, labels in self._dataset(order, Mode.EVALUATION):
+            if not loaded:
+                self._use_snapshot(order, features)
+                loaded = True
+            metrics.update(labels, self.trainer.model(features, training=False))
+            result.records += _batch_size(labels)
+            result.batches += 1
+        result.metric_states = metrics.states()
+        return result
+
+    def predict_task(self, order: TaskOrder) -> TaskResult:
+        from elasticdl import prediction
+
+        result = TaskResult()
+        outputs = []
+        for features in self._dataset(order, Mode.PREDICTION):
+            if isinstance(features, tuple) and len(features) == 2:
+                features = features[0]  # a dataset_fn that yields labels in prediction mode too
+            if not result.batches:
+                self._use_latest(features)
+            predictions = self.trainer.model(features, training=False)
+            if self.spec.prediction_outputs_processor is not None:
+                if self._processor is None:
+                    self._processor = self.spec.prediction_outputs_processor()
+                self._processor.process(_to_numpy(predictions), self.worker_id)
+            else:
+                outputs.append(_to_numpy(predictions))
+            result.records += _batch_size(predictions)
+            result.batches += 1
+        if self.spec.prediction_outputs_processor is None:
+            prediction.write_part(self.prediction_outputs, order.path, order.start, outputs)
+        return result
+
+    def train_task(self, order: TaskOrder) -> TaskResult:
+        dataset = self._dataset(order, Mode.TRAINING)
         result = TaskResult()
         for features, labels in dataset:
             loss = self.train_batch(features, labels)
@@ -154,6 +223,11 @@ class Worker:
         """The first worker to get here gives the PS its freshly built model; the rest pull."""
         pulled = self.ps.pull([-1] * self.ps.num_ps)
         if not all(p.initialized for p in pulled):
+            if not self.may_initialize_ps:
+                raise RuntimeError(
+                    "the parameter servers hold no model: evaluate and predict need "
+                    "--checkpoint_dir_for_init"
+                )
             accepted = self.ps.push_model(self.trainer.get_params())
             if any(accepted):
                 logger.info("initialized the parameter servers with this worker's model")
@@ -182,6 +256,14 @@ class Worker:
             self.versions[ps] = result.version
         self._awaiting_update = [False] * self.ps.num_ps
         self.steps_since_pull = 0
+
+
+def _to_numpy(values):
+    if isinstance(values, dict):
+        return {k: np.asarray(v) for k, v in values.items()}
+    if isinstance(values, (list, tuple)):
+        return [np.asarray(v) for v in values]
+    return np.asarray(values)
 
 
 def _batch_size(labels) -> int:

@@ -1,0 +1,37 @@
+"""The base class of ElasticDL's callbacks and the job handle they act through."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import keras
+
+
+class JobControl(Protocol):
+    """What a callback may do to the running job (the master implements it)."""
+
+    @property
+    def model_version(self) -> int: ...
+
+    def stop_training(self, reason: str) -> None:
+        """Finish cleanly: no new training tasks; the final evaluation and export still run."""
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        """The learning rate the PS applies from now on."""
+
+    def export(self, path: str) -> str:
+        """Export the master's model (the PS parameters, pulled now) as a SavedModel."""
+
+
+class Callback(keras.callbacks.Callback):
+    """A Keras callback that also gets the job handle and every new model version."""
+
+    def __init__(self):
+        super().__init__()
+        self.job: JobControl | None = None
+
+    def set_job(self, job: JobControl) -> None:
+        self.job = job
+
+    def on_model_version(self, version: int) -> None:
+        """Called by the master when the model version moved (at most every poll)."""

@@ -1,0 +1,46 @@
+"""Set the PS learning rate by model version or by epoch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from elasticdl.callbacks.callback import Callback
+
+
+class LearningRateScheduler(Callback):
+    """``schedule(version_or_epoch) -> learning rate``, applied on every PS.
+
+    ``by="version"`` calls it whenever the model version moves, ``by="epoch"`` at each
+    epoch's start. A rate the worker sends (the model zoo's ``learning_rate_scheduler``)
+    takes precedence over this one.
+
+    Example::
+
+        def callbacks():
+            return [LearningRateScheduler(lambda epoch: 0.1 * 0.5 ** epoch, by="epoch")]
+    """
+
+    def __init__(self, schedule: Callable[[int], float], by: str = "version"):
+        super().__init__()
+        if by not in ("version", "epoch"):
+            raise ValueError(f"`by` must be 'version' or 'epoch'. Received: by={by!r}")
+        self.schedule = schedule
+        self.by = by
+        self.current: float | None = None
+
+    def _apply(self, step: int) -> None:
+        learning_rate = float(self.schedule(step))
+        if learning_rate != self.current and self.job is not None:
+            self.job.set_learning_rate(learning_rate)
+            self.current = learning_rate
+
+    def on_train_begin(self, logs=None):
+        self._apply(0)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.by == "epoch":
+            self._apply(epoch)
+
+    def on_model_version(self, version):
+        if self.by == "version":
+            self._apply(version)

@@ -1,0 +1,221 @@
+"""Evaluation rounds: when to evaluate, the tasks of a round, and its merged metrics.
+
+A round freezes the parameters on the PS (a snapshot tagged with the model version),
+cuts the validation data into evaluation tasks that workers run with those parameters,
+and merges the metric states of the accepted task reports, so each validation record
+counts exactly once. One round runs at a time; training goes on meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from elasticdl.data.sources import Shard
+from elasticdl.evaluation import MetricsMerger
+from elasticdl.master.task_manager import NoTask, ReportOutcome, Task, TaskManager, TaskType
+
+logger = logging.getLogger(__name__)
+
+# Evaluation task ids live above this (round r starts at r * EVAL_ID_BASE), so a report
+# is routed to its round by its id alone.
+EVAL_ID_BASE = 1_000_000_000
+
+
+@dataclass
+class EvaluationRound:
+    round_id: int
+    model_version: int
+    reason: str  # "every N versions", "epoch 3", "final", "evaluate"
+    tasks: TaskManager
+    merger: MetricsMerger
+    records: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    round_id: int
+    model_version: int
+    reason: str
+    metrics: dict[str, float]
+    records: int
+    seconds: float
+
+
+class EvaluationService:
+    def __init__(
+        self,
+        shards: Sequence[Shard],
+        metrics_fn: Callable[[], dict[str, Any]],
+        snapshot: Callable[[int], int],
+        drop_snapshot: Callable[[int], None],
+        evaluation_steps: int = 0,
+        start_delay_secs: float = 0.0,
+        throttle_secs: float = 0.0,
+        max_task_retries: int = 3,
+        task_timeout: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self._shards = list(shards)
+        self._metrics_fn = metrics_fn
+        self._snapshot = snapshot
+        self._drop_snapshot = drop_snapshot
+        self.evaluation_steps = evaluation_steps
+        self._clock = clock
+        self._not_before = clock() + start_delay_secs
+        self._throttle = throttle_secs
+        self._max_task_retries = max_task_retries
+        self._task_timeout = task_timeout
+        self._next_round = 1
+        self._last_version = 0
+        self._last_start = float("-inf")
+        self.current: EvaluationRound | None = None
+        self.results: list[EvaluationResult] = []
+
+    @property
+    def busy(self) -> bool:
+        return self.current is not None
+
+    def due(self, model_version: int) -> bool:
+        """--evaluation_steps: every N versions, after the delay, at most once per throttle."""
+        now = self._clock()
+        return bool(
+            self.evaluation_steps
+            and not self.busy
+            and model_version >= self._last_version + self.evaluation_steps
+            and now >= self._not_before
+            and now - self._last_start >= self._throttle
+        )
+
+    def start(self, reason: str) -> EvaluationRound:
+        if self.current is not None:
+            raise RuntimeError("an evaluation round is already running")
+        round_id = self._next_round
+        self._next_round += 1
+        version = self._snapshot(round_id)
+        tasks = TaskManager(
+            self._shards,
+            num_epochs=1,
+            task_timeout=self._task_timeout,
+            max_task_retries=self._max_task_retries,
+            task_type=TaskType.EVALUATION,
+            shuffle=False,
+            clock=self._clock,
+            first_task_id=round_id * EVAL_ID_BASE,
+        )
+        self.current = EvaluationRound(round_id, version, reason, tasks, MetricsMerger(self._metrics_fn))
+        self._last_version = version
+        self._last_start = self._clock()
+        logger.info("evaluating model version %d (%s)", version, reason)
+        return self.current
+
+    def get_task(self, worker_id: int) -> Task | None:
+        """An evaluation task, or None when there is none to give now."""
+        if self.current is None:
+            return None
+        task = self.current.tasks.get_task(worker_id)
+        if not isinstance(task, Task):
+            return None
+        task.snapshot_id, task.model_version = self.current.round_id, self.current.model_version
+        return task
+
+    def report(self, task_id: int, worker_id: int, err_message: str, records: int, states) -> ReportOutcome:
+        current = self.current
+        if current is None or task_id // EVAL_ID_BASE != current.round_id:
+            return ReportOutcome(False, f"evaluation task {task_id} is not part of the running round")
+        outcome = current.tasks.report(task_id, worker_id, err_message, records)
+        if outcome.accepted and not err_message:
+            current.merger.add(states)  # only accepted reports: each record counts once
+            current.records += records
+        return outcome
+
+    def poll(self) -> EvaluationResult | None:
+        """The result of the running round once all its tasks are done."""
+        current = self.current
+        if current is None or not current.tasks.finished:
+            return None
+        self.current = None
+        self._drop_snapshot(current.round_id)
+        dropped = current.tasks.dropped_tasks()
+        if dropped:
+            logger.error("evaluation of version %d skipped %d tasks that kept failing", current.model_version, len(dropped))
+        result = EvaluationResult(
+            current.round_id,
+            current.model_version,
+            current.reason,
+            current.merger.result() if current.merger.tasks else {},
+            current.records,
+            round(time.monotonic() - current.started, 3),
+        )
+        self.results.append(result)
+        logger.info(
+            "evaluation of version %d (%s, %d records): %s",
+            result.model_version, result.reason, result.records,
+            ", ".join(f"{k}={v:.4f}" for k, v in result.metrics.items()) or "no metrics",
+        )
+        return result
+
+    def recover_worker_tasks(self, worker_id: int) -> None:
+        if self.current is not None:
+            self.current.tasks.recover_worker_tasks(worker_id)
+
+    def active_workers(self) -> set[int]:
+        return self.current.tasks.active_workers() if self.current is not None else set()
+
+
+class TaskDispatcher:
+    """What a worker gets next: evaluation tasks first, then the main queue (training or prediction).
+
+    Workers get WAIT, not END, until the job loop calls ``finish()``: the final
+    evaluation may still need them after the last training task.
+    """
+
+    def __init__(self, main: TaskManager | None, evaluation: EvaluationService | None):
+        self.main = main
+        self.evaluation = evaluation
+        self._finished = False
+
+    def finish(self) -> None:
+        self._finished = True
+
+    def get_task(self, worker_id: int) -> Task | NoTask:
+        if self._finished:
+            return NoTask.END
+        if self.evaluation is not None:
+            task = self.evaluation.get_task(worker_id)
+            if task is not None:
+                return task
+        if self.main is not None:
+            task = self.main.get_task(worker_id)
+            if isinstance(task, Task):
+                return task
+        return NoTask.WAIT
+
+    def report(self, task_id: int, worker_id: int, err_message: str, records: int, states=None) -> ReportOutcome:
+        if task_id >= EVAL_ID_BASE:
+            if self.evaluation is None:
+                return ReportOutcome(False, f"unknown task {task_id}")
+            return self.evaluation.report(task_id, worker_id, err_message, records, states or {})
+        if self.main is None:
+            return ReportOutcome(False, f"unknown task {task_id}")
+        return self.main.report(task_id, worker_id, err_message, records)
+
+    def recover_worker_tasks(self, worker_id: int) -> None:
+        if self.main is not None:
+            self.main.recover_worker_tasks(worker_id)
+        if self.evaluation is not None:
+            self.evaluation.recover_worker_tasks(worker_id)
+
+    def active_workers(self) -> set[int]:
+        active = self.main.active_workers() if self.main is not None else set()
+        if self.evaluation is not None:
+            active |= self.evaluation.active_workers()
+        return active
+
+    @property
+    def main_finished(self) -> bool:
+        return self.main is None or self.main.finished
