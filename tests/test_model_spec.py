@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import sys
@@ -12,7 +13,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import pytest
 import tensorflow as tf
 
-from elasticdl.config import JobConfig
+from elasticdl.config import ConfigError, JobConfig
 from elasticdl.data.tfrecord import write_records
 from elasticdl.model_spec import ModelSpecError, load_model_spec
 from elasticdl.preflight import check_job
@@ -328,3 +329,36 @@ def test_dataset_fn_must_yield_pairs_in_training(tmp_path, data_file):
     """
     message, _ = check_error(tmp_path, data_file, dataset_fn=dataset_fn)
     assert "must yield (features, labels) pairs" in message
+
+
+# ---------------------------------------------------------------- evaluation and prediction input
+
+
+def test_metric_function_that_raises_fails_at_submit(tmp_path, data_file):
+    metrics = """
+        def _broken(labels, predictions):
+            raise RuntimeError("metric exploded")
+
+        def eval_metrics_fn():
+            return {"broken": _broken}
+    """
+    message, path = check_error(tmp_path, data_file, eval_metrics_fn=metrics)
+    assert path in message
+    assert "eval_metrics_fn()['broken'] failed on a batch" in message and "metric exploded" in message
+
+
+def test_evaluate_needs_eval_metrics_fn(tmp_path, data_file):
+    config = job(tmp_path, data_file, drop=("eval_metrics_fn",))
+    config = dataclasses.replace(config, validation_data=data_file, checkpoint_dir_for_init=str(tmp_path))
+    with pytest.raises(ModelSpecError, match="`elasticdl evaluate` needs eval_metrics_fn"):
+        check_job(config, "evaluate")
+
+
+def test_missing_validation_data_is_a_clear_error(tmp_path, data_file):
+    from elasticdl.data.errors import NoDataFilesError
+
+    config = dataclasses.replace(job(tmp_path, data_file), validation_data=str(tmp_path / "nowhere"))
+    with pytest.raises(NoDataFilesError, match="nowhere"):
+        check_job(config)
+    with pytest.raises(ConfigError, match="--validation_data is required for `elasticdl evaluate`"):
+        dataclasses.replace(config, validation_data="").validate("evaluate")

@@ -180,7 +180,7 @@ class Job:
             ]
             if self.evaluation.results:
                 report.metrics = self.evaluation.results[-1].metrics
-        report.report_file = os.path.join(cfg.run_dir, "report.json")
+        report.report_file = os.path.abspath(os.path.join(cfg.run_dir, "report.json"))
         with open(report.report_file, "w") as f:
             f.write(report.to_json())
         return report
@@ -319,9 +319,16 @@ class Job:
         self._render(final=True)
 
     def _all_done(self) -> bool:
-        return self.dispatcher.main_finished and not self._eval_queue and not (
-            self.evaluation and self.evaluation.busy
-        )
+        """Training (or prediction) finished, its last epoch's end handled, no evaluation left.
+
+        The epoch check matters: the last task may be reported between two looks at the
+        task manager, and the final evaluation is only queued when the epoch end is handled.
+        """
+        if not self.dispatcher.main_finished:
+            return False
+        if self.command == "train" and self._epoch_done < self.main_tasks.epoch:
+            return False
+        return not self._eval_queue and not (self.evaluation and self.evaluation.busy)
 
     def _advance(self) -> None:
         """Epoch ends, evaluation rounds, and the end of the job: one step of the state machine."""
