@@ -13,6 +13,7 @@ setup(
         "grpcio>=1.70",
         "protobuf>=7.35.1",  # the generated code in elasticdl/proto needs at least this runtime
         "google-crc32c>=1.5",
+        "etcd-sdk-python>=0.0.7",  # module pyetcd: python-etcd3's API on current protobuf (--etcd_endpoints)
     ],
     extras_require={
         # TensorFlow is an extra so a GPU image can bring its own build.
