@@ -7,7 +7,7 @@
 from elasticdl.mode import Mode
 
 __version__ = "0.1.0"
-__all__ = ["Mode", "evaluate", "predict", "train", "__version__"]
+__all__ = ["Mode", "evaluate", "predict", "scale", "train", "__version__"]
 
 
 def train(**flags):
@@ -29,3 +29,10 @@ def predict(**flags):
     from elasticdl import api
 
     return api.predict(**flags)
+
+
+def scale(job_name: str, num_workers: int, master_addr: str = "") -> str:
+    """Change the number of workers of a running job; see ``elasticdl.api.scale``."""
+    from elasticdl import api
+
+    return api.scale(job_name, num_workers, master_addr)

@@ -31,8 +31,16 @@ def make_config(**flags) -> JobConfig:
     return JobConfig(**flags).with_defaults()
 
 
-def run(config: JobConfig, command: str = "train"):
-    """Check the job, then run it on the configured backend; returns a JobReport."""
+def run(config: JobConfig, command: str = "train", backend=None):
+    """Check the job, then run it on the configured backend; returns a JobReport.
+
+    With ``backend="kubernetes"`` and no ``backend`` object, this is the client: it submits
+    the master pod (see elasticdl/k8s/submit.py); the master pod runs this with its backend.
+    """
+    if config.backend == "kubernetes" and backend is None:
+        from elasticdl.k8s.submit import submit
+
+        return submit(config, command)
     config.validate(command)  # flags first: no TensorFlow import for a typo
     from elasticdl.tf_runtime import quiet_tensorflow
 
@@ -46,7 +54,7 @@ def run(config: JobConfig, command: str = "train"):
         command, config.job_name, sum(n for _, n in checked.files), len(checked.files),
         config.num_workers, config.num_ps,
     )
-    return Job(checked, command).run()
+    return Job(checked, command, backend=backend).run()
 
 
 def train(**flags):
@@ -62,3 +70,36 @@ def evaluate(**flags):
 def predict(**flags):
     """Predict with a checkpoint over --prediction_data; see --prediction_outputs."""
     return run(make_config(**flags), "predict")
+
+
+def scale(job_name: str, num_workers: int, master_addr: str = "", timeout: float = 10.0) -> str:
+    """Change the number of workers of a running training job; returns the master's answer.
+
+    Example::
+
+        elasticdl.scale(job_name="digits-demo", num_workers=4)
+    """
+    import os
+
+    from elasticdl.grpc_utils import make_channel, wait_for_channel
+    from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
+
+    if not master_addr:
+        addr_file = os.path.join("runs", job_name, "master.addr")
+        if not os.path.exists(addr_file):
+            raise ConfigError(
+                f"no running job {job_name!r} here: {addr_file} does not exist. Run this where the job "
+                "was started, or pass --master_addr."
+            )
+        master_addr = open(addr_file).read().strip()
+    channel = make_channel(master_addr)
+    try:
+        wait_for_channel(channel, master_addr, timeout)
+        reply = elasticdl_pb2_grpc.MasterStub(channel).scale(
+            elasticdl_pb2.ScaleRequest(num_workers=num_workers), timeout=timeout
+        )
+    finally:
+        channel.close()
+    if not reply.accepted:
+        raise ConfigError(reply.message)
+    return reply.message

@@ -57,6 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     for command, help_text in SUBCOMMANDS.items():
         sub_parser = sub.add_parser(command, help=help_text, description=help_text)
         _add_config_flags(sub_parser, command)
+    scale_help = "Change the number of workers of a running training job."
+    scale = sub.add_parser("scale", help=scale_help, description=scale_help)
+    scale.add_argument("--job_name", required=True, metavar="JOB_NAME",
+                       help="The job to scale (its master's address is in runs/<job_name>/master.addr).")
+    scale.add_argument("--num_workers", required=True, type=int, metavar="NUM_WORKERS",
+                       help="The number of workers wanted from now on.")
+    scale.add_argument("--master_addr", default="", metavar="MASTER_ADDR",
+                       help="host:port of the master, instead of looking it up by --job_name (default: '').")
     return parser
 
 
@@ -66,8 +74,23 @@ def config_from_args(argv: list[str]) -> tuple[str, JobConfig]:
     return command, JobConfig(**args).with_defaults()
 
 
+def _scale_main(argv: list[str]) -> int:
+    from elasticdl.api import scale
+
+    args = build_parser().parse_args(argv)
+    try:
+        print(scale(job_name=args.job_name, num_workers=args.num_workers, master_addr=args.master_addr))
+    except (ConfigError, ConnectionError) as err:
+        print(f"elasticdl scale: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    command, config = config_from_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["scale"]:
+        return _scale_main(argv)
+    command, config = config_from_args(argv)
     configure_logging(config.logging_level, "master")
     log = logging.getLogger("elasticdl")
     from elasticdl.tf_runtime import configure_tensorflow, quiet_tensorflow
@@ -78,12 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     configure_tensorflow(1)
     from elasticdl.api import run
     from elasticdl.data.errors import DataError
+    from elasticdl.k8s.client import K8sError
     from elasticdl.master.job import JobFailedError
     from elasticdl.model_spec import ModelSpecError
 
     try:
         report = run(config, command)
-    except (ConfigError, ModelSpecError, DataError) as err:
+    except (ConfigError, ModelSpecError, DataError, K8sError) as err:
         print(f"elasticdl {command}: error: {err}", file=sys.stderr)
         return 2
     except JobFailedError as err:

@@ -129,6 +129,35 @@ class JobConfig:
         commands=("train",),
     )
 
+    # Embedding tables.
+    embedding_swap_threshold_mb: float = _flag(
+        2.0,
+        "keras.layers.Embedding layers whose table (input_dim x output_dim x 4 bytes) is larger "
+        "than this many MiB become elasticdl.layers.Embedding: their rows live on the parameter "
+        "servers, sharded by id (0: every Embedding; a negative value: none).",
+    )
+
+    # Elasticity.
+    worker_pod_priority: str = _flag(
+        "high",
+        "Worker priority: high, low, or a fraction f (ceil(f*n) workers high, the rest low). "
+        "Scaling down stops low-priority workers first.",
+        commands=("train",),
+    )
+    relaunch_on_worker_failure: int = _flag(
+        3,
+        "Times a crashed worker is relaunched in its slot; one more crash ends the job with its "
+        "error. Preempted or killed workers are replaced without counting.",
+        commands=("train",),
+    )
+
+    etcd_endpoints: str = _flag(
+        "",
+        "etcd (v3) endpoints host:port[,host:port]: the master keeps the task ledger there under "
+        "/elasticdl/<job_name>/ and a restarted master resumes the job (empty: in memory).",
+        commands=("train",),
+    )
+
     # Fault handling.
     task_timeout: float = _flag(
         600.0, "Seconds a task may stay in progress before it goes back to the queue."
@@ -151,6 +180,42 @@ class JobConfig:
         "",
         "Write TensorBoard scalars here (loss, eval metrics, examples/s, live workers).",
         commands=("train", "evaluate"),
+    )
+
+    # Kubernetes (--backend kubernetes; see docs/kubernetes.md).
+    image_name: str = _flag("", "Kubernetes: the Docker image every pod runs (build it with `elasticdl zoo build`).")
+    namespace: str = _flag("default", "Kubernetes: the namespace of the job's pods.")
+    image_pull_policy: str = _flag("Always", "Kubernetes: Always, IfNotPresent or Never.")
+    master_resource_request: str = _flag(
+        "cpu=0.1,memory=1024Mi", "Kubernetes: the master pod's requests, like cpu=1,memory=4096Mi,gpu=1."
+    )
+    master_resource_limit: str = _flag("", "Kubernetes: the master pod's limits (empty: its requests).")
+    worker_resource_request: str = _flag(
+        "cpu=1,memory=4096Mi", "Kubernetes: each worker pod's requests (gpu=N asks for nvidia.com/gpu)."
+    )
+    worker_resource_limit: str = _flag("", "Kubernetes: each worker pod's limits (empty: its requests).")
+    ps_resource_request: str = _flag("cpu=1,memory=4096Mi", "Kubernetes: each PS pod's requests.")
+    ps_resource_limit: str = _flag("", "Kubernetes: each PS pod's limits (empty: its requests).")
+    master_pod_priority: str = _flag(
+        "", "Kubernetes: the master pod's PriorityClass (high, low or a class name; empty: the default)."
+    )
+    ps_pod_priority: str = _flag(
+        "", "Kubernetes: the PS pods' PriorityClass (high, low or a class name; empty: the default)."
+    )
+    volume: str = _flag(
+        "",
+        "Kubernetes: volumes for every pod: claim_name=c,mount_path=/data or "
+        "host_path=/x,mount_path=/data, several separated by ';'.",
+    )
+    envs: str = _flag("", "Kubernetes: extra environment for every pod: NAME=value,NAME2=value2.")
+    cluster_spec: str = _flag(
+        "",
+        "Kubernetes: a Python file defining with_pod(pod) and/or with_service(service), called "
+        "on every manifest (dicts) before it is created.",
+    )
+    yaml: str = _flag("", "Kubernetes: write the master's manifests to this file instead of submitting them.")
+    detach: bool = _flag(
+        False, "Kubernetes: return once the master pod is submitted instead of following it to the end."
     )
 
     # Job.
@@ -198,13 +263,16 @@ class JobConfig:
     def from_json(cls, text: str) -> JobConfig:
         return cls(**json.loads(text))
 
-    def validate(self, command: str = "train") -> None:
-        """Raise ConfigError for flags that cannot work, before anything starts."""
+    def validate(self, command: str = "train", check_paths: bool = True) -> None:
+        """Raise ConfigError for flags that cannot work, before anything starts.
+
+        ``check_paths=False``: a Kubernetes client, where paths name files in the pods.
+        """
         if command not in COMMANDS:
             raise ConfigError(f"Unknown command {command!r}; use one of {', '.join(COMMANDS)}.")
         if not self.model_zoo:
             raise ConfigError("--model_zoo is required: the directory holding your model-zoo packages.")
-        if not os.path.isdir(self.model_zoo):
+        if check_paths and not os.path.isdir(self.model_zoo):
             raise ConfigError(f"--model_zoo {self.model_zoo!r} is not a directory.")
         if not self.model_def or "." not in self.model_def:
             raise ConfigError(
@@ -233,7 +301,7 @@ class JobConfig:
             if value < 1:
                 raise ConfigError(f"--{name} must be at least 1. Received: {name}={value}")
         for name in ("records_per_task", "checkpoint_steps", "keep_checkpoint_max",
-                     "max_task_retries", "num_threads_per_process"):
+                     "max_task_retries", "num_threads_per_process", "relaunch_on_worker_failure"):
             value = getattr(self, name)
             if value < 0:
                 raise ConfigError(f"--{name} must be 0 or more. Received: {name}={value}")
@@ -242,17 +310,27 @@ class JobConfig:
         if self.backend not in BACKENDS:
             raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}. Received: {self.backend!r}")
         if self.backend == "kubernetes":
-            raise ConfigError(
-                "--backend kubernetes is not available in this version yet; use --backend local."
-            )
+            from elasticdl.k8s.options import OptionError, validate_kubernetes_flags
+
+            try:
+                validate_kubernetes_flags(self)
+            except OptionError as err:
+                raise ConfigError(str(err)) from None
         if self.log_level.upper() not in LOG_LEVELS:
             raise ConfigError(f"--log_level must be one of {', '.join(LOG_LEVELS)}. Received: {self.log_level!r}")
         self._validate_consistency()
+        from elasticdl.master.instance_manager import parse_priority_spec
+
+        try:
+            parse_priority_spec(self.worker_pod_priority)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         if self.checkpoint_steps and not self.checkpoint_dir:
             raise ConfigError("--checkpoint_steps needs --checkpoint_dir: where should checkpoints go?")
-        if self.checkpoint_dir_for_init and not os.path.exists(self.checkpoint_dir_for_init):
+        if check_paths and self.checkpoint_dir_for_init and not os.path.exists(self.checkpoint_dir_for_init):
             raise ConfigError(f"--checkpoint_dir_for_init {self.checkpoint_dir_for_init!r} does not exist.")
-        self._validate_checkpoint_dir(command)
+        if check_paths:
+            self._validate_checkpoint_dir(command)
         # Parse now so a malformed string fails here, not in a worker.
         self.model_params_dict  # noqa: B018
         self.data_reader_params_dict  # noqa: B018
@@ -265,7 +343,7 @@ class JobConfig:
         same_dir = self.checkpoint_dir_for_init and os.path.abspath(self.checkpoint_dir_for_init).startswith(
             os.path.abspath(self.checkpoint_dir)
         )
-        if old and not same_dir:
+        if old and not same_dir and not self.etcd_endpoints:  # with etcd, a restarted master resumes
             raise ConfigError(
                 f"--checkpoint_dir {self.checkpoint_dir!r} already holds checkpoints ({len(old)} versions). "
                 f"Pass --checkpoint_dir_for_init {self.checkpoint_dir} to continue from the latest, "

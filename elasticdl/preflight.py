@@ -52,6 +52,13 @@ def check_job(config: JobConfig, command: str = "train") -> CheckedJob:
                 "--validation_data is set but %s defines no eval_metrics_fn(): no metrics will be "
                 "computed. Define eval_metrics_fn() -> {name: metric}.", spec.module_path,
             )
+    if command == "train":
+        _check_callbacks(spec)
+    if config.tensorboard_log_dir:
+        try:
+            import tensorboard  # noqa: F401  (tf.summary needs it; TensorFlow does not bring it)
+        except ImportError:
+            raise ModelSpecError("--tensorboard_log_dir needs the tensorboard package: pip install tensorboard") from None
     mode = {"train": Mode.TRAINING, "evaluate": Mode.EVALUATION, "predict": Mode.PREDICTION}[command]
     features = _check_one_batch(spec, config, files, has_header, metrics, mode)
     return CheckedJob(config, spec, optimizer_spec, files, features)
@@ -110,7 +117,7 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> An
         ) from err
     if mode == Mode.PREDICTION:
         features = batch[0] if isinstance(batch, tuple) and len(batch) == 2 else batch
-        trainer = Trainer(spec, config.model_params_dict)
+        trainer = Trainer(spec, config.model_params_dict, config.embedding_swap_threshold_mb)
         trainer.ensure_built(features)
         return features
     if not isinstance(batch, tuple) or len(batch) != 2:
@@ -119,7 +126,7 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> An
             f"Received elements of type {type(batch).__name__}"
         )
     features, labels = batch
-    trainer = Trainer(spec, config.model_params_dict)
+    trainer = Trainer(spec, config.model_params_dict, config.embedding_swap_threshold_mb)
     trainer.ensure_built(features)
     predictions = trainer.model(features, training=False)
     if metrics:
@@ -161,3 +168,24 @@ def _check_metrics_on(spec: ModelSpec, labels, predictions) -> None:
                 f"{spec.module_path}: eval_metrics_fn()[{name!r}] failed on a batch of the data: "
                 f"{type(err).__name__}: {err}. A metric must accept (labels, predictions)."
             ) from err
+
+
+def _check_callbacks(spec: ModelSpec) -> None:
+    """callbacks() runs now, so a typo in it fails the submit, not the job."""
+    if spec.callbacks is None:
+        return
+    try:
+        callbacks = spec.callbacks()
+    except Exception as err:
+        raise ModelSpecError(f"{spec.module_path}: callbacks() failed: {type(err).__name__}: {err}") from err
+    if not isinstance(callbacks, (list, tuple)):
+        raise ModelSpecError(
+            f"{spec.module_path}: callbacks() must return a list of callbacks. Received: {type(callbacks).__name__}"
+        )
+    hooks = ("on_train_begin", "on_epoch_begin", "on_epoch_end", "on_train_end")
+    for callback in callbacks:
+        if not any(callable(getattr(callback, hook, None)) for hook in hooks):
+            raise ModelSpecError(
+                f"{spec.module_path}: callbacks() returned {callback!r}, which has none of {', '.join(hooks)}; "
+                "subclass keras.callbacks.Callback or elasticdl.callbacks.Callback."
+            )

@@ -1,9 +1,12 @@
-"""Where each dense variable lives: a stable hash of its name, the same in every process.
+"""Where each dense variable lives: a stable hash of its name, the same in every process;
+where each embedding row lives: ``id % num_ps``.
 
 Python's built-in ``hash`` of a str is salted per process, so it cannot place variables.
 """
 
 import zlib
+
+import numpy as np
 
 
 def ps_for_variable(name: str, num_ps: int) -> int:
@@ -19,3 +22,13 @@ def partition_by_ps(names, num_ps: int) -> list[list[str]]:
     for name in names:
         groups[ps_for_variable(name, num_ps)].append(name)
     return groups
+
+
+def partition_ids(ids: np.ndarray, num_ps: int) -> list[np.ndarray]:
+    """For each PS, the positions in ``ids`` of the embedding ids it holds (``id % num_ps``)."""
+    if num_ps < 1:
+        raise ValueError(f"num_ps must be at least 1. Received: {num_ps}")
+    if num_ps == 1:
+        return [np.arange(len(ids))]
+    owner = np.asarray(ids) % num_ps
+    return [np.flatnonzero(owner == ps) for ps in range(num_ps)]

@@ -141,13 +141,28 @@ def test_every_documented_validation_rule_is_enforced(text, overrides):
     )
 
 
-# Flags in the docs that belong to other programs (saved_model_cli, prepare_data.py, pip).
-_OTHER_PROGRAMS_FLAGS = {"--all", "--dir", "--tag_set", "--signature_def", "--help"}
+# Flags in the docs that belong to other programs (saved_model_cli, tensorboard, pip).
+_OTHER_PROGRAMS_FLAGS = {"--all", "--dir", "--tag_set", "--signature_def", "--help", "--logdir"}
+
+
+def _parser_flags() -> set[str]:
+    """Every flag of every subcommand, including those that are not JobConfig fields (scale)."""
+    import argparse
+
+    from elasticdl.cli import build_parser
+
+    flags = set()
+    for action in build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                for sub_action in sub._actions:
+                    flags.update(o for o in sub_action.option_strings if o.startswith("--"))
+    return flags
 
 
 @pytest.mark.parametrize("doc", DOC_FILES, ids=lambda p: p.name)
 def test_docs_mention_only_real_flags(doc):
-    known = set(_config_flags()) | _OTHER_PROGRAMS_FLAGS
+    known = set(_config_flags()) | _parser_flags() | _OTHER_PROGRAMS_FLAGS
     mentioned = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9_]*", doc.read_text(encoding="utf-8")))
     unknown = sorted(mentioned - known)
     assert not unknown, (

@@ -10,25 +10,26 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
-from dataclasses import dataclass
+import time
 
+import grpc
+
+from elasticdl.backends.api import Backend, ProcessExit, RoleExitedError
 from elasticdl.backends.child import PARENT_PID_ENV
+from elasticdl.grpc_utils import bind_local
 
 logger = logging.getLogger(__name__)
 
 _MODULES = {"ps": "elasticdl.ps.main", "worker": "elasticdl.worker.main"}
 
 
-@dataclass(frozen=True)
-class ProcessExit:
-    role: str
-    index: int
-    returncode: int
-    log_tail: str
+__all__ = ["LocalBackend", "ProcessExit"]  # ProcessExit lives in backends/api.py
 
 
 class _Child:
@@ -36,6 +37,7 @@ class _Child:
         self.role, self.index, self.popen, self.log_path = role, index, popen, log_path
         self.tail: collections.deque[str] = collections.deque(maxlen=30)
         self.reported = False
+        self.kill_at: float | None = None  # request_stop's deadline
         self._thread = threading.Thread(target=self._pump, args=(echo,), daemon=True)
         self._thread.start()
 
@@ -58,14 +60,41 @@ class _Child:
         self._thread.join(timeout)
 
 
-class LocalBackend:
+class LocalBackend(Backend):
     def __init__(self, log_dir: str, echo: bool = False):
         self.log_dir = log_dir
         self.echo = echo
         self._children: dict[tuple[str, int], _Child] = {}
+        self._ready_dir = ""  # where each PS writes its bound port (see ps_addresses)
         os.makedirs(log_dir, exist_ok=True)
 
-    def start(self, role: str, index: int, args: list[str], env: dict[str, str] | None = None) -> None:
+    def bind_master(self, server: grpc.Server) -> str:
+        return f"127.0.0.1:{bind_local(server)}"
+
+    def _ready_file(self, index: int) -> str:
+        if not self._ready_dir:
+            self._ready_dir = tempfile.mkdtemp(prefix="elasticdl-ps-ready-")
+        return os.path.join(self._ready_dir, f"ps-{index}.port")
+
+    def ps_addresses(self, num_ps: int, timeout: float) -> list[str]:
+        files = [self._ready_file(i) for i in range(num_ps)]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for exit_ in self.poll_exits():
+                raise RoleExitedError(exit_)
+            if all(os.path.exists(f) for f in files):
+                return [f"127.0.0.1:{int(open(f).read())}" for f in files]
+            time.sleep(0.05)
+        raise TimeoutError(f"parameter servers did not start within {timeout:.0f}s")
+
+    def start(self, role: str, index: int, args: list[str], env: dict[str, str] | None = None,
+              priority: str | None = None) -> None:
+        """``priority`` (high/low) only matters on Kubernetes; locally every worker is equal."""
+        if role == "ps" and "--ready_file" not in args:
+            ready = self._ready_file(index)
+            if os.path.exists(ready):
+                os.remove(ready)  # a relaunched PS announces its new port
+            args = [*args, "--ready_file", ready]
         child_env = dict(os.environ, **(env or {}))
         child_env[PARENT_PID_ENV] = str(os.getpid())
         child_env.setdefault("PYTHONUNBUFFERED", "1")
@@ -90,12 +119,25 @@ class LocalBackend:
         """Children that exited since the last call."""
         exits = []
         for child in self._children.values():
+            if child.kill_at is not None and time.monotonic() > child.kill_at and child.popen.poll() is None:
+                logger.warning("%s did not leave within its grace period: killing it", child.name)
+                child.popen.kill()
             code = child.popen.poll()
             if code is not None and not child.reported:
                 child.reported = True
                 child.join_output()
                 exits.append(ProcessExit(child.role, child.index, code, "".join(child.tail)))
         return exits
+
+    def request_stop(self, role: str, index: int, grace: float = 30.0) -> None:
+        """SIGTERM now (a worker finishes its batch, reports and leaves); SIGKILL after ``grace``.
+
+        Does not wait: the exit shows up in ``poll_exits``.
+        """
+        child = self._children.get((role, index))
+        if child is not None and child.popen.poll() is None:
+            child.popen.send_signal(signal.SIGTERM)
+            child.kill_at = time.monotonic() + grace
 
     def stop(self, role: str, index: int, timeout: float = 10.0) -> None:
         child = self._children.get((role, index))
@@ -108,6 +150,9 @@ class LocalBackend:
             _terminate([c.popen for (r, _), c in self._children.items() if r == role], timeout)
         for child in self._children.values():
             child.join_output(1.0)
+        if self._ready_dir:
+            shutil.rmtree(self._ready_dir, ignore_errors=True)
+            self._ready_dir = ""
 
 
 def _terminate(popens: list[subprocess.Popen], timeout: float) -> None:

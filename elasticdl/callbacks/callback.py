@@ -20,7 +20,7 @@ class JobControl(Protocol):
         """The learning rate the PS applies from now on."""
 
     def export(self, path: str) -> str:
-        """Export the master's model (the PS parameters, pulled now) as a SavedModel."""
+        """Export the master's model as a SavedModel: the parameters the callback sees now."""
 
 
 class Callback(keras.callbacks.Callback):

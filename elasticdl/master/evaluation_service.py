@@ -52,7 +52,6 @@ class EvaluationService:
         shards: Sequence[Shard],
         metrics_fn: Callable[[], dict[str, Any]],
         snapshot: Callable[[int], int],
-        drop_snapshot: Callable[[int], None],
         evaluation_steps: int = 0,
         start_delay_secs: float = 0.0,
         throttle_secs: float = 0.0,
@@ -63,7 +62,6 @@ class EvaluationService:
         self._shards = list(shards)
         self._metrics_fn = metrics_fn
         self._snapshot = snapshot
-        self._drop_snapshot = drop_snapshot
         self.evaluation_steps = evaluation_steps
         self._clock = clock
         self._not_before = clock() + start_delay_secs
@@ -123,10 +121,14 @@ class EvaluationService:
         task.snapshot_id, task.model_version = self.current.round_id, self.current.model_version
         return task
 
-    def report(self, task_id: int, worker_id: int, err_message: str, records: int, states) -> ReportOutcome:
+    def report(
+        self, task_id: int, worker_id: int, err_message: str, records: int, states, interrupted: bool = False
+    ) -> ReportOutcome:
         current = self.current
         if current is None or task_id // EVAL_ID_BASE != current.round_id:
             return ReportOutcome(False, f"evaluation task {task_id} is not part of the running round")
+        if interrupted:  # a partial evaluation is worth nothing: the whole task goes back
+            return current.tasks.report(task_id, worker_id, "", 0, interrupted=True)
         outcome = current.tasks.report(task_id, worker_id, err_message, records)
         if outcome.accepted and not err_message:
             current.merger.add(states)  # only accepted reports: each record counts once
@@ -134,12 +136,15 @@ class EvaluationService:
         return outcome
 
     def poll(self) -> EvaluationResult | None:
-        """The result of the running round once all its tasks are done."""
+        """The result of the running round once all its tasks are done.
+
+        The snapshot stays on the PS: the caller drops it (``round_id``) after using it,
+        e.g. to give callbacks the parameters that were evaluated.
+        """
         current = self.current
         if current is None or not current.tasks.finished:
             return None
         self.current = None
-        self._drop_snapshot(current.round_id)
         dropped = current.tasks.dropped_tasks()
         if dropped:
             logger.error("evaluation of version %d skipped %d tasks that kept failing", current.model_version, len(dropped))
@@ -182,6 +187,11 @@ class TaskDispatcher:
     def finish(self) -> None:
         self._finished = True
 
+    @property
+    def finished(self) -> bool:
+        """The job loop said so: workers get END."""
+        return self._finished
+
     def get_task(self, worker_id: int) -> Task | NoTask:
         if self._finished:
             return NoTask.END
@@ -195,14 +205,20 @@ class TaskDispatcher:
                 return task
         return NoTask.WAIT
 
-    def report(self, task_id: int, worker_id: int, err_message: str, records: int, states=None) -> ReportOutcome:
+    def report(
+        self, task_id: int, worker_id: int, err_message: str, records: int, states=None, interrupted: bool = False
+    ) -> ReportOutcome:
         if task_id >= EVAL_ID_BASE:
             if self.evaluation is None:
                 return ReportOutcome(False, f"unknown task {task_id}")
-            return self.evaluation.report(task_id, worker_id, err_message, records, states or {})
+            return self.evaluation.report(task_id, worker_id, err_message, records, states or {}, interrupted)
         if self.main is None:
             return ReportOutcome(False, f"unknown task {task_id}")
-        return self.main.report(task_id, worker_id, err_message, records)
+        return self.main.report(task_id, worker_id, err_message, records, interrupted)
+
+    def progress(self, task_id: int, worker_id: int, records_done: int) -> None:
+        if task_id < EVAL_ID_BASE and self.main is not None:
+            self.main.progress(task_id, worker_id, records_done)
 
     def recover_worker_tasks(self, worker_id: int) -> None:
         if self.main is not None:

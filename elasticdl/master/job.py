@@ -8,17 +8,20 @@ a checkpoint) and ``predict`` (prediction tasks, outputs joined in input order).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import time
 from dataclasses import asdict, dataclass, field
 
+from elasticdl.backends.api import Backend, RoleExitedError
 from elasticdl.backends.local import LocalBackend, ProcessExit
 from elasticdl.data.sources import count_records, make_shards, resolve_data_files
-from elasticdl.grpc_utils import bind_local, make_server
+from elasticdl.grpc_utils import make_server
 from elasticdl.master.clocks import WorkerClocks
 from elasticdl.master.evaluation_service import EvaluationResult, EvaluationService, TaskDispatcher
+from elasticdl.master.instance_manager import GiveUp, InstanceManager, Launch, Stop
 from elasticdl.master.progress import TrainingProgress
 from elasticdl.master.servicer import MasterServicer
 from elasticdl.master.task_manager import TaskManager, TaskType
@@ -29,6 +32,12 @@ from elasticdl.proto import elasticdl_pb2_grpc
 logger = logging.getLogger(__name__)
 
 PS_START_TIMEOUT = 120.0
+# A worker asked to leave (scale-down) gets this long to finish its batch and report.
+WORKER_STOP_GRACE_SECS = 30.0
+# A parameter server is relaunched (from the latest checkpoint) at most this many times.
+MAX_PS_RELAUNCHES = 3
+# The master's leader lock in etcd expires this long after the master dies.
+LEADER_LEASE_SECS = 5.0
 VERSION_POLL_SECONDS = 0.5
 
 
@@ -55,6 +64,18 @@ class JobReport:
     tensorboard_log_dir: str = ""
     dropped_tasks: int = 0
     stopped_early: str = ""
+    # Elasticity: per epoch, records trained more than once (from tasks whose worker was
+    # killed or failed mid-task; a graceful preemption adds none).
+    records_trained_twice: list[int] = field(default_factory=list)
+    records_done_per_epoch: list[int] = field(default_factory=list)  # each epoch's distinct records
+    records_per_epoch: int = 0
+    tasks_interrupted: int = 0
+    worker_relaunches: int = 0
+    worker_preemptions: int = 0
+    ps_relaunches: int = 0
+    state_store: str = "memory"
+    resumed: bool = False  # continued a ledger a previous master left in etcd
+    etcd_outages: list[dict] = field(default_factory=list)
     consistency: str = ""
     staleness: dict = field(default_factory=dict)
 
@@ -69,7 +90,7 @@ class Job:
         self,
         checked: CheckedJob,
         command: str = "train",
-        backend: LocalBackend | None = None,
+        backend: Backend | None = None,
         poll_seconds: float = 0.2,
     ):
         self.checked = checked
@@ -99,6 +120,22 @@ class Job:
         records = sum(n for _, n in checked.files)
         self.progress = TrainingProgress(records, cfg.num_epochs if command == "train" else 1)
         self.clocks = WorkerClocks()
+        self.instances = InstanceManager(
+            cfg.num_workers,
+            cfg.worker_pod_priority,
+            cfg.relaunch_on_worker_failure,
+        )
+        self._scale_request: int | None = None  # set by the gRPC thread, applied by the loop
+        self._worker_args: list[str] = []
+        self._ps_args: dict[int, list[str]] = {}
+        self._ps_relaunches = 0
+        self._store = None  # where the task ledger lives (etcd, or memory)
+        self._ledger = None  # its writer (etcd only)
+        self._leadership = None
+        self._saved_seq = -1
+        self._resumed = False
+        self._store_failure = ""
+        self._succeeded = False
         self.evaluation: EvaluationService | None = None
         self.dispatcher = TaskDispatcher(self.main_tasks, None)
         self.ps_addresses: list[str] = []
@@ -129,10 +166,10 @@ class Job:
         self._ps.set_learning_rate(learning_rate)
 
     def export(self, path: str) -> str:
+        """Export the parameters the callbacks see now (those evaluated, at an epoch end)."""
         from elasticdl.export import export_saved_model
 
-        self._sync_model()
-        return export_saved_model(self._model, path)
+        return export_saved_model(self._serving_model(), path)
 
     # ------------------------------------------------------------ run
 
@@ -151,11 +188,13 @@ class Job:
             tensorboard_log_dir=cfg.tensorboard_log_dir,
         )
         try:
+            self._open_state_store()
             self._start()
             self._watch()
             if self.command == "train":
                 report.staleness = self._epoch_telemetry(final=True)
             self._finish(report)
+            self._succeeded = True
         finally:
             self.backend.stop_all()
             if self._ps is not None:
@@ -164,15 +203,31 @@ class Job:
                 self._server.stop(grace=1)
             if self.tensorboard is not None:
                 self.tensorboard.close()
+            self._close_state_store(success=self._succeeded)
             logging.getLogger().removeHandler(master_log)
             master_log.close()
         report.seconds = round(time.monotonic() - started, 2)
         report.epochs = self.main_tasks.epoch + 1 if self.command == "train" else 0
         report.records_trained = self.progress.records_trained if self.command == "train" else 0
         report.model_version = max(report.model_version, self.model_version)
-        report.final_loss = self.progress.recent_loss
+        report.final_loss = self.progress.recent_loss if self.command == "train" else None
         report.dropped_tasks = len(self.main_tasks.dropped_tasks()) if self.main_tasks else 0
         report.stopped_early = self._stop_reason
+        if self.main_tasks is not None and self.command == "train":
+            report.records_trained_twice = [e.records_trained_twice for e in self.main_tasks.epochs]
+            report.records_done_per_epoch = [e.records_done for e in self.main_tasks.epochs]
+            report.records_per_epoch = self.main_tasks.records_per_epoch
+            report.tasks_interrupted = sum(e.tasks_interrupted for e in self.main_tasks.epochs)
+        report.worker_relaunches = self.instances.relaunches
+        report.worker_preemptions = self.instances.preemptions
+        report.ps_relaunches = self._ps_relaunches
+        report.state_store = "etcd" if cfg.etcd_endpoints else "memory"
+        report.resumed = self._resumed
+        if self._ledger is not None:
+            report.etcd_outages = [
+                {"seconds": round(o.seconds, 2), "error": o.error, "snapshots_kept": o.snapshots_kept}
+                for o in self._ledger.outages
+            ]
         if self.evaluation is not None:
             report.evaluations = [
                 {"model_version": r.model_version, "reason": r.reason, "records": r.records, "metrics": r.metrics}
@@ -199,25 +254,21 @@ class Job:
 
         self._server = make_server()
         elasticdl_pb2_grpc.add_MasterServicer_to_server(
-            MasterServicer(self.dispatcher, self.progress, self.clocks), self._server
+            MasterServicer(self.dispatcher, self.progress, self.clocks, scale=self.request_scale), self._server
         )
-        port = bind_local(self._server)
+        self.master_address = self.backend.bind_master(self._server)
         self._server.start()
-        self.master_address = f"127.0.0.1:{port}"
+        with open(os.path.join(cfg.run_dir, "master.addr"), "w") as f:
+            f.write(self.master_address)  # `elasticdl scale --job_name` finds the master here
+        if self._store is not None:
+            self._store.publish_address("master", 0, self.master_address)
         logger.info("master serving on %s; logs in %s", self.master_address, cfg.effective_log_dir)
 
-        ready_files = []
         for ps_id in range(cfg.num_ps):
-            ready = os.path.join(cfg.run_dir, f"ps-{ps_id}.port")
-            if os.path.exists(ready):
-                os.remove(ready)
-            ready_files.append(ready)
-            self.backend.start(
-                "ps", ps_id,
-                ["--job_config", config_file, "--optimizer_spec", optimizer_file,
-                 "--ps_id", str(ps_id), "--ready_file", ready],
-            )
-        self.ps_addresses = [f"127.0.0.1:{port}" for port in self._wait_for_ps(ready_files)]
+            self._ps_args[ps_id] = ["--job_config", config_file, "--optimizer_spec", optimizer_file,
+                                    "--ps_id", str(ps_id)]
+            self.backend.start("ps", ps_id, self._ps_args[ps_id])
+        self.ps_addresses = self._wait_for_ps()
         logger.info(
             "parameter servers at %s%s", ", ".join(self.ps_addresses),
             f" ({cfg.consistency_description})" if self.command == "train" else "",
@@ -226,7 +277,7 @@ class Job:
         from elasticdl.worker.trainer import Trainer
 
         self._ps = PSClient(self.ps_addresses)
-        trainer = Trainer(self.checked.spec, cfg.model_params_dict)
+        trainer = Trainer(self.checked.spec, cfg.model_params_dict, cfg.embedding_swap_threshold_mb)
         trainer.ensure_built(self.checked.sample_features)
         self._trainer = trainer
         self._model = trainer.model
@@ -246,12 +297,16 @@ class Job:
             self.callbacks.on_epoch_begin(0)
         if self.command == "evaluate":
             self._eval_queue.append(("evaluate", None))
-        for worker_id in range(cfg.num_workers):
-            self.backend.start(
-                "worker", worker_id,
-                ["--job_config", config_file, "--worker_id", str(worker_id), "--command", self.command,
-                 "--master_addr", self.master_address, "--ps_addrs", ",".join(self.ps_addresses)],
-            )
+        if self.command == "predict":
+            import shutil
+
+            from elasticdl.prediction import PARTS
+
+            # Parts left by an earlier run must never be joined into this one's output.
+            shutil.rmtree(os.path.join(cfg.prediction_outputs, PARTS), ignore_errors=True)
+        self._worker_args = ["--job_config", config_file, "--command", self.command,
+                             "--master_addr", self.master_address, "--ps_addrs", ",".join(self.ps_addresses)]
+        self._apply(self.instances.initial())
         logger.info("started %d workers", cfg.num_workers)
 
     def _start_evaluation_service(self) -> None:
@@ -266,7 +321,6 @@ class Job:
             make_shards(files, cfg.effective_records_per_task),
             metrics_fn=self.checked.spec.eval_metrics_fn,
             snapshot=self._ps.take_snapshot,
-            drop_snapshot=self._ps.drop_snapshot,
             evaluation_steps=cfg.evaluation_steps,
             start_delay_secs=cfg.evaluation_start_delay_secs,
             throttle_secs=cfg.evaluation_throttle_secs,
@@ -275,15 +329,14 @@ class Job:
         )
         self.dispatcher.evaluation = self.evaluation
 
-    def _wait_for_ps(self, ready_files: list[str]) -> list[int]:
-        deadline = time.monotonic() + PS_START_TIMEOUT
-        while time.monotonic() < deadline:
-            for exit_ in self.backend.poll_exits():
-                raise JobFailedError(_describe_exit(exit_, "failed to start"))
-            if all(os.path.exists(f) for f in ready_files):
-                return [int(open(f).read()) for f in ready_files]
-            time.sleep(0.05)
-        raise JobFailedError(f"parameter servers did not start within {PS_START_TIMEOUT:.0f}s")
+    def _wait_for_ps(self) -> list[str]:
+        """The backend knows where its PS serve (local: ready files; Kubernetes: their services)."""
+        try:
+            return self.backend.ps_addresses(self.config.num_ps, PS_START_TIMEOUT)
+        except RoleExitedError as err:
+            raise JobFailedError(_describe_exit(err.exit, "failed to start")) from None
+        except TimeoutError as err:
+            raise JobFailedError(str(err)) from None
 
     def _watch(self) -> None:
         last_render = last_version_poll = 0.0
@@ -292,21 +345,33 @@ class Job:
         while True:
             for exit_ in self.backend.poll_exits():
                 if exit_.role == "ps":
-                    raise JobFailedError(_describe_exit(exit_, "died"))
+                    self._relaunch_ps(exit_)
+                    continue
                 if exit_.returncode != 0:
                     failures.append(exit_)
-                    logger.error(_describe_exit(exit_, "died"))
-                    self.dispatcher.recover_worker_tasks(exit_.index)
+                    logger.error(_describe_exit(exit_, "exited"))
+                self.dispatcher.recover_worker_tasks(exit_.index)
                 self.clocks.forget(exit_.index)
+                self._apply(self.instances.on_exit(
+                    exit_.index, exit_.returncode, exit_.log_tail, job_done=self.dispatcher.finished
+                ))
+            if self._scale_request is not None:
+                desired, self._scale_request = self._scale_request, None
+                logger.info("scaling to %d workers (from %d)", desired, self.instances.desired)
+                self._apply(self.instances.scale(desired))
             if not self.backend.running("worker"):
                 if self._all_done():
                     break
+                if self.instances.desired == 0:
+                    time.sleep(self.poll_seconds)  # scaled to zero: wait for `elasticdl scale`
+                    continue
                 first = failures[0] if failures else None
                 raise JobFailedError(
                     "every worker exited before the job was done"
                     + (f"; the first failure: {_describe_exit(first, 'died')}" if first else "")
                 )
             self._tell_ps_live_workers()
+            self._save_ledger()
             now = time.monotonic()
             if now - last_version_poll >= VERSION_POLL_SECONDS:
                 self._on_version(self._poll_version())
@@ -317,6 +382,135 @@ class Job:
                 last_render = now
             time.sleep(self.poll_seconds)
         self._render(final=True)
+
+    def _fingerprint(self) -> str:
+        """What makes a ledger this job's: its data, task size, epochs and model."""
+        import hashlib
+
+        cfg = self.config
+        text = json.dumps([self.checked.files, cfg.effective_records_per_task, cfg.num_epochs, cfg.model_def])
+        return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+    def _open_state_store(self) -> None:
+        """Take the job's leader lock and resume its ledger (etcd), or keep state in memory."""
+        from elasticdl.master import state_store
+
+        cfg = self.config
+        if not cfg.etcd_endpoints or self.command != "train":
+            logger.info("job state in memory (no --etcd_endpoints): a restarted master starts over")
+            return
+        self._store = state_store.EtcdStateStore(cfg.etcd_endpoints, cfg.job_name)
+        try:
+            # Wait a little: a master restarted after a crash finds its predecessor's lease
+            # still alive until it expires.
+            self._leadership = self._store.acquire_leadership(
+                f"{os.uname().nodename}:{os.getpid()}", ttl=LEADER_LEASE_SECS, wait=2 * LEADER_LEASE_SECS,
+                on_lost=lambda why: self._fail_from_store(f"lost the leader lock: {why}"),
+            )
+        except state_store.LeadershipError as err:
+            raise JobFailedError(str(err)) from None
+        except state_store.StoreUnavailableError as err:
+            raise JobFailedError(f"etcd at {cfg.etcd_endpoints} is unreachable: {err}") from None
+        self._ledger = state_store.ResilientStore(
+            self._store,
+            on_outage=lambda o: logger.warning("etcd was unreachable for %.1fs; the ledger is written again", o.seconds),
+            on_fatal=lambda err: self._fail_from_store(str(err)),
+        )
+        snapshot = self._ledger.load_ledger()
+        logger.info("job state in etcd at %s under /elasticdl/%s/", cfg.etcd_endpoints, cfg.job_name)
+        if snapshot is None:
+            return
+        if snapshot.job_fingerprint != self._fingerprint():
+            raise JobFailedError(
+                f"etcd holds a ledger for a different job named {cfg.job_name!r} (other data, task size, "
+                "epochs or model). Use another --job_name."
+            )
+        self.main_tasks.restore(snapshot)
+        self._resumed = True
+        if cfg.checkpoint_dir:
+            from elasticdl.ps import checkpoint
+
+            if checkpoint.complete_versions(cfg.checkpoint_dir):
+                # The PS come back from the latest checkpoint: updates since then are lost.
+                self.config = dataclasses.replace(cfg, checkpoint_dir_for_init=cfg.checkpoint_dir)
+                logger.info("the parameter servers restore the latest checkpoint in %s", cfg.checkpoint_dir)
+
+    def _fail_from_store(self, why: str) -> None:
+        self._store_failure = why  # the loop raises it (this runs on a store thread)
+
+    def _save_ledger(self) -> None:
+        if self._store_failure:
+            raise JobFailedError(f"the job state in etcd cannot be trusted any more: {self._store_failure}")
+        if self._ledger is None or self.main_tasks.seq == self._saved_seq:
+            return
+        snapshot = self.main_tasks.snapshot(self._fingerprint())
+        self._ledger.save(snapshot)
+        self._saved_seq = snapshot.seq
+
+    def _close_state_store(self, success: bool) -> None:
+        if self._store is None:
+            return
+        try:
+            if self._ledger is not None:
+                if success and self.main_tasks.finished and self.dispatcher.finished:
+                    self._ledger.close()
+                    self._store.clear_ledger()  # done: a new run with this name starts fresh
+                else:
+                    self._save_ledger_quietly()
+                    self._ledger.close()
+            self._store.close()
+        except Exception as err:  # never mask the job's own outcome
+            logger.warning("closing the etcd state store: %s", err)
+
+    def _save_ledger_quietly(self) -> None:
+        try:
+            self._save_ledger()
+        except JobFailedError:
+            pass
+
+    def request_scale(self, num_workers: int) -> str:
+        """`elasticdl scale`: change the desired number of workers (any thread)."""
+        if self.command != "train":
+            raise ValueError("only training jobs can be scaled")
+        if num_workers < 0:
+            raise ValueError(f"--num_workers must be 0 or more. Received: {num_workers}")
+        self._scale_request = num_workers
+        return f"scaling job {self.config.job_name} to {num_workers} workers"
+
+    def _apply(self, decisions) -> None:
+        for decision in decisions:
+            if isinstance(decision, Launch):
+                self.backend.start("worker", decision.index, [*self._worker_args, "--worker_id", str(decision.index)])
+                logger.info("worker %d started (%s priority)", decision.index, decision.priority)
+            elif isinstance(decision, Stop):
+                logger.info("asking worker %d to leave (scale-down)", decision.index)
+                self.backend.request_stop("worker", decision.index, WORKER_STOP_GRACE_SECS)
+            elif isinstance(decision, GiveUp):
+                raise JobFailedError(decision.error)
+
+    def _relaunch_ps(self, exit_: ProcessExit) -> None:
+        """A dead PS comes back on the same address, from the latest checkpoint if there is one."""
+        cfg = self.config
+        if self.dispatcher.finished:
+            return
+        self._ps_relaunches += 1
+        if self._ps_relaunches > MAX_PS_RELAUNCHES or self.command != "train":
+            raise JobFailedError(_describe_exit(exit_, "died"))
+        from elasticdl.ps import checkpoint
+
+        args = list(self._ps_args[exit_.index])
+        port = self.ps_addresses[exit_.index].rsplit(":", 1)[1]
+        args += ["--port", port]
+        restore = ""
+        if cfg.checkpoint_dir and checkpoint.complete_versions(cfg.checkpoint_dir):
+            restore = cfg.checkpoint_dir
+            args += ["--restore_from", restore]
+        logger.error(
+            "%s; relaunching it on port %s %s", _describe_exit(exit_, "died"), port,
+            f"from the latest checkpoint in {restore} (updates since then are lost)" if restore
+            else "empty: the workers give it their copy of its variables (no --checkpoint_dir)",
+        )
+        self.backend.start("ps", exit_.index, args)
 
     def _all_done(self) -> bool:
         """Training (or prediction) finished, its last epoch's end handled, no evaluation left.
@@ -369,8 +563,11 @@ class Job:
             self.tensorboard.scalars(result.model_version, result.metrics, prefix="eval/")
         epoch = self._round_epochs.pop(result.round_id, None)
         if epoch is not None and self.callbacks is not None:
-            self._sync_model()
+            # The callbacks see the parameters that were evaluated, not newer ones.
+            for pulled in self._ps.pull_snapshot(result.round_id):
+                self._trainer.set_params(pulled.params)
             self.callbacks.on_epoch_end(epoch, {**self._epoch_logs(), **result.metrics})
+        self._ps.drop_snapshot(result.round_id)
 
     def _epoch_logs(self) -> dict[str, float]:
         loss_sum, batches = self.progress.loss_sum, self.progress.batches
@@ -380,7 +577,12 @@ class Job:
         return {"loss": (loss_sum - mark_sum) / n} if n else {}
 
     def _poll_version(self) -> int:
-        return min(s.version for s in self._ps.stats())
+        import grpc
+
+        try:
+            return min(s.version for s in self._ps.stats())
+        except grpc.RpcError:
+            return self.model_version  # a PS is restarting: ask again at the next poll
 
     def _on_version(self, version: int) -> None:
         if version == self.model_version:
@@ -395,6 +597,10 @@ class Job:
                 "train/live_workers": len(self.backend.running("worker")),
             })
 
+    def _serving_model(self):
+        """The master's model with its embedding tables pulled in from the PS (serving needs no PS)."""
+        return self._trainer.serving_model(self._ps.pull_embedding_table)
+
     def _sync_model(self) -> None:
         """Pull the PS parameters into the master's model (for callbacks and export)."""
         for pulled in self._ps.pull([-1] * self._ps.num_ps):
@@ -405,9 +611,14 @@ class Job:
         """Sync mode: the PS averages over the workers holding a task, never waits for absent ones."""
         if self.config.use_async or self.command != "train":
             return
+        import grpc
+
         count = len(self.dispatcher.active_workers())
         if count and count != self._live_workers_told:
-            self._ps.set_live_workers(count)
+            try:
+                self._ps.set_live_workers(count)
+            except grpc.RpcError:
+                return  # a PS is restarting: tell it at the next poll
             self._live_workers_told = count
 
     def _epoch_telemetry(self, final: bool = False) -> dict:
@@ -440,7 +651,7 @@ class Job:
                 logger.info("final checkpoint: %s", report.checkpoint)
             self.callbacks.on_train_end({"model_version": self.model_version})
             if cfg.output:
-                report.saved_model = export_saved_model(self._model, cfg.output)
+                report.saved_model = export_saved_model(self._serving_model(), cfg.output)
         if self.command == "predict" and self.checked.spec.prediction_outputs_processor is None:
             from elasticdl.prediction import join_parts
 

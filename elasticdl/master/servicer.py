@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import grpc
 
 from elasticdl import tensor_codec
@@ -19,8 +21,15 @@ _TASK_TYPES = {
 
 
 class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
-    def __init__(self, dispatcher: TaskDispatcher, progress: TrainingProgress, clocks: WorkerClocks):
+    def __init__(
+        self,
+        dispatcher: TaskDispatcher,
+        progress: TrainingProgress,
+        clocks: WorkerClocks,
+        scale: Callable[[int], str] | None = None,
+    ):
         self._tasks = dispatcher
+        self._scale = scale
         self._progress = progress
         self._clocks = clocks
 
@@ -47,7 +56,7 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
         except tensor_codec.TensorDecodeError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         outcome = self._tasks.report(
-            request.task_id, request.worker_id, request.err_message, request.records, states
+            request.task_id, request.worker_id, request.err_message, request.records, states, request.interrupted
         )
         if outcome.accepted and not request.err_message and request.task_id < EVAL_ID_BASE:
             self._progress.record(
@@ -64,3 +73,16 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
         return elasticdl_pb2.ReportClockResponse(
             clock=view.clock, slowest_clock=view.slowest, fastest_clock=view.fastest
         )
+
+    def report_progress(self, request, context):
+        self._tasks.progress(request.task_id, request.worker_id, request.records_done)
+        return elasticdl_pb2.Empty()
+
+    def scale(self, request, context):
+        if self._scale is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this master cannot scale")
+        try:
+            message = self._scale(request.num_workers)
+        except ValueError as err:
+            return elasticdl_pb2.ScaleResponse(accepted=False, message=str(err))
+        return elasticdl_pb2.ScaleResponse(accepted=True, message=message)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from elasticdl.data.sources import Shard
+from elasticdl.master.ledger import EpochRecord, LedgerSnapshot, TaskRecord, TaskState
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class _Doing:
     task: Task
     worker_id: int
     started: float
+    progress: int = 0  # records of this attempt trained so far (the worker's progress reports)
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,10 @@ class EpochStats:
     records_done: int = 0
     tasks_done: int = 0
     tasks_retried: int = 0
+    tasks_interrupted: int = 0  # preempted workers' tasks, split into done and requeued
+    # Records of attempts that did not complete (worker killed, failed, timed out) and are
+    # trained again: the price of a hard failure. A graceful preemption adds nothing.
+    records_trained_twice: int = 0
     dropped: list[Task] = field(default_factory=list)
 
 
@@ -96,13 +102,14 @@ class TaskManager:
         self._num_epochs = num_epochs
         self._task_timeout = task_timeout
         self._max_task_retries = max_task_retries
-        self._rng = random.Random(seed)
+        self._seed = seed
         self._task_type = task_type
         self._shuffle = shuffle
         self._clock = clock
         self._lock = threading.Lock()
         self._next_id = first_task_id
         self._stopped = False
+        self.seq = 0  # bumped by every change: the job loop saves the ledger when it moves
         self._todo: deque[Task] = deque()
         self._doing: dict[int, _Doing] = {}
         self.epochs: list[EpochStats] = []
@@ -120,12 +127,22 @@ class TaskManager:
                 return NoTask.WAIT
             task = self._todo.popleft()
             self._doing[task.task_id] = _Doing(task, worker_id, self._clock())
+            self.seq += 1
             return task
 
     def report(
-        self, task_id: int, worker_id: int, err_message: str = "", records: int | None = None
+        self,
+        task_id: int,
+        worker_id: int,
+        err_message: str = "",
+        records: int | None = None,
+        interrupted: bool = False,
     ) -> ReportOutcome:
-        """A worker's result for a task; unknown or foreign reports change nothing."""
+        """A worker's result for a task; unknown or foreign reports change nothing.
+
+        ``interrupted``: the worker was told to leave after training the task's first
+        ``records`` records; only the rest goes back to todo.
+        """
         with self._lock:
             doing = self._doing.get(task_id)
             if doing is None:
@@ -136,15 +153,40 @@ class TaskManager:
                 reason = f"task {task_id} is assigned to worker {doing.worker_id}, not {worker_id}"
                 logger.warning("ignored report: %s", reason)
                 return ReportOutcome(False, reason)
-            del self._doing[task_id]
             task = doing.task
+            if interrupted and not err_message and (records is None or not 0 <= records <= task.records):
+                reason = f"interrupted report for task {task_id} with {records} records (the task has {task.records})"
+                logger.warning("ignored report from worker %d: %s", worker_id, reason)
+                return ReportOutcome(False, reason)
+            del self._doing[task_id]
+            self.seq += 1
+            stats = self.epochs[task.epoch]
             if err_message:
+                stats.records_trained_twice += max(doing.progress, records or 0)
                 self._retry(task, f"worker {worker_id} failed it: {err_message}")
                 return ReportOutcome(True)
-            stats = self.epochs[task.epoch]
+            if interrupted:
+                stats.records_done += records
+                stats.tasks_interrupted += 1
+                if records < task.records and not self._stopped:
+                    rest = Shard(task.shard.path, task.shard.start + records, task.shard.end)
+                    self._todo.appendleft(Task(self._next_id, task.type, rest, task.epoch, task.retries))
+                    self._next_id += 1
+                    logger.info(
+                        "worker %d left task %d after %d of %d records; requeued records %d-%d",
+                        worker_id, task_id, records, task.records, rest.start, rest.end,
+                    )
+                return ReportOutcome(True)
             stats.records_done += task.records if records is None else records
             stats.tasks_done += 1
             return ReportOutcome(True)
+
+    def progress(self, task_id: int, worker_id: int, records_done: int) -> None:
+        """How far a worker got in its task (counted as trained twice if it dies now)."""
+        with self._lock:
+            doing = self._doing.get(task_id)
+            if doing is not None and doing.worker_id == worker_id and 0 <= records_done <= doing.task.records:
+                doing.progress = max(doing.progress, records_done)
 
     def stop(self) -> int:
         """Stop early (EarlyStopping): drop the tasks not started, start no new epoch.
@@ -155,16 +197,20 @@ class TaskManager:
             dropped = len(self._todo)
             self._todo.clear()
             self._stopped = True
+            self.seq += 1
             return dropped
 
     def recover_worker_tasks(self, worker_id: int) -> list[Task]:
         """Put a dead worker's in-progress tasks back at the front of todo."""
         with self._lock:
-            mine = [d.task for d in self._doing.values() if d.worker_id == worker_id]
-            for task in mine:
-                del self._doing[task.task_id]
+            gone = [d for d in self._doing.values() if d.worker_id == worker_id]
+            mine = [d.task for d in gone]
+            self.seq += bool(gone)
+            for doing in gone:
+                del self._doing[doing.task.task_id]
+                self.epochs[doing.task.epoch].records_trained_twice += doing.progress
                 if not self._stopped:
-                    self._todo.appendleft(task)
+                    self._todo.appendleft(doing.task)
             if mine:
                 logger.info("worker %d is gone; requeued tasks %s", worker_id, [t.task_id for t in mine])
             return mine
@@ -206,11 +252,13 @@ class TaskManager:
     def _start_epoch(self, epoch: int) -> None:
         shards = list(self._shards)
         if self._shuffle:
-            self._rng.shuffle(shards)
+            # A fresh generator per epoch: a master resuming from a ledger shuffles the same way.
+            random.Random(f"{self._seed}-{epoch}").shuffle(shards)
         for shard in shards:
             self._todo.append(Task(self._next_id, self._task_type, shard, epoch))
             self._next_id += 1
         self.epochs.append(EpochStats(epoch, sum(s.records for s in shards)))
+        self.seq += 1
 
     def _advance_epoch(self) -> bool:
         if self._stopped or self.epoch + 1 >= self._num_epochs:
@@ -223,7 +271,9 @@ class TaskManager:
         now = self._clock()
         late = [d for d in self._doing.values() if now - d.started > self._task_timeout]
         for doing in late:
+            self.seq += 1
             del self._doing[doing.task.task_id]
+            self.epochs[doing.task.epoch].records_trained_twice += doing.progress
             self._retry(
                 doing.task,
                 f"worker {doing.worker_id} held it longer than --task_timeout={self._task_timeout:g}s",
@@ -243,3 +293,58 @@ class TaskManager:
         stats.tasks_retried += 1
         logger.warning("task %d back to todo (try %d): %s", task.task_id, task.retries + 1, why)
         self._todo.appendleft(task)
+
+
+    # ------------------------------------------------------------ the ledger (etcd)
+
+    def snapshot(self, fingerprint: str = "") -> LedgerSnapshot:
+        """The whole ledger, for the state store (a restarted master resumes from it)."""
+        with self._lock:
+            tasks = [_record(d.task, TaskState.DOING, d.worker_id) for d in self._doing.values()]
+            tasks += [_record(t, TaskState.TODO) for t in self._todo]
+            tasks += [_record(t, TaskState.DROPPED) for e in self.epochs for t in e.dropped]
+            return LedgerSnapshot(
+                seq=self.seq,
+                epoch=self.epoch,
+                num_epochs=self._num_epochs,
+                next_task_id=self._next_id,
+                tasks=tuple(tasks),
+                epochs=tuple(
+                    EpochRecord(e.epoch, e.records_total, e.records_done, e.records_trained_twice,
+                                e.tasks_done, e.tasks_retried)
+                    for e in self.epochs
+                ),
+                task_type=str(self._task_type),
+                job_fingerprint=fingerprint,
+                saved_at=time.time(),
+            )
+
+    def restore(self, snapshot: LedgerSnapshot) -> None:
+        """Continue from a saved ledger: done tasks stay done, in-flight tasks go back to todo."""
+        resumed = snapshot.requeue_in_flight()
+        with self._lock:
+            self._todo.clear()
+            self._doing.clear()
+            self._next_id = resumed.next_task_id
+            self.epochs = [
+                EpochStats(e.epoch, e.records_total, e.records_done, e.tasks_done, e.tasks_retried, 0,
+                           e.records_duplicated)
+                for e in resumed.epochs
+            ]
+            for record in resumed.tasks:
+                task = Task(record.task_id, self._task_type, Shard(record.path, record.start, record.end),
+                            record.epoch, record.retries)
+                if record.state is TaskState.TODO:
+                    self._todo.append(task)
+                elif record.state is TaskState.DROPPED:
+                    self.epochs[record.epoch].dropped.append(task)
+            self.seq = resumed.seq + 1
+        logger.info(
+            "resumed the task ledger: epoch %d of %d, %d tasks to do (%d were in progress)",
+            resumed.epoch + 1, resumed.num_epochs, len(self._todo), len(snapshot.in_state(TaskState.DOING)),
+        )
+
+
+def _record(task: Task, state: TaskState, worker_id: int = -1) -> TaskRecord:
+    return TaskRecord(task.task_id, task.shard.path, task.shard.start, task.shard.end, task.epoch,
+                      task.retries, state, worker_id)

@@ -49,6 +49,16 @@ class MasterStub:
                 request_serializer=elasticdl__pb2.ReportClockRequest.SerializeToString,
                 response_deserializer=elasticdl__pb2.ReportClockResponse.FromString,
                 _registered_method=True)
+        self.report_progress = channel.unary_unary(
+                '/elasticdl.Master/report_progress',
+                request_serializer=elasticdl__pb2.ReportProgressRequest.SerializeToString,
+                response_deserializer=elasticdl__pb2.Empty.FromString,
+                _registered_method=True)
+        self.scale = channel.unary_unary(
+                '/elasticdl.Master/scale',
+                request_serializer=elasticdl__pb2.ScaleRequest.SerializeToString,
+                response_deserializer=elasticdl__pb2.ScaleResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -72,6 +82,18 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def report_progress(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def scale(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -89,6 +111,16 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.report_clock,
                     request_deserializer=elasticdl__pb2.ReportClockRequest.FromString,
                     response_serializer=elasticdl__pb2.ReportClockResponse.SerializeToString,
+            ),
+            'report_progress': grpc.unary_unary_rpc_method_handler(
+                    servicer.report_progress,
+                    request_deserializer=elasticdl__pb2.ReportProgressRequest.FromString,
+                    response_serializer=elasticdl__pb2.Empty.SerializeToString,
+            ),
+            'scale': grpc.unary_unary_rpc_method_handler(
+                    servicer.scale,
+                    request_deserializer=elasticdl__pb2.ScaleRequest.FromString,
+                    response_serializer=elasticdl__pb2.ScaleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -182,6 +214,60 @@ class Master:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def report_progress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticdl.Master/report_progress',
+            elasticdl__pb2.ReportProgressRequest.SerializeToString,
+            elasticdl__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def scale(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticdl.Master/scale',
+            elasticdl__pb2.ScaleRequest.SerializeToString,
+            elasticdl__pb2.ScaleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class PServerStub:
     """Missing associated documentation comment in .proto file."""
@@ -236,6 +322,21 @@ class PServerStub:
                 '/elasticdl.PServer/set_learning_rate',
                 request_serializer=elasticdl__pb2.LearningRate.SerializeToString,
                 response_deserializer=elasticdl__pb2.Empty.FromString,
+                _registered_method=True)
+        self.push_embedding_table_infos = channel.unary_unary(
+                '/elasticdl.PServer/push_embedding_table_infos',
+                request_serializer=elasticdl__pb2.EmbeddingTableInfos.SerializeToString,
+                response_deserializer=elasticdl__pb2.Empty.FromString,
+                _registered_method=True)
+        self.pull_embedding_vectors = channel.unary_unary(
+                '/elasticdl.PServer/pull_embedding_vectors',
+                request_serializer=elasticdl__pb2.PullEmbeddingVectorsRequest.SerializeToString,
+                response_deserializer=elasticdl__pb2.Tensor.FromString,
+                _registered_method=True)
+        self.pull_embedding_table = channel.unary_stream(
+                '/elasticdl.PServer/pull_embedding_table',
+                request_serializer=elasticdl__pb2.PullEmbeddingTableRequest.SerializeToString,
+                response_deserializer=elasticdl__pb2.IndexedRows.FromString,
                 _registered_method=True)
 
 
@@ -296,6 +397,24 @@ class PServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def push_embedding_table_infos(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def pull_embedding_vectors(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def pull_embedding_table(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -343,6 +462,21 @@ def add_PServerServicer_to_server(servicer, server):
                     servicer.set_learning_rate,
                     request_deserializer=elasticdl__pb2.LearningRate.FromString,
                     response_serializer=elasticdl__pb2.Empty.SerializeToString,
+            ),
+            'push_embedding_table_infos': grpc.unary_unary_rpc_method_handler(
+                    servicer.push_embedding_table_infos,
+                    request_deserializer=elasticdl__pb2.EmbeddingTableInfos.FromString,
+                    response_serializer=elasticdl__pb2.Empty.SerializeToString,
+            ),
+            'pull_embedding_vectors': grpc.unary_unary_rpc_method_handler(
+                    servicer.pull_embedding_vectors,
+                    request_deserializer=elasticdl__pb2.PullEmbeddingVectorsRequest.FromString,
+                    response_serializer=elasticdl__pb2.Tensor.SerializeToString,
+            ),
+            'pull_embedding_table': grpc.unary_stream_rpc_method_handler(
+                    servicer.pull_embedding_table,
+                    request_deserializer=elasticdl__pb2.PullEmbeddingTableRequest.FromString,
+                    response_serializer=elasticdl__pb2.IndexedRows.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -588,6 +722,87 @@ class PServer:
             '/elasticdl.PServer/set_learning_rate',
             elasticdl__pb2.LearningRate.SerializeToString,
             elasticdl__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def push_embedding_table_infos(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticdl.PServer/push_embedding_table_infos',
+            elasticdl__pb2.EmbeddingTableInfos.SerializeToString,
+            elasticdl__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def pull_embedding_vectors(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticdl.PServer/pull_embedding_vectors',
+            elasticdl__pb2.PullEmbeddingVectorsRequest.SerializeToString,
+            elasticdl__pb2.Tensor.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def pull_embedding_table(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/elasticdl.PServer/pull_embedding_table',
+            elasticdl__pb2.PullEmbeddingTableRequest.SerializeToString,
+            elasticdl__pb2.IndexedRows.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,19 +3,22 @@
 Each PS writes its own file (atomically: a temp file, then rename). A version directory
 is complete when all ``n`` files are there. Restoring reads every file of a version and
 keeps the variables that hash to this PS, so a job may restart on a different number
-of parameter servers.
+of parameter servers. Embedding tables are saved as their ids, rows and per-row slots;
+restoring keeps the rows whose ``id % num_ps`` is this PS.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from elasticdl.ps.embedding_table import TableInfo
 from elasticdl.sharding import ps_for_variable
 
 _VERSION_DIR = re.compile(r"^version-(\d+)$")
@@ -27,11 +30,22 @@ class CheckpointError(ValueError):
 
 
 @dataclass
+class TableState:
+    """One embedding table's rows on a PS: ids [n], rows [n, dim], slots {name: [n, dim]}."""
+
+    info: TableInfo
+    ids: np.ndarray
+    rows: np.ndarray
+    slots: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
 class ShardState:
     version: int
     step: int
     params: dict[str, np.ndarray]
     slots: dict[str, dict[str, np.ndarray]]
+    embeddings: dict[str, TableState] = field(default_factory=dict)
 
 
 def save_shard(checkpoint_dir: str, ps_id: int, num_ps: int, state: ShardState) -> str:
@@ -45,6 +59,13 @@ def save_shard(checkpoint_dir: str, ps_id: int, num_ps: int, state: ShardState) 
         arrays[f"param:{name}"] = value
         for slot_name, slot in state.slots.get(name, {}).items():
             arrays[f"slot:{slot_name}:{name}"] = slot
+    for name, table in state.embeddings.items():
+        info = {"dim": table.info.dim, "initializer": table.info.initializer}
+        arrays[f"embedding_info:{name}"] = np.array(json.dumps(info, sort_keys=True))
+        arrays[f"embedding_ids:{name}"] = table.ids
+        arrays[f"embedding_rows:{name}"] = table.rows
+        for slot_name, slot in table.slots.items():
+            arrays[f"embedding_slot:{slot_name}:{name}"] = slot
     path = os.path.join(version_dir, f"ps-{ps_id}-of-{num_ps}.npz")
     tmp = path + ".tmp.npz"
     np.savez(tmp, **arrays)
@@ -98,9 +119,12 @@ def load_shard(path: str, ps_id: int, num_ps: int) -> ShardState:
     version_dir = resolve_checkpoint(path)
     params: dict[str, np.ndarray] = {}
     slots: dict[str, dict[str, np.ndarray]] = {}
+    tables: dict[str, list[TableState]] = {}
     version = step = 0
     for _, _, file in sorted(_shard_files(version_dir)):
         with np.load(file) as data:
+            for name, table in _tables_in(data, ps_id, num_ps).items():
+                tables.setdefault(name, []).append(table)
             version = int(data["__version__"])
             step = max(step, int(data["__step__"]))
             for key in data.files:
@@ -111,7 +135,41 @@ def load_shard(path: str, ps_id: int, num_ps: int) -> ShardState:
                     slot_name, _, name = rest.partition(":")
                     if ps_for_variable(name, num_ps) == ps_id:
                         slots.setdefault(name, {})[slot_name] = data[key]
-    return ShardState(version=version, step=step, params=params, slots=slots)
+    embeddings = {name: _concatenate(parts) for name, parts in tables.items()}
+    return ShardState(version=version, step=step, params=params, slots=slots, embeddings=embeddings)
+
+
+def _tables_in(data, ps_id: int, num_ps: int) -> dict[str, TableState]:
+    """The rows of each table in one shard file that belong to PS ``ps_id`` of ``num_ps``."""
+    found: dict[str, TableState] = {}
+    masks: dict[str, np.ndarray] = {}
+    for key in data.files:
+        kind, _, name = key.partition(":")
+        if kind == "embedding_info":
+            info = json.loads(str(data[key]))
+            ids = data[f"embedding_ids:{name}"]
+            masks[name] = mine = ids % num_ps == ps_id
+            found[name] = TableState(
+                TableInfo(name, int(info["dim"]), info["initializer"]), ids[mine], data[f"embedding_rows:{name}"][mine]
+            )
+    for key in data.files:
+        kind, _, rest = key.partition(":")
+        if kind == "embedding_slot":
+            slot_name, _, name = rest.partition(":")
+            found[name].slots[slot_name] = data[key][masks[name]]
+    return found
+
+
+def _concatenate(parts: list[TableState]) -> TableState:
+    if len(parts) == 1:
+        return parts[0]
+    slot_names = set.intersection(*(set(p.slots) for p in parts))
+    return TableState(
+        parts[0].info,
+        np.concatenate([p.ids for p in parts]),
+        np.concatenate([p.rows for p in parts]),
+        {s: np.concatenate([p.slots[s] for p in parts]) for s in slot_names},
+    )
 
 
 def prune(checkpoint_dir: str, keep_max: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -11,7 +12,7 @@ import threading
 
 from elasticdl.backends.child import die_with_parent
 from elasticdl.config import JobConfig
-from elasticdl.grpc_utils import bind_local, make_server
+from elasticdl.grpc_utils import bind_role, make_server
 from elasticdl.logs import configure_logging
 from elasticdl.proto import elasticdl_pb2_grpc
 from elasticdl.ps.optimizers import OptimizerSpec, make_optimizer
@@ -45,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ps_id", type=int, required=True)
     parser.add_argument("--port", type=int, default=0, help="0: any free port")
     parser.add_argument("--ready_file", default="", help="write the bound port here once serving")
+    parser.add_argument(
+        "--restore_from", default="", help="a relaunched PS: restore its shard from this checkpoint dir"
+    )
     args = parser.parse_args(argv)
 
     with open(args.job_config) as f:
@@ -53,14 +57,28 @@ def main(argv: list[str] | None = None) -> int:
         spec = OptimizerSpec.from_json_dict(json.load(f))
     configure_logging(config.logging_level, f"ps-{args.ps_id}")
 
-    core = ParameterServer(settings_from_config(config, args.ps_id), make_optimizer(spec))
+    settings = settings_from_config(config, args.ps_id)
+    if args.restore_from:
+        settings = dataclasses.replace(settings, checkpoint_dir_for_init=args.restore_from)
+    core = ParameterServer(settings, make_optimizer(spec))
     core.restore()
     server = make_server()
     elasticdl_pb2_grpc.add_PServerServicer_to_server(PServerServicer(core), server)
-    port = bind_local(server, args.port)
+    port = bind_role(server, args.port)
     server.start()
     logger.info("serving on 127.0.0.1:%d (%s, %s)", port, spec.name,
                 config.consistency_description)
+    registration = None
+    if config.etcd_endpoints:
+        # Registered with a lease: the address disappears from etcd when this PS does.
+        from elasticdl.master.state_store import EtcdStateStore, StateStoreError
+
+        try:
+            registration = EtcdStateStore(config.etcd_endpoints, config.job_name).publish_address(
+                "ps", args.ps_id, f"127.0.0.1:{port}"
+            )
+        except StateStoreError as err:
+            logger.warning("could not register this PS in etcd (training goes on): %s", err)
     if args.ready_file:
         tmp = args.ready_file + ".tmp"
         with open(tmp, "w") as f:
@@ -72,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     stop.wait()
     server.stop(grace=2).wait()
+    if registration is not None:
+        registration.revoke()
     logger.info("stopped at version %d", core.shard.version)
     return 0
 

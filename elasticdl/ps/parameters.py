@@ -1,4 +1,4 @@
-"""One PS shard of the model: dense variables, their optimizer slots, and the model version."""
+"""One PS shard of the model: dense variables, embedding tables, optimizer slots, the model version."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from elasticdl.ps.embedding_table import EmbeddingError, EmbeddingTable, IndexedRows, TableInfo, check_rows
 from elasticdl.ps.optimizers import Optimizer
 
 
@@ -22,6 +23,10 @@ class ParameterShard:
     # Optimizer applies so far (Keras's `iterations`); Adam's bias correction needs it.
     step: int = 0
     initialized: bool = False
+    # Embedding tables: this PS holds the rows whose id % num_ps == ps_id.
+    embeddings: dict[str, EmbeddingTable] = field(default_factory=dict)
+    ps_id: int = 0
+    num_ps: int = 1
 
     def initialize(self, params: dict[str, np.ndarray], version: int = 0) -> bool:
         """Take the first model pushed to this shard; later pushes are ignored (False)."""
@@ -33,11 +38,35 @@ class ParameterShard:
         self.initialized = True
         return True
 
-    def check_gradients(self, grads: dict[str, np.ndarray]) -> None:
-        """Raise GradientError naming the first gradient that does not fit this shard."""
+    def add_tables(self, infos: list[TableInfo]) -> list[str]:
+        """Create the tables not held yet (names returned); a known name must keep its dim."""
+        for info in infos:
+            held = self.embeddings.get(info.name)
+            if held is not None and held.dim != info.dim:
+                raise EmbeddingError(
+                    f"embedding table {info.name!r} has rows of width {held.dim} on the parameter server, "
+                    f"the model's layer has {info.dim}: was the model changed since the checkpoint was made?"
+                )
+        added = [info for info in infos if info.name not in self.embeddings]
+        for info in added:
+            self.embeddings[info.name] = EmbeddingTable(info, self.optimizer)
+        return [info.name for info in added]
+
+    def table(self, name: str) -> EmbeddingTable:
+        table = self.embeddings.get(name)
+        if table is None:
+            known = ", ".join(sorted(self.embeddings)) or "none"
+            raise EmbeddingError(f"unknown embedding table {name!r} (this PS holds: {known})")
+        return table
+
+    def check_gradients(self, grads: dict[str, np.ndarray | IndexedRows]) -> None:
+        """Raise GradientError (EmbeddingError for rows) naming the first gradient that does not fit."""
         if not self.initialized:
             raise GradientError("the parameter server holds no model yet; push the model first")
         for name, grad in grads.items():
+            if isinstance(grad, IndexedRows):
+                check_rows(name, grad, self.table(name).dim, self.ps_id, self.num_ps)
+                continue
             param = self.params.get(name)
             if param is None:
                 raise GradientError(f"unknown variable {name!r}: this PS does not hold it")
@@ -54,6 +83,9 @@ class ParameterShard:
         """One optimizer step over the given gradients; the version goes up by one."""
         self.step += 1
         for name, grad in grads.items():
+            if isinstance(grad, IndexedRows):
+                self.embeddings[name].apply(grad.deduplicated(), self.step, learning_rate)
+                continue
             self.optimizer.apply(
                 self.params[name],
                 np.asarray(grad, dtype=np.float32),

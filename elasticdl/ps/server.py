@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from elasticdl.ps import checkpoint
+from elasticdl.ps.embedding_table import EmbeddingError, FrozenTable, TableInfo, check_ids
 from elasticdl.ps.optimizers import Optimizer
 from elasticdl.ps.parameters import GradientError, ParameterShard
 from elasticdl.ps.strategies import (
@@ -53,12 +54,13 @@ def make_updating_strategy(settings: PSSettings) -> GradientUpdatingStrategy:
 class ParameterServer:
     def __init__(self, settings: PSSettings, optimizer: Optimizer):
         self.settings = settings
-        self.shard = ParameterShard(optimizer)
+        self.shard = ParameterShard(optimizer, ps_id=settings.ps_id, num_ps=settings.num_ps)
         self.strategy = make_updating_strategy(settings)
         self._lock = threading.Lock()
         self._version_changed = threading.Condition(self._lock)
         self._last_checkpoint_version = -1
         self._snapshots: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
+        self._table_snapshots: dict[int, dict[str, FrozenTable]] = {}
         self._learning_rate: float | None = None  # set by the master (a LearningRateScheduler)
 
     def restore(self) -> None:
@@ -73,10 +75,15 @@ class ParameterServer:
             self.shard.step = state.step
             for name, slots in state.slots.items():
                 self.shard.slots[name].update(slots)
+            self.shard.add_tables([table.info for table in state.embeddings.values()])
+            for name, table in state.embeddings.items():
+                self.shard.embeddings[name].load(table.ids, table.rows, table.slots)
         logger.info(
             "restored %d variables at version %d from %s",
             len(state.params), state.version, self.settings.checkpoint_dir_for_init,
         )
+        for name, table in state.embeddings.items():
+            logger.info("restored %d rows of embedding table %s", len(table.ids), name)
 
     def push_model(self, params: dict[str, np.ndarray], version: int = 0) -> tuple[bool, int]:
         with self._lock:
@@ -90,11 +97,46 @@ class ParameterServer:
         with self._lock:
             params = {n: v.copy() for n, v in self.shard.params.items()}
             self._snapshots[snapshot_id] = (self.shard.version, params)
+            self._table_snapshots[snapshot_id] = {n: t.frozen() for n, t in self.shard.embeddings.items()}
             return self.shard.version
 
     def drop_snapshot(self, snapshot_id: int) -> None:
         with self._lock:
             self._snapshots.pop(snapshot_id, None)
+            self._table_snapshots.pop(snapshot_id, None)
+
+    # ------------------------------------------------------------ embedding tables
+
+    def push_embedding_table_infos(self, infos: list[TableInfo]) -> None:
+        """Create the model's tables (idempotent; a table restored from a checkpoint keeps its rows)."""
+        with self._lock:
+            for name in self.shard.add_tables(infos):
+                logger.info("embedding table %s (dim %d)", name, self.shard.embeddings[name].dim)
+
+    def lookup_embeddings(self, name: str, ids: np.ndarray, create: bool, snapshot_id: int = 0) -> np.ndarray:
+        """Rows of ``ids`` in table ``name``: unseen ids are initialized when ``create`` (training),
+        else read as zero rows. With ``snapshot_id`` the rows of that evaluation snapshot."""
+        with self._lock:
+            table = self.shard.table(name)
+            check_ids(name, ids, self.settings.ps_id, self.settings.num_ps)
+            if snapshot_id > 0:
+                frozen = self._table_snapshots.get(snapshot_id)
+                if frozen is None:
+                    raise KeyError(f"no snapshot {snapshot_id} on this PS (already dropped?)")
+                if name not in frozen:  # a table made after the snapshot: nothing trained yet
+                    return np.zeros((ids.size, table.dim), np.float32)
+                return frozen[name].lookup(ids)
+            return table.lookup(ids, create)
+
+    def embedding_table(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, rows): every row of table ``name`` this PS holds (a copy, for export)."""
+        with self._lock:
+            ids, rows, _ = self.shard.table(name).state()
+            return ids, rows
+
+    def embedding_tables(self) -> list[TableInfo]:
+        with self._lock:
+            return [t.info for t in self.shard.embeddings.values()]
 
     def pull_snapshot(self, snapshot_id: int) -> tuple[bool, int, dict[str, np.ndarray]]:
         with self._lock:
@@ -132,6 +174,10 @@ class ParameterServer:
         with self._lock:
             try:
                 self.shard.check_gradients(grads)
+            except EmbeddingError as err:  # bad ids or rows: the servicer answers INVALID_ARGUMENT
+                logger.warning("rejected push: %s", err)
+                self.strategy.telemetry.pushes_rejected_invalid += 1
+                raise
             except GradientError as err:
                 logger.warning("rejected push: %s", err)
                 self.strategy.telemetry.pushes_rejected_invalid += 1
@@ -200,8 +246,12 @@ class ParameterServer:
         return f"{self.settings.checkpoint_dir}/version-{version}"
 
     def _save_locked(self) -> str:
+        tables = {}
+        for name, table in self.shard.embeddings.items():
+            ids, rows, slots = table.state()
+            tables[name] = checkpoint.TableState(table.info, ids, rows, slots)
         state = checkpoint.ShardState(
-            self.shard.version, self.shard.step, self.shard.params, self.shard.slots
+            self.shard.version, self.shard.step, self.shard.params, self.shard.slots, tables
         )
         checkpoint.save_shard(self.settings.checkpoint_dir, self.settings.ps_id, self.settings.num_ps, state)
         checkpoint.prune(self.settings.checkpoint_dir, self.settings.keep_checkpoint_max)

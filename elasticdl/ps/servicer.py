@@ -6,7 +6,11 @@ import grpc
 
 from elasticdl import tensor_codec
 from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
+from elasticdl.ps.embedding_table import EmbeddingError, IndexedRows, TableInfo
 from elasticdl.ps.server import ParameterServer
+
+# Exported tables stream in chunks of about this many bytes (gRPC moves small messages faster).
+TABLE_CHUNK_BYTES = 4 * 1024 * 1024
 
 
 class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
@@ -36,8 +40,15 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
 
     def push_gradients(self, request, context):
         grads = _decode_or_abort(request.gradients, context)
+        for rows in request.embedding_gradients:
+            if rows.name in grads:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{rows.name!r} appears twice in one push")
+            grads[rows.name] = _decode_rows_or_abort(rows, context)
         lr = request.learning_rate if request.learning_rate > 0 else None
-        result = self._server.push_gradients(grads, request.version, lr)
+        try:
+            result = self._server.push_gradients(grads, request.version, lr)
+        except EmbeddingError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         return elasticdl_pb2.PushGradientsResponse(
             accepted=result.accepted, version=result.version, reason=result.reason, applied=result.applied
         )
@@ -58,6 +69,40 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         self._server.set_learning_rate(request.value if request.value > 0 else None)
         return elasticdl_pb2.Empty()
 
+    def push_embedding_table_infos(self, request, context):
+        try:
+            infos = [TableInfo.from_json(t.name, t.dim, t.initializer) for t in request.tables]
+            self._server.push_embedding_table_infos(infos)
+        except EmbeddingError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        return elasticdl_pb2.Empty()
+
+    def pull_embedding_vectors(self, request, context):
+        try:
+            ids = tensor_codec.decode(request.ids)
+        except tensor_codec.TensorDecodeError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"embedding table {request.name!r}: {err}")
+        try:
+            rows = self._server.lookup_embeddings(request.name, ids, request.create, request.snapshot_id)
+        except EmbeddingError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except KeyError as err:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(err.args[0]))
+        return tensor_codec.encode(request.name, rows)
+
+    def pull_embedding_table(self, request, context):
+        try:
+            ids, rows = self._server.embedding_table(request.name)
+        except EmbeddingError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        step = request.rows_per_chunk or max(1, TABLE_CHUNK_BYTES // (4 * rows.shape[1] + 8))
+        for start in range(0, max(len(ids), 1), step):
+            yield elasticdl_pb2.IndexedRows(
+                name=request.name,
+                ids=tensor_codec.encode("ids", ids[start:start + step]),
+                values=tensor_codec.encode("values", rows[start:start + step]),
+            )
+
     def set_live_workers(self, request, context):
         self._server.set_live_workers(request.count)
         return elasticdl_pb2.Empty()
@@ -75,6 +120,13 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
             ],
             grads_to_wait=grads_to_wait,
         )
+
+
+def _decode_rows_or_abort(message, context) -> IndexedRows:
+    try:
+        return IndexedRows(tensor_codec.decode(message.ids), tensor_codec.decode(message.values))
+    except tensor_codec.TensorDecodeError as err:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"embedding table {message.name!r}: {err}")
 
 
 def _decode_or_abort(tensors, context, writable: bool = False):

@@ -9,6 +9,9 @@ recomputes. When fewer workers than ``grads_to_wait`` hold a task, the master sa
 
 Staleness of a gradient = the PS version when it arrives - the version it was computed
 on. With ``lr_staleness_modulation`` its learning rate is divided by max(1, staleness).
+
+Embedding-row gradients (``IndexedRows``) are averaged like dense ones: the rows of all
+pushes of a version are summed per id, then divided by the number of pushes.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from elasticdl.ps.embedding_table import IndexedRows, RowGradientSum
 from elasticdl.ps.parameters import ParameterShard
 
 # Per-version telemetry kept for this many recent versions (totals are kept for all).
@@ -114,7 +118,7 @@ class AverageUpdatingStrategy(GradientUpdatingStrategy):
         self.configured_grads_to_wait = grads_to_wait
         self.effective_grads_to_wait = grads_to_wait
         self.version_tolerance = version_tolerance
-        self._sums: dict[str, np.ndarray] = {}
+        self._sums: dict[str, np.ndarray | RowGradientSum] = {}
         self._count = 0
         self._learning_rate: float | None = None
 
@@ -134,6 +138,9 @@ class AverageUpdatingStrategy(GradientUpdatingStrategy):
             )
         scale = np.float32(self._staleness_scale(staleness))
         for name, grad in grads.items():
+            if isinstance(grad, IndexedRows):
+                self._sums.setdefault(name, RowGradientSum()).add(grad, scale)
+                continue
             acc = self._sums.get(name)
             if acc is None:
                 self._sums[name] = np.array(grad, dtype=np.float32) * scale
@@ -159,8 +166,11 @@ class AverageUpdatingStrategy(GradientUpdatingStrategy):
         if self._count == 0 or self._count < self.effective_grads_to_wait:
             return False
         inverse = np.float32(1.0 / self._count)
-        for acc in self._sums.values():
-            acc *= inverse
+        for name, acc in self._sums.items():
+            if isinstance(acc, RowGradientSum):
+                self._sums[name] = acc.mean(self._count)
+            else:
+                acc *= inverse
         shard.apply(self._sums, self._learning_rate)
         self._sums, self._count, self._learning_rate = {}, 0, None
         return True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 
 from elasticdl.backends.child import die_with_parent
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     worker = Worker(
         worker_id=args.worker_id,
         spec=spec,
-        trainer=Trainer(spec, config.model_params_dict),
+        trainer=Trainer(spec, config.model_params_dict, config.embedding_swap_threshold_mb),
         master=MasterClient(args.master_addr, args.worker_id),
         ps=PSClient(args.ps_addrs.split(",")),
         minibatch_size=config.minibatch_size,
@@ -51,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         prediction_outputs=config.prediction_outputs,
         may_initialize_ps=args.command == "train",
     )
+    # Preemption is a scale-down, not a failure: finish the batch, report, leave (exit 0).
+    signal.signal(signal.SIGTERM, lambda *_: worker.request_stop())
     worker.run()
     return 0
 

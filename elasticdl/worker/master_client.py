@@ -55,6 +55,7 @@ class MasterClient:
         batches: int = 0,
         model_version: int = 0,
         metric_states: dict | None = None,
+        interrupted: bool = False,
     ) -> bool:
         reply = self._stub.report_task_result(
             elasticdl_pb2.ReportTaskResultRequest(
@@ -66,6 +67,7 @@ class MasterClient:
                 batches=batches,
                 model_version=model_version,
                 metric_states=tensor_codec.encode_dict(metric_states or {}),
+                interrupted=interrupted,
             )
         )
         return reply.accepted
@@ -81,3 +83,9 @@ class MasterClient:
             )
         )
         return reply.clock, reply.slowest_clock
+
+    def report_progress(self, task_id: int, records_done: int) -> None:
+        """Fire and forget: how far the current task got (if we die, the master knows)."""
+        self._stub.report_progress.future(
+            elasticdl_pb2.ReportProgressRequest(worker_id=self.worker_id, task_id=task_id, records_done=records_done)
+        )

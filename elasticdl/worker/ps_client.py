@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import grpc
 import numpy as np
 
 from elasticdl import tensor_codec
 from elasticdl.grpc_utils import make_channel, wait_for_channel
 from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
-from elasticdl.sharding import ps_for_variable
+from elasticdl.ps.embedding_table import EmbeddingError, IndexedRows, TableInfo
+from elasticdl.sharding import partition_ids, ps_for_variable
 
 
 @dataclass(frozen=True)
@@ -51,10 +53,16 @@ class PSClient:
     def num_ps(self) -> int:
         return len(self._stubs)
 
-    def split(self, arrays: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
-        parts: list[dict[str, np.ndarray]] = [{} for _ in self._stubs]
+    def split(self, arrays: dict[str, np.ndarray | IndexedRows]) -> list[dict[str, np.ndarray | IndexedRows]]:
+        """Dense arrays by name hash; embedding rows (IndexedRows) by id % num_ps."""
+        parts: list[dict] = [{} for _ in self._stubs]
         for name, value in arrays.items():
-            parts[ps_for_variable(name, self.num_ps)][name] = value
+            if isinstance(value, IndexedRows):
+                for ps, positions in enumerate(partition_ids(value.ids, self.num_ps)):
+                    if positions.size:
+                        parts[ps][name] = IndexedRows(value.ids[positions], value.values[positions])
+            else:
+                parts[ps_for_variable(name, self.num_ps)][name] = value
         return parts
 
     def pull(
@@ -101,16 +109,67 @@ class PSClient:
                     worker_id=worker_id,
                     version=versions[ps],
                     learning_rate=learning_rate,
-                    gradients=tensor_codec.encode_dict(part),
+                    gradients=tensor_codec.encode_dict(
+                        {n: v for n, v in part.items() if not isinstance(v, IndexedRows)}
+                    ),
+                    embedding_gradients=[
+                        _encode_rows(n, v) for n, v in part.items() if isinstance(v, IndexedRows)
+                    ],
                 )
             )
             for ps, part in grads_by_ps.items()
         }
         answers = {}
         for ps, future in futures.items():
-            reply = future.result()
+            reply = _result(future)
             answers[ps] = PushAnswer(reply.accepted, reply.version, reply.reason, reply.applied)
         return answers
+
+    # ------------------------------------------------------------ embedding tables
+
+    def push_embedding_table_infos(self, infos: list[TableInfo]) -> None:
+        """Tell every PS the model's tables (each holds the rows of its ids)."""
+        message = elasticdl_pb2.EmbeddingTableInfos(
+            tables=[elasticdl_pb2.EmbeddingTableInfo(name=i.name, dim=i.dim, initializer=i.to_json()) for i in infos]
+        )
+        for future in [s.push_embedding_table_infos.future(message) for s in self._stubs]:
+            _result(future)
+
+    def lookup(self, name: str, ids: np.ndarray, create: bool, snapshot_id: int = 0) -> np.ndarray:
+        """Rows of ``ids`` (int64 [n]) in table ``name``, each from the PS holding it, in parallel."""
+        ids = np.asarray(ids)
+        groups = partition_ids(ids, self.num_ps)
+        futures = [
+            (positions, self._stubs[ps].pull_embedding_vectors.future(
+                elasticdl_pb2.PullEmbeddingVectorsRequest(
+                    name=name, ids=tensor_codec.encode("ids", ids[positions]), create=create,
+                    snapshot_id=snapshot_id,
+                )
+            ))
+            for ps, positions in enumerate(groups)
+            if positions.size
+        ]
+        if len(futures) == 1 and futures[0][0].size == ids.size:
+            return tensor_codec.decode(_result(futures[0][1]))
+        out = None
+        for positions, future in futures:
+            rows = tensor_codec.decode(_result(future))
+            if out is None:
+                out = np.empty((ids.size, rows.shape[1]), np.float32)
+            out[positions] = rows
+        return out if out is not None else np.zeros((0, 0), np.float32)
+
+    def pull_embedding_table(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, rows): the whole table gathered from every PS (streamed in chunks)."""
+        ids, rows = [], []
+        for stub in self._stubs:
+            try:
+                for chunk in stub.pull_embedding_table(elasticdl_pb2.PullEmbeddingTableRequest(name=name)):
+                    ids.append(tensor_codec.decode(chunk.ids))
+                    rows.append(tensor_codec.decode(chunk.values))
+            except grpc.RpcError as err:
+                raise _translate(err) from None
+        return np.concatenate(ids), np.concatenate(rows)
 
     def save_checkpoint(self) -> list[str]:
         futures = [s.save_checkpoint.future(elasticdl_pb2.SaveCheckpointRequest()) for s in self._stubs]
@@ -163,3 +222,25 @@ class PSClient:
             )
             for r in (f.result() for f in futures)
         ]
+
+
+def _encode_rows(name: str, rows: IndexedRows) -> elasticdl_pb2.IndexedRows:
+    return elasticdl_pb2.IndexedRows(
+        name=name,
+        ids=tensor_codec.encode("ids", np.asarray(rows.ids, np.int64)),
+        values=tensor_codec.encode("values", np.asarray(rows.values, np.float32)),
+    )
+
+
+def _translate(err: grpc.RpcError) -> Exception:
+    if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
+        return EmbeddingError(f"the parameter server refused it: {err.details()}")
+    return err
+
+
+def _result(future):
+    """A call's reply; INVALID_ARGUMENT (bad embedding input) becomes EmbeddingError."""
+    try:
+        return future.result()
+    except grpc.RpcError as err:
+        raise _translate(err) from None

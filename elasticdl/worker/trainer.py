@@ -8,8 +8,11 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from elasticdl.layers.backends import EmbeddingTables, FrozenTables, recording, use_embedding_backend
+from elasticdl.layers.swap import DEFAULT_THRESHOLD_MB, swap_large_embeddings, threshold_bytes
 from elasticdl.mode import Mode
 from elasticdl.model_spec import DatasetMetadata, ModelSpec, ModelSpecError
+from elasticdl.ps.embedding_table import IndexedRows
 
 
 def make_dataset(
@@ -31,25 +34,47 @@ def make_dataset(
 
 
 class Trainer:
-    """A model built from the model zoo, with parameters set from and gradients sent to the PS."""
+    """A model built from the model zoo, with parameters set from and gradients sent to the PS.
 
-    def __init__(self, spec: ModelSpec, model_params: dict[str, Any]):
+    Its ``elasticdl.layers.Embedding`` layers (and Keras Embeddings larger than
+    ``embedding_swap_threshold_mb``, swapped for them) read rows from ``self.embeddings``:
+    in-process tables until ``connect(ps_client)``, or a frozen ``embedding_source`` (export).
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        model_params: dict[str, Any],
+        embedding_swap_threshold_mb: float = DEFAULT_THRESHOLD_MB,
+        embedding_source: Any = None,
+    ):
         self.spec = spec
-        self.model = spec.build_model(model_params)
+        self.model_params = model_params
+        self.embedding_swap_threshold_mb = embedding_swap_threshold_mb
+        self.embeddings = EmbeddingTables(embedding_source)
+        with use_embedding_backend(self.embeddings), swap_large_embeddings(threshold_bytes(embedding_swap_threshold_mb)):
+            self.model = spec.build_model(model_params)
         self.variables: dict[str, tf.Variable] = {}
+        self._built = False
+        self._sample_features = None
         self._local_optimizer = None
         self._train_step = tf.function(self._train_step_eager, reduce_retracing=True)
 
     @property
     def built(self) -> bool:
-        return bool(self.variables)
+        return self._built
+
+    def connect(self, ps_client) -> None:
+        """Embedding rows come from (and row gradients go to) the parameter servers from now on."""
+        self.embeddings.use(ps_client)
 
     def ensure_built(self, features: Any) -> None:
         """Create the variables by calling the model once (subclassed models need a batch)."""
         if self.built:
             return
         if not self.model.built or not self.model.trainable_variables:
-            self.model(features, training=False)
+            with use_embedding_backend(self.embeddings):
+                self.model(features, training=False)
         variables = {}
         for var in self.model.trainable_variables:
             if var.path in variables:
@@ -58,9 +83,11 @@ class Trainer:
                     "give the layers distinct names."
                 )
             variables[var.path] = var
-        if not variables:
+        if not variables and not self.embeddings.infos:
             raise ModelSpecError(f"{self.spec.module_path}: the model has no trainable variables.")
         self.variables = variables
+        self._sample_features = features
+        self._built = True
 
     def get_params(self) -> dict[str, np.ndarray]:
         return {name: var.numpy() for name, var in self.variables.items()}
@@ -85,18 +112,34 @@ class Trainer:
             [(tf.convert_to_tensor(grads[name]), var) for name, var in self.variables.items() if name in grads]
         )
 
-    def compute_gradients(self, features: Any, labels: Any) -> tuple[float, dict[str, np.ndarray]]:
-        loss, grads = self._train_step(features, labels)
+    def compute_gradients(self, features: Any, labels: Any) -> tuple[float, dict[str, np.ndarray | IndexedRows]]:
+        """The loss and the gradients: dense arrays by variable path, ``IndexedRows`` by table name."""
+        loss, grads, rows = self._train_step(features, labels)
         names = list(self.variables)
-        return float(loss), {
+        out: dict[str, np.ndarray | IndexedRows] = {
             name: grad.numpy() for name, grad in zip(names, grads) if grad is not None
         }
+        for table, (ids, values) in rows.items():
+            out[table] = IndexedRows(ids.numpy(), values.numpy())
+        return float(loss), out
+
+    def serving_model(self, fetch_table):
+        """The model with each embedding table pulled in whole (``fetch_table(name) -> (ids, rows)``),
+        so it runs (and exports) without parameter servers; the model itself when it has no tables."""
+        if not self.embeddings.infos:
+            return self.model
+        serving = Trainer(self.spec, self.model_params, self.embedding_swap_threshold_mb, FrozenTables(fetch_table))
+        serving.ensure_built(self._sample_features)
+        serving.set_params(self.get_params())
+        return serving.model
 
     def _train_step_eager(self, features, labels):
-        with tf.GradientTape() as tape:
+        with tf.GradientTape() as tape, recording(tape) as recorder:
             predictions = self.model(features, training=True)
             loss = self.spec.loss(labels, predictions)
             if self.model.losses:
                 loss += tf.add_n(self.model.losses)
-        grads = tape.gradient(loss, list(self.variables.values()))
-        return loss, [tf.convert_to_tensor(g) if g is not None else None for g in grads]
+        variables = list(self.variables.values())
+        grads = tape.gradient(loss, variables + recorder.sources)
+        dense = [tf.convert_to_tensor(g) if g is not None else None for g in grads[: len(variables)]]
+        return loss, dense, recorder.row_gradients(grads[len(variables):])

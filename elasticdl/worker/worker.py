@@ -6,6 +6,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+import grpc
 import numpy as np
 
 from elasticdl.data.sources import read_records, record_format
@@ -14,6 +15,7 @@ from elasticdl.model_spec import DatasetMetadata, ModelSpec
 from elasticdl.worker.master_client import MasterClient, TaskOrder
 from elasticdl.worker.ps_client import PSClient
 from elasticdl.worker.staleness import StalenessStrategy
+from elasticdl.worker.task_data import batches_with_progress, chunked_batches
 from elasticdl.worker.trainer import Trainer, make_dataset
 
 logger = logging.getLogger(__name__)
@@ -24,6 +26,8 @@ MAX_PUSH_TRIES = 64
 # A sync worker waits this long for the others' gradients before it computes again on
 # the same version (a safety net: the master lowers grads_to_wait when workers leave).
 SYNC_WAIT_SECONDS = 30.0
+# How long a worker keeps retrying while a parameter server is down (being relaunched).
+PS_RECONNECT_SECONDS = 120.0
 
 
 @dataclass
@@ -32,6 +36,7 @@ class TaskResult:
     loss_sum: float = 0.0
     batches: int = 0
     metric_states: dict | None = None
+    interrupted: bool = False  # left before the end: `records` is the trained prefix
 
 
 class Worker:
@@ -52,6 +57,7 @@ class Worker:
         self.worker_id = worker_id
         self.spec = spec
         self.trainer = trainer
+        self.trainer.connect(ps)  # embedding rows come from the parameter servers
         self.master = master
         self.ps = ps
         self.minibatch_size = minibatch_size
@@ -62,6 +68,8 @@ class Worker:
         # Only a training job may give the PS a fresh model; evaluate/predict need a checkpoint.
         self.may_initialize_ps = may_initialize_ps
         self._processor = None  # the model zoo's PredictionOutputsProcessor, made on first use
+        self.stop_requested = False
+        self._task_progress = 0  # records of the current training task trained so far
         self.versions = [-1] * ps.num_ps  # the version of each PS shard we hold
         self.batches_trained = 0
         self.clock = 0  # batches pushed (stale-synchronous parallel)
@@ -76,7 +84,7 @@ class Worker:
             "evaluation": self.evaluate_task,
             "prediction": self.predict_task,
         }
-        while True:
+        while not self.stop_requested:
             order = self.master.get_task()
             if order.kind == "end":
                 logger.info("no more tasks; %d batches trained", self.batches_trained)
@@ -84,16 +92,22 @@ class Worker:
             if order.kind == "wait":
                 time.sleep(self.wait_seconds)
                 continue
+            self._task_progress = 0
             try:
                 result = handlers[order.kind](order)
             except Exception as err:  # report it: the master retries or drops the task
                 logger.exception("%s task %d failed", order.kind, order.task_id)
-                self.master.report(order.task_id, 0, f"{type(err).__name__}: {err}")
+                self.master.report(order.task_id, self._task_progress, f"{type(err).__name__}: {err}")
                 continue
             self.master.report(
                 order.task_id, result.records, "", result.loss_sum, result.batches, self.model_version,
-                result.metric_states,
+                result.metric_states, interrupted=result.interrupted,
             )
+        logger.info("left the job as asked (preemption); %d batches trained", self.batches_trained)
+
+    def request_stop(self) -> None:
+        """SIGTERM: finish the current batch, report how far the task got, and leave."""
+        self.stop_requested = True
 
     @property
     def model_version(self) -> int:
@@ -111,7 +125,9 @@ class Worker:
             self._initialize_ps()
         for pulled in self.ps.pull_snapshot(order.snapshot_id):
             self.trainer.set_params(pulled.params)
+        self.trainer.embeddings.snapshot_id = order.snapshot_id  # lookups read the same snapshot
         self.versions = [-1] * self.ps.num_ps
+        self.steps_since_pull = self.staleness.get_model_steps  # the next training batch pulls first
 
     def _use_latest(self, features) -> None:
         if not self.trainer.built:
@@ -133,20 +149,21 @@ class Worker:
                 loaded = True
             metrics.update(labels, self.trainer.model(features, training=False))
             result.records += _batch_size(labels)
-            result.batches += 1
         result.metric_states = metrics.states()
         return result
 
     def predict_task(self, order: TaskOrder) -> TaskResult:
         from elasticdl import prediction
 
-        result = TaskResult()
+        result = TaskResult()  # no loss, no batches: they would show up as a training loss
         outputs = []
+        first = True
         for features in self._dataset(order, Mode.PREDICTION):
             if isinstance(features, tuple) and len(features) == 2:
                 features = features[0]  # a dataset_fn that yields labels in prediction mode too
-            if not result.batches:
+            if first:
                 self._use_latest(features)
+                first = False
             predictions = self.trainer.model(features, training=False)
             if self.spec.prediction_outputs_processor is not None:
                 if self._processor is None:
@@ -155,22 +172,46 @@ class Worker:
             else:
                 outputs.append(_to_numpy(predictions))
             result.records += _batch_size(predictions)
-            result.batches += 1
         if self.spec.prediction_outputs_processor is None:
             prediction.write_part(self.prediction_outputs, order.path, order.start, outputs)
         return result
 
     def train_task(self, order: TaskOrder) -> TaskResult:
-        dataset = self._dataset(order, Mode.TRAINING)
+        records = list(read_records(order.path, order.start, order.end, self.has_header))
+        dataset = chunked_batches(
+            self.spec, records, Mode.TRAINING, DatasetMetadata(record_format(order.path)), self.minibatch_size
+        )
         result = TaskResult()
-        for features, labels in dataset:
-            loss = self.train_batch(features, labels)
-            result.records += _batch_size(labels)
-            result.loss_sum += loss
+        self._task_progress = 0
+        for (features, labels), done in batches_with_progress(dataset, len(records), self.minibatch_size):
+            result.loss_sum += self.train_batch(features, labels)
             result.batches += 1
+            if done != self._task_progress:
+                self._task_progress = done
+                self.master.report_progress(order.task_id, done)  # not awaited
+            if self.stop_requested and done < len(records):
+                result.interrupted = True  # the master requeues records [done, end)
+                break
+        result.records = self._task_progress
         return result
 
     def train_batch(self, features, labels) -> float:
+        """Train one batch; rides out a parameter server restart (it comes back on its address)."""
+        deadline, pause = time.monotonic() + PS_RECONNECT_SECONDS, 0.2
+        while True:
+            try:
+                return self._train_batch_once(features, labels)
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise
+                logger.warning("a parameter server is unreachable (%s); retrying", err.details())
+                time.sleep(pause)
+                pause = min(pause * 2, 2.0)
+                # It may come back older (from a checkpoint) or empty: pull everything again.
+                self.versions = [-1] * self.ps.num_ps
+                self._awaiting_update = [False] * self.ps.num_ps
+
+    def _train_batch_once(self, features, labels) -> float:
         if not self.trainer.built:
             self.trainer.ensure_built(features)
             self._initialize_ps()
@@ -231,6 +272,8 @@ class Worker:
             accepted = self.ps.push_model(self.trainer.get_params())
             if any(accepted):
                 logger.info("initialized the parameter servers with this worker's model")
+        if self.trainer.embeddings.infos:  # idempotent: restored tables keep their rows
+            self.ps.push_embedding_table_infos(list(self.trainer.embeddings.infos.values()))
         self.versions = [-1] * self.ps.num_ps
         self._pull()
         held = set().union(*(p.params for p in self.ps.pull([-1] * self.ps.num_ps)))
@@ -243,7 +286,14 @@ class Worker:
 
     def _pull(self) -> None:
         waiting = list(self._awaiting_update)
-        for ps, result in enumerate(self.ps.pull(self.versions, waiting, SYNC_WAIT_SECONDS)):
+        results = self.ps.pull(self.versions, waiting, SYNC_WAIT_SECONDS)
+        empty = [ps for ps, r in enumerate(results) if not r.initialized]
+        if empty and self.may_initialize_ps and self.trainer.built:
+            # A PS relaunched without a checkpoint: give it our copy of its variables.
+            logger.warning("PS %s came back empty; re-initializing it with this worker's parameters", empty)
+            self.ps.push_model(self.trainer.get_params())
+            results = self.ps.pull(self.versions)
+        for ps, result in enumerate(results):
             if not result.initialized:
                 raise RuntimeError(f"PS {ps} has no model")
             if waiting[ps] and result.version == self.versions[ps]:
@@ -256,6 +306,7 @@ class Worker:
             self.versions[ps] = result.version
         self._awaiting_update = [False] * self.ps.num_ps
         self.steps_since_pull = 0
+        self.trainer.embeddings.snapshot_id = 0
 
 
 def _to_numpy(values):

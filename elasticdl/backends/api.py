@@ -1,0 +1,82 @@
+"""What the master's job loop needs from a backend: start, watch and stop roles.
+
+The master decides (how many workers, which to relaunch); a backend carries out:
+``LocalBackend`` runs each role as a child process, ``KubernetesBackend`` as a pod.
+Exits are data (``ProcessExit``), polled by the job loop, never callbacks.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import grpc
+
+
+@dataclass(frozen=True)
+class ProcessExit:
+    """A role instance that ended. ``returncode`` follows ``subprocess``: negative for a signal
+    (a pod's ``137`` becomes ``-9``); ``reason`` says why when the backend knows (Kubernetes:
+    ``Deleted``, ``Evicted``, ``OOMKilled``, ``ImagePullBackOff``, ...)."""
+
+    role: str
+    index: int
+    returncode: int
+    log_tail: str
+    reason: str = ""
+
+
+class BackendError(RuntimeError):
+    """The backend cannot carry out an order; the message says what to fix."""
+
+
+class RoleExitedError(BackendError):
+    """A role ended while the backend waited for it (e.g. a PS that failed to start)."""
+
+    def __init__(self, exit_: ProcessExit):
+        super().__init__(f"{exit_.role}-{exit_.index} exited with code {exit_.returncode}")
+        self.exit = exit_
+
+
+class Backend(abc.ABC):
+    """Runs the roles of one job. Roles are ``"ps"`` and ``"worker"``; ``index`` names an instance."""
+
+    @abc.abstractmethod
+    def start(self, role: str, index: int, args: list[str], env: dict[str, str] | None = None,
+              priority: str | None = None) -> None:
+        """Start ``role`` ``index`` with the role's command-line ``args`` (and extra ``env``).
+
+        ``priority`` is ``high`` or ``low`` for a worker (None: the backend's default).
+        Starting a PS index again (after it exited) relaunches it at the same address."""
+
+    @abc.abstractmethod
+    def running(self, role: str) -> list[int]:
+        """Indices of ``role`` that have not exited (starting or running), sorted."""
+
+    @abc.abstractmethod
+    def poll_exits(self) -> list[ProcessExit]:
+        """Instances that exited since the last call, each reported once."""
+
+    @abc.abstractmethod
+    def request_stop(self, role: str, index: int, grace: float = 30.0) -> None:
+        """Ask one instance to leave (SIGTERM) without waiting; SIGKILL after ``grace`` seconds.
+
+        Its exit shows up in ``poll_exits``."""
+
+    @abc.abstractmethod
+    def stop(self, role: str, index: int, timeout: float = 10.0) -> None:
+        """Ask one instance to leave (SIGTERM), kill it after ``timeout`` seconds."""
+
+    @abc.abstractmethod
+    def stop_all(self, timeout: float = 10.0) -> None:
+        """Stop every instance: workers first, then parameter servers."""
+
+    @abc.abstractmethod
+    def bind_master(self, server: grpc.Server) -> str:
+        """Bind the master's gRPC server where its roles can reach it; returns the address to give them."""
+
+    @abc.abstractmethod
+    def ps_addresses(self, num_ps: int, timeout: float) -> list[str]:
+        """Wait until PS ``0..num_ps-1`` (already started) serve; their addresses in id order.
+
+        Raises ``RoleExitedError`` when one exits first and ``TimeoutError`` after ``timeout``."""

@@ -1,0 +1,1 @@
+"""Kubernetes: manifests, the client wrapper, the pod watch loop and job submission."""

@@ -1,0 +1,70 @@
+"""The in-cluster master: the command of the master pod the client submits.
+
+``python -m elasticdl.k8s.master_main --command train`` reads its JobConfig from
+``$ELASTICDL_JOB_CONFIG`` (set by the client), checks the job where the model zoo and
+the data are (inside the cluster), then runs the same job loop as local mode with a
+``KubernetesBackend``. The pod's exit code is the job's outcome: 0 done, 1 failed,
+2 a flag or the model zoo is wrong. The last line of its log is the report, after
+``ELASTICDL_REPORT``, which the client picks up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from elasticdl.config import COMMANDS, ConfigError, JobConfig
+from elasticdl.k8s import manifests
+from elasticdl.logs import configure_logging
+
+REPORT_MARKER = "ELASTICDL_REPORT "
+logger = logging.getLogger("elasticdl.k8s.master")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--command", choices=COMMANDS, default="train")
+    args = parser.parse_args(argv)
+    if manifests.JOB_CONFIG_ENV not in os.environ:
+        print(f"${manifests.JOB_CONFIG_ENV} is not set: this runs in the master pod the client creates",
+              file=sys.stderr)
+        return 2
+    config = JobConfig.from_json(os.environ[manifests.JOB_CONFIG_ENV])
+    configure_logging(config.logging_level, "master")
+    from elasticdl.tf_runtime import configure_tensorflow, quiet_tensorflow
+
+    quiet_tensorflow()
+    configure_tensorflow(1)
+    from elasticdl.api import run
+    from elasticdl.backends.kubernetes import KubernetesBackend
+    from elasticdl.data.errors import DataError
+    from elasticdl.k8s.client import K8sClient, K8sError
+    from elasticdl.master.job import JobFailedError
+    from elasticdl.model_spec import ModelSpecError
+
+    try:
+        owner = {
+            "apiVersion": "v1", "kind": "Pod",
+            "name": os.environ[manifests.POD_NAME_ENV], "uid": os.environ[manifests.POD_UID_ENV],
+        }
+        backend = KubernetesBackend(
+            config, K8sClient(config.namespace), owner,
+            manifests.ClusterSpec(os.environ.get(manifests.CLUSTER_SPEC_ENV, ""), "--cluster_spec"),
+        )
+        report = run(config, args.command, backend=backend)
+    except (ConfigError, ModelSpecError, DataError) as err:
+        print(f"elasticdl {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except (JobFailedError, K8sError) as err:
+        logger.error("job failed: %s", err)
+        return 1
+    print(report.to_json(), flush=True)
+    print(REPORT_MARKER + json.dumps(json.loads(report.to_json()), sort_keys=True), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,150 @@
+"""The client side of ``elasticdl train --backend kubernetes``: submit the master, follow it.
+
+The client creates the master pod, then (owned by it, so deleting the master deletes
+them) the job's token Secret and the master's Service. The master pod creates the PS and
+worker pods. Unless --detach, the client follows the master: it reports a master that
+cannot be scheduled or cannot pull its image, streams its log, and ends with the master's
+outcome (the report on success; exit code 1 on failure). ``--yaml FILE`` writes the
+manifests instead of submitting them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+from elasticdl.config import ConfigError, JobConfig
+from elasticdl.k8s import manifests
+from elasticdl.k8s.client import K8sClient, K8sError
+from elasticdl.k8s.options import OptionError
+from elasticdl.k8s.pod_state import FATAL_WAITING, view
+from elasticdl.security import new_token
+
+logger = logging.getLogger(__name__)
+
+PENDING_WARNING_SECONDS = 60.0
+
+
+@dataclass
+class SubmittedJob:
+    job_name: str
+    namespace: str
+    master_pod: str
+    yaml: str = ""
+    report: dict = field(default_factory=dict)  # the master's JobReport, when followed to success
+
+    def to_json(self) -> str:
+        return json.dumps(self.report or {k: v for k, v in asdict(self).items() if k != "report"},
+                          indent=2, sort_keys=True)
+
+
+def build_master_objects(config: JobConfig, command: str, token: str) -> list[dict]:
+    """[secret, service, pod] for the master, after the --cluster_spec hook (no owners yet)."""
+    try:
+        cluster_spec = manifests.ClusterSpec.from_file(config.cluster_spec)
+        pod = cluster_spec.with_pod(manifests.master_pod_manifest(config, command, cluster_spec.source))
+        service = cluster_spec.with_service(
+            manifests.service_manifest(config, "master", 0, manifests.MASTER_PORT, None)
+        )
+    except OptionError as err:
+        raise ConfigError(str(err)) from None
+    return [manifests.secret_manifest(config, token, None), service, pod]
+
+
+def submit(config: JobConfig, command: str, client: K8sClient | None = None) -> SubmittedJob:
+    config.validate(command, check_paths=False)  # paths name files inside the image and volumes
+    secret, service, pod = build_master_objects(config, command, new_token())
+    name = pod["metadata"]["name"]
+    job = SubmittedJob(config.job_name, config.namespace, name)
+    if config.yaml:
+        with open(config.yaml, "w", encoding="utf-8") as f:
+            f.write(manifests.dumps_yaml([secret, service, pod]))
+        job.yaml = config.yaml
+        print(f"wrote the master's Secret, Service and Pod to {config.yaml}; submit them with "
+              f"`kubectl apply -f {config.yaml}`", file=sys.stderr)
+        return job
+    client = client or K8sClient(config.namespace)
+    created = client.create_pod(pod)
+    owner = manifests.owner_reference(created)
+    try:
+        for obj, create in ((secret, client.create_secret), (service, client.create_service)):
+            obj["metadata"]["ownerReferences"] = [owner]
+            create(obj)
+    except K8sError:
+        client.delete_pod(name, 0)  # no half-submitted job
+        raise
+    print(f"submitted job {config.job_name}: pod {name} in namespace {config.namespace} "
+          f"(follow it with `kubectl logs -f {name} -n {config.namespace}`)", file=sys.stderr)
+    if config.detach:
+        return job
+    try:
+        job.report = follow(client, name)
+    except KeyboardInterrupt:
+        print(f"\nstopped following; the job goes on in the cluster. Stop it with "
+              f"`kubectl delete pod {name} -n {config.namespace}`", file=sys.stderr)
+        raise SystemExit(130) from None
+    return job
+
+
+def wait_until_started(client: K8sClient, name: str, poll: float = 0.5) -> dict:
+    """The master pod once its container runs (or has ended); raises on what never starts."""
+    started, warned = time.monotonic(), False
+    while True:
+        pod = client.get_pod(name)
+        if pod is None:
+            raise K8sError(f"the master pod {name} was deleted before it started")
+        v = view(pod)
+        if v.phase in ("Running", "Succeeded", "Failed"):
+            return pod
+        if v.waiting_reason in FATAL_WAITING:
+            client.delete_pod(name, 0)
+            raise K8sError(
+                f"the master pod {name} {FATAL_WAITING[v.waiting_reason]} ({v.waiting_reason}: {v.message}). "
+                "Check --image_name (built and pushed with `elasticdl zoo build` and `elasticdl zoo push`?), "
+                "--image_pull_policy, and that the cluster can reach the registry. The job was deleted."
+            )
+        waited = time.monotonic() - started
+        if v.unschedulable and not warned and waited >= PENDING_WARNING_SECONDS:
+            warned = True
+            print(f"the master pod {name} has been Pending for {waited:.0f}s: the scheduler says "
+                  f"{v.unschedulable!r}. Lower --master_resource_request or free capacity.", file=sys.stderr)
+        time.sleep(poll)
+
+
+def follow(client: K8sClient, name: str) -> dict:
+    """Stream the master's log to stderr until it ends; its report, or JobFailedError."""
+    from elasticdl.k8s.master_main import REPORT_MARKER
+    from elasticdl.master.job import JobFailedError
+
+    wait_until_started(client, name)
+    report: dict = {}
+    tail: list[str] = []
+    try:
+        for line in client.follow_log(name):
+            if line.startswith(REPORT_MARKER):
+                report = json.loads(line[len(REPORT_MARKER):])
+                continue
+            tail = (tail + [line])[-30:]
+            print(line, file=sys.stderr, flush=True)
+    except K8sError as err:
+        logger.warning("lost the master's log (%s); waiting for it to end", err)
+    deadline = time.monotonic() + 60
+    while True:
+        pod = client.get_pod(name)
+        v = view(pod) if pod else None
+        if v is None or v.phase in ("Succeeded", "Failed") or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    if v is not None and v.phase == "Succeeded":
+        if not report:
+            log = client.pod_log(name, tail_lines=5)
+            for line in log.splitlines():
+                if line.startswith(REPORT_MARKER):
+                    report = json.loads(line[len(REPORT_MARKER):])
+        return report
+    what = "was deleted" if v is None else f"ended {v.phase} (exit code {v.exit_code}, {v.reason or 'no reason'})"
+    lines = "\n".join("    " + line for line in tail[-12:])
+    raise JobFailedError(f"the master pod {name} {what}; its last lines:\n{lines}")

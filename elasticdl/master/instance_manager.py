@@ -1,0 +1,145 @@
+"""Which workers should run: the scaling and relaunch policy, as pure decisions.
+
+The instance manager keeps the desired number of workers. Each *slot* is one wanted
+worker; the process filling it has an index, and a relaunch gets a new index (so a late
+report from the old process can never be mistaken for the new one's). It returns
+decisions; the job loop carries them out on the backend.
+
+- A worker that crashes (non-zero exit) is relaunched in its slot, up to
+  ``relaunch_limit`` times per slot; one more crash ends the job with its error.
+- A worker that was preempted (killed by a signal, or left cleanly when nobody asked
+  it to) is a scale-down, not a failure: its slot is refilled without counting a crash.
+- Scaling down stops low-priority workers first (the newest first); scaling up adds slots
+  whose priorities keep ``ceil(f * n)`` of ``n`` workers high (``--worker_pod_priority f``).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+
+class Priority(enum.StrEnum):
+    HIGH = "high"
+    LOW = "low"
+
+
+def parse_priority_spec(spec: str) -> float:
+    """``high`` → 1.0, ``low`` → 0.0, or a fraction in [0, 1] of workers that are high."""
+    text = spec.strip().lower()
+    if text == "high":
+        return 1.0
+    if text == "low":
+        return 0.0
+    try:
+        fraction = float(text)
+    except ValueError:
+        fraction = -1.0
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(
+            f"--worker_pod_priority must be high, low or a fraction between 0 and 1. Received: {spec!r}"
+        )
+    return fraction
+
+
+def high_count(fraction: float, workers: int) -> int:
+    return math.ceil(fraction * workers - 1e-9)
+
+
+@dataclass
+class Slot:
+    slot_id: int
+    index: int  # the worker process filling it now
+    priority: Priority
+    crashes: int = 0
+    stopping: bool = False  # asked to leave (scale-down): its exit ends the slot
+
+
+@dataclass(frozen=True)
+class Launch:
+    index: int
+    priority: Priority
+
+
+@dataclass(frozen=True)
+class Stop:
+    index: int
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    error: str
+
+
+Decision = Launch | Stop | GiveUp
+
+
+class InstanceManager:
+    def __init__(self, desired: int, priority_spec: str = "high", relaunch_limit: int = 3):
+        self.fraction = parse_priority_spec(priority_spec)
+        self.relaunch_limit = relaunch_limit
+        self.desired = 0
+        self._slots: dict[int, Slot] = {}  # by process index
+        self._next_index = 0
+        self._next_slot = 0
+        self.relaunches = 0
+        self.preemptions = 0
+        self._initial = desired
+
+    def initial(self) -> list[Decision]:
+        return self.scale(self._initial)
+
+    @property
+    def live_indices(self) -> list[int]:
+        return sorted(i for i, s in self._slots.items() if not s.stopping)
+
+    def priority_of(self, index: int) -> Priority | None:
+        slot = self._slots.get(index)
+        return slot.priority if slot else None
+
+    def scale(self, desired: int) -> list[Decision]:
+        if desired < 0:
+            raise ValueError(f"the number of workers must be 0 or more. Received: {desired}")
+        self.desired = desired
+        live = [s for s in self._slots.values() if not s.stopping]
+        decisions: list[Decision] = []
+        if desired < len(live):
+            # Low priority first, newest first within a priority.
+            order = sorted(live, key=lambda s: (s.priority == Priority.HIGH, -s.slot_id))
+            for slot in order[: len(live) - desired]:
+                slot.stopping = True
+                decisions.append(Stop(slot.index))
+        else:
+            highs = sum(s.priority == Priority.HIGH for s in live)
+            want_high = high_count(self.fraction, desired)
+            for _ in range(desired - len(live)):
+                priority = Priority.HIGH if highs < want_high else Priority.LOW
+                highs += priority == Priority.HIGH
+                decisions.append(self._fill(Slot(self._next_slot, -1, priority)))
+                self._next_slot += 1
+        return decisions
+
+    def on_exit(self, index: int, returncode: int, log_tail: str = "", job_done: bool = False) -> list[Decision]:
+        slot = self._slots.pop(index, None)
+        if slot is None or slot.stopping or job_done:
+            return []  # asked to leave, or the job is over: nothing to refill
+        if returncode < 0 or returncode == 0:
+            # Killed by a signal (preempted, evicted, OOM-killed by the OS) or left cleanly on
+            # a SIGTERM nobody here sent: capacity went away, the worker did nothing wrong.
+            self.preemptions += 1
+            return [self._fill(slot)]
+        slot.crashes += 1
+        if slot.crashes > self.relaunch_limit:
+            return [GiveUp(
+                f"worker {index} crashed {slot.crashes} times in the same slot "
+                f"(--relaunch_on_worker_failure={self.relaunch_limit}); its last lines:\n{log_tail.rstrip()}"
+            )]
+        self.relaunches += 1
+        return [self._fill(slot)]
+
+    def _fill(self, slot: Slot) -> Launch:
+        slot.index = self._next_index
+        self._next_index += 1
+        self._slots[slot.index] = slot
+        return Launch(slot.index, slot.priority)

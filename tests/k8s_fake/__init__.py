@@ -1,0 +1,1 @@
+"""A Kubernetes stand-in for tests: fake API server, simulated kubelet and kube-proxy."""

@@ -1,0 +1,113 @@
+"""End to end: workers killed, preempted and scaled while a job trains; a PS killed and restored."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from tests.test_e2e_local import _alive, _children_of, digits, report_of, train_args  # noqa: F401
+
+
+def _worker_pids(job_pid: int) -> dict[int, int]:
+    """worker id -> pid of the job's live worker processes."""
+    found = {}
+    for pid in _alive(_children_of(job_pid)):
+        try:
+            args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if b"elasticdl.worker.main" in args:
+            found[int(args[args.index(b"--worker_id") + 1])] = pid
+    return found
+
+
+def _ps_pids(job_pid: int) -> list[int]:
+    pids = []
+    for pid in _alive(_children_of(job_pid)):
+        try:
+            if b"elasticdl.ps.main" in open(f"/proc/{pid}/cmdline", "rb").read():
+                pids.append(pid)
+        except OSError:
+            continue
+    return pids
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _master_log(tmp_path, job: str) -> str:
+    path = tmp_path / "runs" / job / "logs" / "master.log"
+    return path.read_text() if path.exists() else ""
+
+
+def _start(digits, tmp_path, job: str, **flags) -> subprocess.Popen:  # noqa: F811
+    args = train_args(digits, "digits.digits_functional.custom_model", job_name=job, **flags)
+    return subprocess.Popen(
+        [sys.executable, "-m", "elasticdl", *args], cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )
+
+
+def _scale(tmp_path, job: str, n: int) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "elasticdl", "scale", "--job_name", job, "--num_workers", str(n)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"to {n} workers" in result.stdout
+
+
+def test_chaos_kill_preempt_scale(digits, tmp_path):  # noqa: F811
+    job = "chaos"
+    proc = _start(digits, tmp_path, job, num_workers=3, num_ps=1, num_epochs=8, records_per_task=64)
+    try:
+        _wait_for(lambda: "epoch 2 of 8 starts" in _master_log(tmp_path, job), 120, "epoch 2")
+        workers = _wait_for(lambda: len(_worker_pids(proc.pid)) == 3 and _worker_pids(proc.pid), 30, "3 workers")
+        os.kill(workers[0], signal.SIGKILL)  # hard failure: its in-flight task goes back whole
+        os.kill(workers[1], signal.SIGTERM)  # preemption: finishes its batch, reports, leaves
+        _wait_for(lambda: "worker 4 started" in _master_log(tmp_path, job), 60, "two replacements")
+        _scale(tmp_path, job, 1)
+        _wait_for(lambda: len(_worker_pids(proc.pid)) == 1, 60, "scale down to 1 worker")
+        _scale(tmp_path, job, 3)
+        _wait_for(lambda: len(_worker_pids(proc.pid)) == 3, 60, "scale up to 3 workers")
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    report = report_of(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    assert report["metrics"]["accuracy"] >= 0.90
+    # Every record of every epoch was trained.
+    assert report["records_done_per_epoch"] == [report["records_per_epoch"]] * 8
+    # Only the SIGKILL'd worker's task was (partly) trained twice: at most one task's records.
+    assert sum(report["records_trained_twice"]) <= 64
+    assert report["worker_preemptions"] >= 2  # the killed and the preempted worker were replaced
+    assert report["worker_relaunches"] == 0  # neither counted as a crash
+    log = _master_log(tmp_path, job)
+    assert "asking worker" in log and "scale-down" in log
+
+
+def test_ps_killed_and_restored_from_checkpoint(digits, tmp_path):  # noqa: F811
+    job = "ps-chaos"
+    proc = _start(digits, tmp_path, job, num_workers=2, num_ps=1, num_epochs=6,
+                  checkpoint_dir=tmp_path / "ckpt", checkpoint_steps=20)
+    try:
+        _wait_for(lambda: os.path.isdir(tmp_path / "ckpt" / "version-40"), 120, "a checkpoint")
+        os.kill(_ps_pids(proc.pid)[0], signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    report = report_of(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    assert report["ps_relaunches"] == 1
+    assert report["metrics"]["accuracy"] >= 0.90
+    assert "from the latest checkpoint" in _master_log(tmp_path, job)
