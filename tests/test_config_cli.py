@@ -153,7 +153,7 @@ INVALID = [
     ({"training_data": ""}, "--training_data is required"),
     ({"task_timeout": 0.0}, "--task_timeout must be positive"),
     ({"backend": "yarn"}, "--backend must be one of local, kubernetes"),
-    ({"backend": "kubernetes"}, "--backend kubernetes is not available"),
+    ({"backend": "kubernetes"}, "--backend kubernetes needs --image_name"),
     ({"log_level": "LOUD"}, "--log_level must be one of"),
     ({"use_async": True, "grads_to_wait": 2}, ("--grads_to_wait", "sync training", "--use_async")),
     ({"checkpoint_steps": 5}, "--checkpoint_steps needs --checkpoint_dir"),
