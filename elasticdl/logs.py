@@ -8,7 +8,7 @@ def configure_logging(level: int | str = logging.INFO, role: str = "client") -> 
     logging.basicConfig(
         level=level,
         stream=sys.stderr,
-        format=f"%(asctime)s %(levelname)s [{role}] %(name)s: %(message)s",
+        format=f"%(asctime)s.%(msecs)03d %(levelname)s [{role}] %(name)s: %(message)s",
         datefmt="%H:%M:%S",
         force=True,
     )

@@ -178,7 +178,9 @@ class Job:
         started = time.monotonic()
         os.makedirs(cfg.effective_log_dir, exist_ok=True)
         master_log = logging.FileHandler(os.path.join(cfg.effective_log_dir, "master.log"))
-        master_log.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [master] %(name)s: %(message)s"))
+        master_log.setFormatter(
+            logging.Formatter("%(asctime)s.%(msecs)03d %(levelname)s [master] %(name)s: %(message)s", "%H:%M:%S")
+        )
         logging.getLogger().addHandler(master_log)
         report = JobReport(
             cfg.job_name,
@@ -480,7 +482,8 @@ class Job:
     def _apply(self, decisions) -> None:
         for decision in decisions:
             if isinstance(decision, Launch):
-                self.backend.start("worker", decision.index, [*self._worker_args, "--worker_id", str(decision.index)])
+                self.backend.start("worker", decision.index, [*self._worker_args, "--worker_id", str(decision.index)],
+                                   priority=str(decision.priority))  # Kubernetes: the pod's PriorityClass
                 logger.info("worker %d started (%s priority)", decision.index, decision.priority)
             elif isinstance(decision, Stop):
                 logger.info("asking worker %d to leave (scale-down)", decision.index)

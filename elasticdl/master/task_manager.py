@@ -49,6 +49,7 @@ class Task:
     retries: int = 0
     snapshot_id: int = 0  # evaluation: the PS snapshot to evaluate
     model_version: int = -1  # evaluation: the version that snapshot holds
+    requeued: bool = False  # back in todo after its worker died (logged when handed out again)
 
     @property
     def records(self) -> int:
@@ -126,6 +127,9 @@ class TaskManager:
             if not self._todo:
                 return NoTask.WAIT
             task = self._todo.popleft()
+            if task.requeued:
+                task.requeued = False
+                logger.info("requeued task %d now runs on worker %d", task.task_id, worker_id)
             self._doing[task.task_id] = _Doing(task, worker_id, self._clock())
             self.seq += 1
             return task
@@ -210,6 +214,7 @@ class TaskManager:
                 del self._doing[doing.task.task_id]
                 self.epochs[doing.task.epoch].records_trained_twice += doing.progress
                 if not self._stopped:
+                    doing.task.requeued = True
                     self._todo.appendleft(doing.task)
             if mine:
                 logger.info("worker %d is gone; requeued tasks %s", worker_id, [t.task_id for t in mine])

@@ -235,6 +235,8 @@ class Worker:
                 elif "stale" not in answer.reason:
                     raise RuntimeError(f"PS {ps} rejected the gradients: {answer.reason}")
             if not pending:
+                if not self.batches_trained:
+                    logger.info("first gradient pushed (model version %d)", self.model_version)
                 self.batches_trained += 1
                 self.clock += 1
                 self.steps_since_pull += 1
