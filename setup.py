@@ -14,12 +14,14 @@ setup(
         "protobuf>=7.35.1",  # the generated code in elasticdl/proto needs at least this runtime
         "google-crc32c>=1.5",
         "etcd-sdk-python>=0.0.7",  # module pyetcd: python-etcd3's API on current protobuf (--etcd_endpoints)
+        "kubernetes>=30",  # --backend kubernetes (imported only there)
     ],
     extras_require={
         # TensorFlow is an extra so a GPU image can bring its own build.
         "cpu": ["tensorflow-cpu>=2.18", "tensorboard"],
         "gpu": ["tensorflow[and-cuda]>=2.18", "tensorboard"],
-        "dev": ["pytest>=8", "pytest-timeout", "hypothesis", "ruff", "scikit-learn", "grpcio-tools>=1.70"],
+        "dev": ["pytest>=8", "pytest-timeout", "hypothesis", "ruff", "scikit-learn", "grpcio-tools>=1.70",
+                "kubernetes-validate"],
     },
     entry_points={"console_scripts": ["elasticdl=elasticdl.cli:main"]},
 )

@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="The number of workers wanted from now on.")
     scale.add_argument("--master_addr", default="", metavar="MASTER_ADDR",
                        help="host:port of the master, instead of looking it up by --job_name (default: '').")
+    from elasticdl.zoo import add_zoo_parser
+
+    add_zoo_parser(sub)
     return parser
 
 
@@ -90,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["scale"]:
         return _scale_main(argv)
+    if argv[:1] == ["zoo"]:
+        from elasticdl.zoo import main as zoo_main
+
+        return zoo_main(argv)
     command, config = config_from_args(argv)
     configure_logging(config.logging_level, "master")
     log = logging.getLogger("elasticdl")
@@ -97,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # The master process only checks the model and exports it: one thread leaves the
     # cores to the workers. (The Python API leaves the caller's TensorFlow alone.)
-    quiet_tensorflow()
-    configure_tensorflow(1)
+    if config.backend != "kubernetes":  # a Kubernetes client only submits: TensorFlow runs in the pods
+        quiet_tensorflow()
+        configure_tensorflow(1)
     from elasticdl.api import run
     from elasticdl.data.errors import DataError
     from elasticdl.k8s.client import K8sError

@@ -36,8 +36,12 @@ VALIDATION_RULES: tuple[tuple[str, tuple[dict, ...]], ...] = (
     ),
     ("`--task_timeout` is not above 0", ({"task_timeout": 0.0},)),
     (
-        "`--backend` is not `local` (`kubernetes` is not in this version yet)",
-        ({"backend": "kubernetes"}, {"backend": "yarn"}),
+        "`--backend` is not `local` or `kubernetes`; with `kubernetes`: `--image_name` is missing, "
+        "`--job_name` cannot name pods, or `--worker_resource_request` (or another resource, `--volume`, "
+        "`--envs`, `--image_pull_policy`) does not parse",
+        ({"backend": "kubernetes"}, {"backend": "yarn"},
+         {"backend": "kubernetes", "image_name": "i", "worker_resource_request": "cpu=one"},
+         {"backend": "kubernetes", "image_name": "i", "volume": "mount_path=/d"}),
     ),
     ("`--log_level` is not one of DEBUG, INFO, WARNING, ERROR (any case)", ({"log_level": "TRACE"},)),
     (

@@ -140,6 +140,9 @@ class KubernetesBackend(Backend):
             return f"(no log: {err})\n"
 
     def _to_exit(self, pod_exit) -> ProcessExit:
+        level = logging.INFO if pod_exit.returncode == 0 or pod_exit.reason == "Deleted" else logging.WARNING
+        logger.log(level, "pod %s ended: %s (exit code %d)%s", pod_exit.name, pod_exit.reason,
+                   pod_exit.returncode, f": {pod_exit.message}" if pod_exit.message else "")
         tail = self._log_tail(pod_exit.name)
         if pod_exit.message:
             tail += f"[{pod_exit.reason}] {pod_exit.message}\n"

@@ -104,6 +104,11 @@ class K8sClient:
             raise self._translate(err, verb, resource, name) from None
         except HTTPError as err:  # connection refused, DNS, TLS ...
             raise K8sError(f"cannot reach the Kubernetes API at {self.host} ({verb} {resource}): {err}") from None
+        except ValueError as err:  # the client's own schema check (pydantic), before any request
+            if type(err).__name__ != "ValidationError":
+                raise
+            raise K8sInvalid(f"the {resource[:-1]} {name!r} does not match the Kubernetes schema: {err}",
+                             422, "Invalid") from None
 
     def _translate(self, err, verb: str, resource: str, name: str) -> K8sError:
         status, message, reason, details = err.status or 0, str(err.reason or ""), "", {}
@@ -139,8 +144,9 @@ class K8sClient:
 
     @staticmethod
     def _json(resp) -> dict:
+        """The body as JSON; reads it all before the connection goes back to the pool."""
         try:
-            return json.loads(resp.data)
+            return json.loads(resp.data or b"{}")
         finally:
             resp.release_conn()
 
@@ -162,8 +168,8 @@ class K8sClient:
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = int(grace_seconds)
         try:
-            self._call("delete", "pods", self.core.delete_namespaced_pod, name, self.namespace, body=body,
-                       name=name).release_conn()
+            self._json(self._call("delete", "pods", self.core.delete_namespaced_pod, name, self.namespace,
+                                  body=body, name=name))
             return True
         except K8sNotFound:
             return False
@@ -245,8 +251,8 @@ class K8sClient:
 
     def delete_service(self, name: str) -> bool:
         try:
-            self._call("delete", "services", self.core.delete_namespaced_service, name, self.namespace,
-                       name=name).release_conn()
+            self._json(self._call("delete", "services", self.core.delete_namespaced_service, name,
+                                  self.namespace, name=name))
             return True
         except K8sNotFound:
             return False
@@ -258,8 +264,8 @@ class K8sClient:
 
     def delete_secret(self, name: str) -> bool:
         try:
-            self._call("delete", "secrets", self.core.delete_namespaced_secret, name, self.namespace,
-                       name=name).release_conn()
+            self._json(self._call("delete", "secrets", self.core.delete_namespaced_secret, name,
+                                  self.namespace, name=name))
             return True
         except K8sNotFound:
             return False

@@ -158,7 +158,9 @@ class PodTable:
         record.ready = pod.ready and not pod.terminating
         if pod.phase in ("Succeeded", "Failed"):
             code = normalize_exit_code(pod.exit_code) if pod.exit_code is not None else (0 if pod.phase == "Succeeded" else 1)
-            self._exit(pod, record, code, pod.reason or pod.phase, pod.message)
+            # Ended while being deleted (preempted, scaled down): the deletion is the reason.
+            reason = "Deleted" if pod.terminating else (pod.reason or pod.phase)
+            self._exit(pod, record, code, reason, pod.message)
         elif pod.waiting_reason in FATAL_WAITING:
             self._exit(pod, record, 1, pod.waiting_reason,
                        f"{FATAL_WAITING[pod.waiting_reason]}: {pod.message}".rstrip(": "))

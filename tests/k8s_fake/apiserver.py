@@ -208,6 +208,7 @@ class Store:
         self.objects: dict[tuple[str, str, str], dict] = {}
         self.events: list[tuple[int, str, str, str, dict]] = []  # (rv, resource, ns, type, obj)
         self.floor = 100  # watches from a resourceVersion below this get 410 Gone
+        self.expired = 0  # bumped to end the open watches with 410
         self.namespaces: set[str] = set()
         self._service_subnet = service_subnet
         self._next_ip = 1
@@ -382,6 +383,7 @@ class FakeApiServer:
         self.log_paths: dict[tuple[str, str], str] = {}  # (ns, pod) -> the kubelet's log file
         self.requests: list[tuple[str, str, str]] = []  # (user, verb, resource), for tests
         self._fail_next: list[int] = []  # HTTP codes to answer the next requests with
+        self._fail_filter = ("GET", "admin")
         self._stopping = threading.Event()
         handler = type("Handler", (_Handler,), {"api": self})
         self.httpd = _QuietServer(("127.0.0.1", 0), handler)
@@ -413,9 +415,17 @@ class FakeApiServer:
     def forbid(self, user: str, verb: str, resource: str) -> None:
         self.forbidden.add((user, verb, resource))
 
-    def fail_next(self, *codes: int) -> None:
-        """Answer the next requests with these HTTP error codes (e.g. 500, 503)."""
+    def fail_next(self, *codes: int, method: str = "GET", user: str = "admin") -> None:
+        """Answer the next ``method`` requests of ``user`` with these HTTP error codes (e.g. 500, 503)."""
+        self._fail_filter = (method, user)
         self._fail_next.extend(codes)
+
+    def expire_watches(self) -> None:
+        """End every open watch with 410 Gone (a real server does when its watch cache falls behind)."""
+        with self.store.lock:
+            self.store.compact()
+            self.store.expired += 1
+            self.store.changed.notify_all()
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -486,9 +496,6 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         self._raw = self.rfile.read(length) if length else b""  # always: the connection is kept alive
         try:
-            if self.api._fail_next:
-                code = self.api._fail_next.pop(0)
-                raise ApiError(code, "InternalError" if code == 500 else "ServiceUnavailable", "injected failure")
             url = urlparse(self.path)
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
             match = _PATH.match(url.path)
@@ -497,6 +504,9 @@ class _Handler(BaseHTTPRequestHandler):
             if not match:
                 raise ApiError(404, "NotFound", f"the server could not find the requested resource ({url.path})")
             user = self._user()
+            if self.api._fail_next and (method, user) == self.api._fail_filter:
+                code = self.api._fail_next.pop(0)
+                raise ApiError(code, "InternalError" if code == 500 else "ServiceUnavailable", "injected failure")
             ns, resource, name, sub = match.group("ns"), match.group("resource"), match.group("name"), match.group("sub")
             if resource == "namespaces":
                 return self._namespace(user, method, name)
@@ -579,6 +589,7 @@ class _Handler(BaseHTTPRequestHandler):
         since = query.get("resourceVersion", "")
         self._stream_start()
         with store.lock:
+            generation = store.expired
             if since in ("", "0"):
                 items, rv = store.list(resource, ns, query.get("labelSelector", ""))
                 pending = [(int(rv), "ADDED", item) for item in items]
@@ -595,6 +606,11 @@ class _Handler(BaseHTTPRequestHandler):
             for _, kind, obj in pending:
                 self._event(kind, obj)
             with store.lock:
+                if store.expired != generation:
+                    self._event("ERROR", ApiError(410, "Expired", f"too old resource version: {cursor} "
+                                                  f"({store.floor})").status())
+                    self._stream_end()
+                    return
                 pending = store.events_after(cursor, resource, ns, terms)
                 if pending:
                     cursor = pending[-1][0]

@@ -142,14 +142,14 @@ class SimulatedKubelet:
 
     def _patch_status(self, pod: dict, status: dict) -> None:
         meta = pod["metadata"]
-        self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], {"status": status},
-                                              _preload_content=False)
+        _read(self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], {"status": status},
+                                                    _preload_content=False))
 
     def _bind(self, pod: dict) -> None:
         meta = pod["metadata"]
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": meta["name"]},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": NODE}}
-        self.core.create_namespaced_pod_binding(meta["name"], meta["namespace"], body, _preload_content=False)
+        _read(self.core.create_namespaced_pod_binding(meta["name"], meta["namespace"], body, _preload_content=False))
 
     def _unschedulable(self, pod: dict) -> None:
         uid = pod["metadata"]["uid"]
@@ -329,14 +329,19 @@ class SimulatedKubelet:
         if c is not None and c.popen is not None and not c.reported_exit:
             self._report_exit(pod, c, c.popen.returncode)
         try:
-            self.core.delete_namespaced_pod(meta["name"], meta["namespace"], body={"gracePeriodSeconds": 0},
-                                            _preload_content=False)
+            _read(self.core.delete_namespaced_pod(meta["name"], meta["namespace"], body={"gracePeriodSeconds": 0},
+                                                  _preload_content=False))
         except Exception:
             pass
         key = (meta["namespace"], meta["name"])
         self.containers.pop(key, None)
         if c is not None:
             shutil.rmtree(os.path.join(c.workdir, "volumes"), ignore_errors=True)  # secrets do not linger
+
+
+def _read(resp) -> bytes:
+    """Read the whole answer: the pooled connection is reused for the next request."""
+    return resp.data
 
 
 def _signal_group(popen: subprocess.Popen, sig: int) -> None:
