@@ -1,19 +1,49 @@
-"""Export the trained model as a SavedModel that TensorFlow Serving can load."""
+"""Export the trained model as a SavedModel that TensorFlow Serving can load.
+
+A model with ``elasticdl.layers.Embedding`` tables is exported from its serving copy
+(``Trainer.serving_model``): each table pulled whole from the parameter servers into two
+weights of the layer (sorted ids and their rows, plus a zero row for ids never trained),
+so serving needs no parameter server. See docs/embeddings.md.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 import shutil
+import weakref
 
 logger = logging.getLogger(__name__)
+
+# Subclassed models: Keras records the shapes of the first call but not the dtypes, so an
+# int64 id input would be exported as float32. The Trainer records the real input specs.
+_INPUT_SIGNATURES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def record_input_signature(model, features) -> None:
+    """Remember the dtypes and shapes (batch dimension free) of ``features`` for ``model``'s export."""
+    import tensorflow as tf
+
+    def spec(tensor):
+        tensor = tf.convert_to_tensor(tensor)
+        return tf.TensorSpec([None, *tensor.shape[1:]], tensor.dtype)
+
+    try:
+        _INPUT_SIGNATURES[model] = [tf.nest.map_structure(spec, features)]
+    except (TypeError, ValueError):  # ragged or sparse inputs: leave it to Keras
+        pass
 
 
 def export_saved_model(model, path: str) -> str:
     """Write ``model`` with a ``serving_default`` signature to ``path`` (replaced if present)."""
+    import keras
+
     if os.path.exists(path):
         shutil.rmtree(path)
     # Keras 3's exporter traces model.call with the input spec it recorded when built.
-    model.export(path, format="tf_saved_model", verbose=False)
+    signature = None
+    if not isinstance(model, (keras.Sequential, keras.src.models.Functional)):
+        signature = _INPUT_SIGNATURES.get(model)
+    model.export(path, format="tf_saved_model", verbose=False, input_signature=signature)
     logger.info("SavedModel written to %s", path)
     return path

@@ -146,9 +146,11 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> An
     if not grads:
         raise ModelSpecError(f"{spec.module_path}: the loss has no gradient for any trainable variable.")
     logger.info(
-        "model checked: %d trainable variables, %d parameters",
+        "model checked: %d trainable variables, %d parameters%s",
         len(trainer.variables),
         sum(int(v.numpy().size) for v in trainer.variables.values()),
+        "".join(f"; embedding table {i.name} (rows of {i.dim}) on the parameter servers"
+                for i in trainer.embeddings.infos.values()),
     )
     return features
 

@@ -56,6 +56,7 @@ def test_deepfm_two_workers_two_ps_reaches_the_auc_ceiling_and_exports(ctr_data,
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads(result.stdout[result.stdout.index("{"):])
     auc, ceiling = report["metrics"]["auc"], meta["auc_ceiling"]
+    print(f"job {report['seconds']:.1f}s, AUC {auc:.4f}, ceiling {ceiling:.4f}")
     assert auc >= ceiling - 0.03, f"DeepFM AUC {auc:.4f}, the ground truth allows {ceiling:.4f}"
     assert report["records_trained"] == 3 * 20_000 and report["dropped_tasks"] == 0
 

@@ -137,3 +137,11 @@ def test_unsupported_initializers_are_refused_with_the_fix():
         Embedding(4, combiner="max")
     with pytest.raises(ValueError, match="output_dim"):
         Embedding(0)
+
+
+def test_swap_threshold_flag_default_matches_the_layer_default():
+    from elasticdl.config import JobConfig
+    from elasticdl.layers.swap import DEFAULT_THRESHOLD_MB, threshold_bytes
+
+    assert JobConfig().embedding_swap_threshold_mb == DEFAULT_THRESHOLD_MB == 2.0
+    assert threshold_bytes(2.0) == 2 * 1024 * 1024 and threshold_bytes(-1) is None

@@ -193,13 +193,14 @@ def test_train_step_is_traced_once_for_batches_of_different_ids(spec):
     assert trainer._train_step.experimental_get_tracing_count() <= 2  # the first shape, then generalised
 
 
-def test_export_materialises_tables_and_predicts_like_the_ps(spec, tmp_path):
+@pytest.mark.parametrize("kind, table", [("elasticdl", TABLE), ("subclassed", "sub_ctr/emb/embeddings")])
+def test_export_materialises_tables_and_predicts_like_the_ps(spec, tmp_path, kind, table):
     """The serving model needs no PS, predicts what the PS-backed model predicts, and maps an
     id never trained to a zero row."""
     data = batches(3, 3, vocab=40)
     with parameter_servers(keras.optimizers.Adam(learning_rate=0.05), num_ps=2, use_async=True) as (cores, addresses):
         client = PSClient(addresses)
-        worker = Worker(0, spec, Trainer(spec, {}), master=None, ps=client, minibatch_size=8)
+        worker = Worker(0, spec, Trainer(spec, {"kind": kind}), master=None, ps=client, minibatch_size=8)
         for features, labels in data:
             worker.train_batch(tf.constant(features), tf.constant(labels))
         worker._pull()
@@ -207,13 +208,13 @@ def test_export_materialises_tables_and_predicts_like_the_ps(spec, tmp_path):
         unseen = np.array([[45, 46, 1]], np.int64)  # 45 and 46 never trained
         distributed = worker.trainer.model(tf.constant(trained), training=False).numpy()
         serving = worker.trainer.serving_model(client.pull_embedding_table)
-        rows_before = sum(len(c.shard.embeddings[TABLE]) for c in cores)
-        ids_on_ps = np.concatenate([c.shard.embeddings[TABLE].state()[0] for c in cores])
+        rows_before = sum(len(c.shard.embeddings[table]) for c in cores)
+        ids_on_ps = np.concatenate([c.shard.embeddings[table].state()[0] for c in cores])
         distributed_unseen = worker.trainer.model(tf.constant(unseen), training=False).numpy()
-        assert sum(len(c.shard.embeddings[TABLE]) for c in cores) == rows_before  # no row created
+        assert sum(len(c.shard.embeddings[table]) for c in cores) == rows_before  # no row created
         client.close()
 
-    layer = serving.get_layer("emb")
+    layer = serving.emb if kind == "subclassed" else serving.get_layer("emb")
     assert layer.mode == "frozen"
     assert sorted(layer.ids.numpy()[:-1].tolist()) == sorted(ids_on_ps.tolist())
     np.testing.assert_allclose(serving(tf.constant(trained)).numpy(), distributed, atol=1e-6)
@@ -221,8 +222,9 @@ def test_export_materialises_tables_and_predicts_like_the_ps(spec, tmp_path):
     np.testing.assert_allclose(serving(tf.constant(unseen)).numpy(), distributed_unseen, atol=1e-6)
 
     path = export_saved_model(serving, str(tmp_path / "model"))
-    loaded = tf.saved_model.load(path)
-    served = list(loaded.signatures["serving_default"](ids=tf.constant(trained)).values())[0].numpy()
+    serving_fn = tf.saved_model.load(path).signatures["serving_default"]
+    argument = list(serving_fn.structured_input_signature[1])[0]
+    served = list(serving_fn(**{argument: tf.constant(trained)}).values())[0].numpy()
     np.testing.assert_allclose(served, distributed, atol=1e-6)
 
 
@@ -265,3 +267,21 @@ def test_swap_covers_subclassed_models_and_keeps_unsupported_layers(caplog):
     assert type(model.regularized) is keras.layers.Embedding
     assert "`embeddings_regularizer` is not supported" in caplog.text
     assert "__new__" not in keras.layers.Embedding.__dict__  # the patch is gone after the block
+
+
+def test_a_failed_lookup_surfaces_as_its_own_exception(spec):
+    """A worker retries a step on an unreachable PS by the gRPC error's type: TensorFlow must not hide it."""
+
+    class Unreachable(ConnectionError):
+        pass
+
+    class DownPS:
+        def lookup(self, name, ids, create, snapshot_id=0):
+            raise Unreachable("PS 1 is down")
+
+    trainer = Trainer(spec, {})
+    features = tf.constant([[1, 2, 3]], tf.int64)
+    trainer.ensure_built(features)
+    trainer.connect(DownPS())
+    with pytest.raises(Unreachable, match="PS 1 is down"):
+        trainer.compute_gradients(features, tf.zeros((1, 1)))

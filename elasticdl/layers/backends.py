@@ -80,6 +80,9 @@ class EmbeddingTables:
         self.source = source if source is not None else LocalTables()
         self.infos: dict[str, TableInfo] = {}
         self.snapshot_id = 0
+        # The last lookup failure: TensorFlow turns it into an OpError inside the step, so
+        # the Trainer re-raises the original (a worker rides out an unreachable PS by its type).
+        self.error: Exception | None = None
 
     @property
     def frozen(self) -> bool:
@@ -109,7 +112,11 @@ class EmbeddingTables:
 
     def lookup(self, name: str, ids: np.ndarray, create: bool) -> np.ndarray:
         snapshot = 0 if create else self.snapshot_id
-        return self.source.lookup(name, ids, create, snapshot)
+        try:
+            return self.source.lookup(name, ids, create, snapshot)
+        except Exception as err:
+            self.error = err
+            raise
 
 
 _BACKEND: contextvars.ContextVar[EmbeddingTables | None] = contextvars.ContextVar("elasticdl_embedding_backend", default=None)

@@ -271,8 +271,7 @@ class EmbeddingTable:
         return self._ids[:n].copy(), self._rows[:n].copy(), {k: v[:n].copy() for k, v in self._slots.items()}
 
     def frozen(self) -> FrozenTable:
-        ids, rows, _ = self.state()
-        return FrozenTable(self.info, dict(self._index), rows)
+        return FrozenTable(self.info, dict(self._index), self._rows[: self._size].copy())
 
     # ------------------------------------------------------------ writes
 

@@ -8,7 +8,13 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from elasticdl.layers.backends import EmbeddingTables, FrozenTables, recording, use_embedding_backend
+from elasticdl.layers.backends import (
+    EmbeddingTables,
+    FrozenTables,
+    LocalTables,
+    recording,
+    use_embedding_backend,
+)
 from elasticdl.layers.swap import DEFAULT_THRESHOLD_MB, swap_large_embeddings, threshold_bytes
 from elasticdl.mode import Mode
 from elasticdl.model_spec import DatasetMetadata, ModelSpec, ModelSpecError
@@ -73,8 +79,15 @@ class Trainer:
         if self.built:
             return
         if not self.model.built or not self.model.trainable_variables:
-            with use_embedding_backend(self.embeddings):
-                self.model(features, training=False)
+            source = self.embeddings.source
+            if not self.embeddings.frozen:
+                # Building needs shapes, not rows: the PS may not know the tables yet.
+                self.embeddings.use(LocalTables())
+            try:
+                with use_embedding_backend(self.embeddings):
+                    self.model(features, training=False)
+            finally:
+                self.embeddings.use(source)
         variables = {}
         for var in self.model.trainable_variables:
             if var.path in variables:
@@ -88,6 +101,9 @@ class Trainer:
         self.variables = variables
         self._sample_features = features
         self._built = True
+        from elasticdl.export import record_input_signature
+
+        record_input_signature(self.model, features)
 
     def get_params(self) -> dict[str, np.ndarray]:
         return {name: var.numpy() for name, var in self.variables.items()}
@@ -114,7 +130,13 @@ class Trainer:
 
     def compute_gradients(self, features: Any, labels: Any) -> tuple[float, dict[str, np.ndarray | IndexedRows]]:
         """The loss and the gradients: dense arrays by variable path, ``IndexedRows`` by table name."""
-        loss, grads, rows = self._train_step(features, labels)
+        self.embeddings.error = None
+        try:
+            loss, grads, rows = self._train_step(features, labels)
+        except tf.errors.OpError as err:
+            if self.embeddings.error is not None:  # a row lookup failed: raise what it raised
+                raise self.embeddings.error from err
+            raise
         names = list(self.variables)
         out: dict[str, np.ndarray | IndexedRows] = {
             name: grad.numpy() for name, grad in zip(names, grads) if grad is not None

@@ -294,6 +294,8 @@ class Worker:
             # A PS relaunched without a checkpoint: give it our copy of its variables.
             logger.warning("PS %s came back empty; re-initializing it with this worker's parameters", empty)
             self.ps.push_model(self.trainer.get_params())
+            if self.trainer.embeddings.infos:  # its tables too; their rows start over (docs/embeddings.md)
+                self.ps.push_embedding_table_infos(list(self.trainer.embeddings.infos.values()))
             results = self.ps.pull(self.versions)
         for ps, result in enumerate(results):
             if not result.initialized:

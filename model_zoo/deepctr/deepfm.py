@@ -31,6 +31,6 @@ def custom_model(factor_dim=8, hidden_units=16):
     return keras.Model(ids, probability, name="deepfm")
 
 
-def optimizer(lr=0.3):
+def optimizer(lr=0.5):
     # Adagrad: a row seen once takes a small step, so rare ids do not memorise their labels.
     return keras.optimizers.Adagrad(learning_rate=lr)

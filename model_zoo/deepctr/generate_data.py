@@ -1,6 +1,6 @@
 """A synthetic click-through data set with a known logistic ground truth, as TFRecord.
 
-    python model_zoo/deepctr/generate_data.py --output data/deepctr --train_records 40000
+    python model_zoo/deepctr/generate_data.py --output data/deepctr
 
 Eight categorical fields with 5 to 1,000,000 distinct ids each. Ids are drawn with a
 Zipf-like skew (a few ids are frequent, most are rare) and shuffled, so frequent ids are
@@ -114,7 +114,7 @@ def _examples(ids: np.ndarray, labels: np.ndarray):
         })).SerializeToString()
 
 
-def generate(output: str, train_records: int = 40_000, test_records: int = 10_000, seed: int = 0,
+def generate(output: str, train_records: int = 20_000, test_records: int = 10_000, seed: int = 0,
              train_files: int = 2) -> dict:
     """Write ``output/{train,test}/*.tfrecord`` and ``output/meta.json``; returns the metadata."""
     from elasticdl.data.tfrecord import write_records
@@ -149,7 +149,7 @@ def generate(output: str, train_records: int = 40_000, test_records: int = 10_00
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", default="data/deepctr")
-    parser.add_argument("--train_records", type=int, default=40_000)
+    parser.add_argument("--train_records", type=int, default=20_000)
     parser.add_argument("--test_records", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

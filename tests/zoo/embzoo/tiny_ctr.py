@@ -2,7 +2,7 @@
 
 ``custom_model(kind=...)``: "elasticdl" uses elasticdl.layers.Embedding, "keras" a plain
 keras.layers.Embedding (swapped when larger than the threshold), "shared" one
-elasticdl.layers.Embedding called on two inputs.
+elasticdl.layers.Embedding called on two inputs, "subclassed" a keras.Model subclass.
 """
 
 import keras
@@ -18,7 +18,20 @@ _FEATURES = {
 }
 
 
+class SubclassedCtr(keras.Model):
+    def __init__(self, vocab=50, dim=4):
+        super().__init__(name="sub_ctr")
+        self.emb = Embedding(dim, input_dim=vocab, name="emb")
+        self.hidden = keras.layers.Dense(8, activation="tanh", name="hidden")
+        self.out = keras.layers.Dense(1, name="out")
+
+    def call(self, ids):
+        return self.out(self.hidden(keras.ops.reshape(self.emb(ids), (-1, FIELDS * self.emb.output_dim))))
+
+
 def custom_model(kind="elasticdl", vocab=50, dim=4):
+    if kind == "subclassed":
+        return SubclassedCtr(vocab, dim)
     ids = keras.Input(shape=(FIELDS,), dtype="int64", name="ids")
     if kind == "keras":
         rows = keras.layers.Embedding(vocab, dim, name="emb")(ids)
