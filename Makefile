@@ -29,7 +29,7 @@ demo: $(STAMP) data/digits/train
 	    --job_name digits-demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -41,3 +41,8 @@ proto: $(STAMP)
 
 clean:
 	rm -rf $(VENV) data out runs
+
+# The benchmark suite (docs/benchmarks.md), about half an hour on 2 cores; results in runs/benchmarks.
+# make bench QUICK=1 (tiny sizes, the smoke test), CASES=training,ps_data_plane, REPS=5
+bench: $(STAMP)
+	$(PY) -m benchmarks $(if $(QUICK),--quick) $(if $(CASES),--cases $(CASES)) $(if $(REPS),--reps $(REPS))

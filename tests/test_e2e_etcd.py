@@ -23,11 +23,11 @@ def _run(command, tmp_path) -> dict:
 
 
 def test_killed_master_resumes_from_etcd(digits, tmp_path, etcd_process):  # noqa: F811
-    command = _command(digits, tmp_path, etcd_process.endpoint, "resume", num_epochs=5,
+    command = _command(digits, tmp_path, etcd_process.endpoint, "resume", num_epochs=4,
                        checkpoint_dir=tmp_path / "ckpt", checkpoint_steps=10)
     first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_for(lambda: "epoch 3 of 5 starts" in _master_log(tmp_path, "resume"), 180, "epoch 3")
+        _wait_for(lambda: "epoch 3 of 4 starts" in _master_log(tmp_path, "resume"), 180, "epoch 3")
         first.kill()  # the master dies hard; its PS and workers die with it
         first.wait(10)
     finally:
@@ -36,8 +36,10 @@ def test_killed_master_resumes_from_etcd(digits, tmp_path, etcd_process):  # noq
     report = _run(command, tmp_path)
     assert report["resumed"] and report["state_store"] == "etcd"
     # Every record of every epoch trained; the epochs the first master finished were not redone.
-    assert report["records_done_per_epoch"] == [report["records_per_epoch"]] * 5
-    assert report["records_trained"] <= 3 * report["records_per_epoch"]
+    assert report["records_done_per_epoch"] == [report["records_per_epoch"]] * 4
+    # The two epochs the first master finished were not trained again. (The ledger is saved
+    # every fraction of a second, so the last few tasks before the kill may be redone.)
+    assert report["records_trained"] <= 2.5 * report["records_per_epoch"]
     assert report["metrics"]["accuracy"] >= 0.90
     assert "resumed the task ledger" in _master_log(tmp_path, "resume")
 
@@ -57,10 +59,10 @@ def test_second_master_for_the_same_job_is_refused(digits, tmp_path, etcd_proces
 
 
 def test_etcd_outage_mid_job(digits, tmp_path, etcd_process):  # noqa: F811
-    command = _command(digits, tmp_path, etcd_process.endpoint, "outage", num_epochs=5)
+    command = _command(digits, tmp_path, etcd_process.endpoint, "outage", num_epochs=4)
     job = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(lambda: "epoch 2 of 5 starts" in _master_log(tmp_path, "outage"), 180, "epoch 2")
+        _wait_for(lambda: "epoch 2 of 4 starts" in _master_log(tmp_path, "outage"), 180, "epoch 2")
         etcd_process.stop()
         time.sleep(3)
         etcd_process.start()
@@ -70,5 +72,5 @@ def test_etcd_outage_mid_job(digits, tmp_path, etcd_process):  # noqa: F811
             job.kill()
     report = report_of(subprocess.CompletedProcess(job.args, job.returncode, out, err))
     assert report["etcd_outages"] and report["etcd_outages"][0]["seconds"] > 0
-    assert report["records_done_per_epoch"] == [report["records_per_epoch"]] * 5
+    assert report["records_done_per_epoch"] == [report["records_per_epoch"]] * 4
     assert report["metrics"]["accuracy"] >= 0.90

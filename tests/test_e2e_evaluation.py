@@ -25,7 +25,7 @@ def trained(digits, tmp_path_factory):  # noqa: F811
             ["train", "--model_zoo", TEST_ZOO, "--model_def", MODEL_DEF,
              "--training_data", str(digits / "train"), "--validation_data", str(digits / "test"),
              "--num_workers", "2", "--num_ps", "1", "--minibatch_size", "32", "--num_epochs", "10",
-             "--evaluation_steps", "10", "--checkpoint_dir", str(work / "ckpt"),
+             "--evaluation_steps", "15", "--checkpoint_dir", str(work / "ckpt"),
              "--tensorboard_log_dir", str(work / "tb"), "--output", str(work / "model")],
             cwd=work,
         )
@@ -70,7 +70,7 @@ def test_early_stopping_and_callbacks(trained):
     assert os.path.isdir(work / "out" / "best") and os.path.isdir(work / "out" / "exported")
     reasons = [e["reason"] for e in report["evaluations"]]
     assert "epoch 1" in reasons and reasons[-1] in ("final", f"epoch {report['epochs']}")
-    assert any(r.startswith("every 10") for r in reasons)
+    assert any(r.startswith("every 15") for r in reasons)
     assert os.path.isfile(report["report_file"])
     assert glob.glob(str(work / "tb" / "events.out.tfevents.*"))
 

@@ -194,7 +194,7 @@ class Job:
             self._start()
             self._watch()
             if self.command == "train":
-                report.staleness = self._epoch_telemetry(final=True)
+                report.staleness = self._epoch_telemetry(self._ps.stats())
             self._finish(report)
             self._succeeded = True
         finally:
@@ -537,8 +537,10 @@ class Job:
             finished = tasks.finished
             last_complete = tasks.epoch - 1 if not finished else tasks.epoch
             while self._epoch_done < last_complete:
-                self._epoch_done += 1
-                self._on_epoch_end(self._epoch_done, final=finished and self._epoch_done == tasks.epoch)
+                epoch = self._epoch_done + 1
+                if not self._on_epoch_end(epoch, final=finished and epoch == tasks.epoch):
+                    return  # a PS is restarting: handle the epoch end at a later poll
+                self._epoch_done = epoch
                 if self._epoch_done < tasks.epoch:
                     self.callbacks.on_epoch_begin(self._epoch_done + 1)
         if self.evaluation is not None:
@@ -553,13 +555,25 @@ class Job:
         if self._all_done():
             self.dispatcher.finish()  # workers get END and exit
 
-    def _on_epoch_end(self, epoch: int, final: bool) -> None:
-        self._epoch_telemetry()
+    def _on_epoch_end(self, epoch: int, final: bool) -> bool:
+        """Telemetry, then evaluation or callbacks; False (nothing done) while a PS is unreachable."""
+        import grpc
+
+        try:  # every PS call first, so that a PS restart leaves nothing half done
+            stats = self._ps.stats()
+            if self.evaluation is None:
+                self._sync_model()
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            logger.info("end of epoch %d waits for a restarting PS", epoch + 1)
+            return False
+        self._epoch_telemetry(stats, epoch)
         if self.evaluation is not None:
             self._eval_queue.append(("final" if final else f"epoch {epoch + 1}", epoch))
         else:
-            self._sync_model()
             self.callbacks.on_epoch_end(epoch, self._epoch_logs())
+        return True
 
     def _on_evaluation(self, result: EvaluationResult) -> None:
         if self.tensorboard is not None:
@@ -624,12 +638,12 @@ class Job:
                 return  # a PS is restarting: tell it at the next poll
             self._live_workers_told = count
 
-    def _epoch_telemetry(self, final: bool = False) -> dict:
-        """Log the staleness summary since the last call (and of the whole job, when final)."""
-        total = summarize(self._ps.stats(), self.clocks.blocked_seconds)
-        if not final:
+    def _epoch_telemetry(self, stats: list, epoch: int | None = None) -> dict:
+        """Log the staleness summary since the last epoch's (or of the whole job, without an epoch)."""
+        total = summarize(stats, self.clocks.blocked_seconds)
+        if epoch is not None:
             since = total.minus(self._telemetry_mark)
-            logger.info("epoch %d consistency: %s", self._epoch_done + 1, since.describe())
+            logger.info("epoch %d consistency: %s", epoch + 1, since.describe())
             self._telemetry_mark = total
         else:
             logger.info("job consistency (%s): %s", self.config.consistency_description, total.describe())

@@ -1,0 +1,390 @@
+"""The benchmark suite: runs every case, prints a table of medians and ratios, writes JSON
+(and a PNG chart when matplotlib is importable).
+
+    python -m benchmarks                      # every case, 3 repetitions
+    python -m benchmarks --quick              # tiny sizes, 1 repetition (the smoke test)
+    python -m benchmarks --cases ps_data_plane --reps 5
+
+Each competitor runs in fresh processes with the same model, data, minibatch size and
+thread budget; competitors are interleaved (one run of each per repetition, the order
+rotated every repetition) so that machine noise spreads over all of them. Figures are
+medians over repetitions; a ratio is the median of the per-repetition ratios of runs
+made back to back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+
+from benchmarks.common import (
+    BENCH_MODEL_ZOO,
+    REPO,
+    ChildFailed,
+    cores,
+    machine_info,
+    median,
+    paired_ratios,
+    run_child,
+)
+
+CASES = ("training", "ps_data_plane", "embedding", "elastic_recovery")
+PENDING = {
+    "embedding": "pending: embeddings",
+    "elastic_recovery": "pending: elastic issue",
+}
+
+# (row name, driver spec). ElasticDL 2w runs async (--use_async), the consistency of
+# ParameterServerStrategy; its default, sync SGD with grads_to_wait=1, is shown too.
+COMPETITORS = [
+    ("keras_fit", {"competitor": "keras_fit", "num_workers": 1}),
+    ("elasticdl_1w1ps", {"competitor": "elasticdl", "num_workers": 1}),
+    ("elasticdl_2w1ps", {"competitor": "elasticdl", "num_workers": 2, "use_async": True}),
+    ("elasticdl_2w1ps_sync", {"competitor": "elasticdl", "num_workers": 2}),
+    ("pss_1w1ps", {"competitor": "pss", "num_workers": 1}),
+    ("pss_2w1ps", {"competitor": "pss", "num_workers": 2}),
+]
+QUICK_SKIPS = ("elasticdl_2w1ps_sync",)  # informational; --quick leaves it out to stay fast
+COMPETITOR_LABELS = {
+    "keras_fit": "Keras model.fit, 1 process",
+    "elasticdl_1w1ps": "ElasticDL 1 worker + 1 PS (default: sync)",
+    "elasticdl_2w1ps": "ElasticDL 2 workers + 1 PS (--use_async)",
+    "elasticdl_2w1ps_sync": "ElasticDL 2 workers + 1 PS (default: sync, grads_to_wait=1)",
+    "pss_1w1ps": "ParameterServerStrategy 1 worker + 1 PS",
+    "pss_2w1ps": "ParameterServerStrategy 2 workers + 1 PS",
+}
+
+WARMUP_BATCHES = 8  # one ElasticDL task (--num_minibatches_per_task 8)
+QUICK_WARMUP_BATCHES = 2
+
+
+def training_models(quick: bool) -> dict[str, dict]:
+    """Model name -> what the drivers need, minus the data paths (filled in later)."""
+    if quick:  # one tiny model: the smoke test has 90 s for everything
+        return {"dense_tiny": {"data": "dense_quick", "batch_size": 32, "epochs": 2,
+                               "model_params": "input_dim=32;width=64;depth=2", "input_dim": 32}}
+    return {
+        "digits": {"data": "digits", "batch_size": 64, "epochs": 20},
+        "dense5m": {"data": "dense", "batch_size": 64, "epochs": 2, "model_params": "", "input_dim": 768},
+    }
+
+
+DATASETS = {
+    "digits": {"kind": "digits"},
+    "dense": {"kind": "dense", "records": 4096, "dim": 768},
+    "dense_quick": {"kind": "dense", "records": 768, "dim": 32},
+}
+MODEL_DEFS = {
+    "digits": (os.path.join(REPO, "model_zoo"), "digits.digits_functional.custom_model"),
+    "dense5m": (BENCH_MODEL_ZOO, "dense.dense_mlp.custom_model"),
+    "dense_tiny": (BENCH_MODEL_ZOO, "dense.dense_mlp.custom_model"),
+}
+DATAPLANE_SIZES = {
+    False: {"sizes": [["10M", 10_000_000], ["50M", 50_000_000]], "rounds": {"10M": 6, "50M": 3}},
+    True: {"sizes": [["1M", 1_000_000], ["4M", 4_000_000]], "rounds": {"1M": 2, "4M": 1}},
+}
+TARGETS = {
+    "vs_pss": 1.0,
+    "vs_fit": 0.75,
+    "vs_raw_grpc": 0.6,
+}
+
+
+def log(message: str) -> None:
+    sys.stderr.write(f"[bench {time.strftime('%H:%M:%S')}] {message}\n")
+    sys.stderr.flush()
+
+
+# ---------------------------------------------------------------- case: training
+
+
+def run_training(args, out_dir: str) -> dict:
+    from benchmarks.data import prepare
+
+    models = training_models(args.quick)
+    if args.models:
+        models = {k: v for k, v in models.items() if k in args.models.split(",")}
+    data = prepare(os.path.join(out_dir, "data"), {m["data"]: DATASETS[m["data"]] for m in models.values()})
+    model_cfgs = {}
+    for name, m in models.items():
+        zoo, model_def = MODEL_DEFS[name]
+        d = data[m["data"]]
+        model_cfgs[name] = {
+            "name": name, "model_zoo": zoo, "model_def": model_def, "model_params": m.get("model_params", ""),
+            "data_dir": d["dir"], "files": d["files"], "records": d["records"],
+            "batch_size": m["batch_size"], "epochs": m["epochs"],
+        }
+    env = {"BENCH_DENSE_INPUT_DIM": str(next((m["input_dim"] for m in models.values() if "input_dim" in m), 768))}
+    competitors = [(n, c) for n, c in COMPETITORS if not args.competitors or n in args.competitors.split(",")]
+    budget = args.threads or cores()
+    raw: dict = {m: {c: [None] * args.reps for c, _ in competitors} for m in model_cfgs}
+    errors: list[str] = []
+
+    def spec_of(comp: dict, rep: int, comp_name: str, names: list[str]) -> dict:
+        return dict(comp, threads=budget, warmup_batches=QUICK_WARMUP_BATCHES if args.quick else WARMUP_BATCHES, tag=f"r{rep}-{comp_name}", env=env,
+                    models=[model_cfgs[n] for n in names])
+
+    def one(item):
+        rep, runs, names = item  # runs: [(competitor name, competitor spec)], sharing one process
+        label = "+".join(c for c, _ in runs)
+        log(f"training rep {rep + 1}/{args.reps}: {label} on {', '.join(names)}")
+        specs = [spec_of(comp, rep, comp_name, names) for comp_name, comp in runs]
+        spec = specs[0] if len(specs) == 1 else {"sequence": specs, "env": env}
+        try:
+            result = run_child("benchmarks.training", spec, cwd=out_dir, timeout=args.timeout,
+                               log_path=os.path.join(out_dir, "logs", f"r{rep}-{label}-{'-'.join(names)}.log"))
+        except ChildFailed as err:
+            errors.append(f"{label} on {', '.join(names)} (rep {rep + 1}): {err}")
+            log(str(err))
+            return
+        for (comp_name, _), res in zip(runs, result["sequence"] if len(specs) > 1 else [result]):
+            for n in names:
+                raw[n][comp_name][rep] = res[n]
+                log(f"  {comp_name} {n}: {res[n]['examples_per_s']:.0f} examples/s, "
+                    f"first gradient after {_fmt(res[n]['ttfg_s'])} s")
+
+    if args.quick:
+        # Smoke test only: keras_fit and the ElasticDL runs share one process, the PSS
+        # runs go alongside (two processes at a time); the figures are not comparable.
+        names = list(model_cfgs)
+        shared = [(n, c) for n, c in competitors if c["competitor"] != "pss" and n not in QUICK_SKIPS]
+        plan = [(0, shared, names)] if shared else []
+        plan += [(0, [(n, c)], names) for n, c in competitors if c["competitor"] == "pss"]
+        for per_model in raw.values():
+            for n in QUICK_SKIPS:
+                per_model.pop(n, None)
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(one, plan))
+    else:
+        # One process per (repetition, model, competitor); competitors interleaved and
+        # their order rotated every repetition.
+        for rep in range(args.reps):
+            shift = rep % len(competitors)
+            order = competitors[shift:] + competitors[:shift]
+            for model_name in model_cfgs:
+                for comp_name, comp in order:
+                    one((rep, [(comp_name, comp)], [model_name]))
+    return {"models": {n: {k: v for k, v in c.items() if k != "files"} for n, c in model_cfgs.items()},
+            "threads": budget, "runs": raw, "errors": errors,
+            "datasets": {k: {"source": v["source"], "records": v["records"]} for k, v in data.items()}}
+
+
+# ---------------------------------------------------------------- case: PS data plane
+
+
+def run_dataplane(args, out_dir: str) -> dict:
+    sizes = DATAPLANE_SIZES[args.quick]
+    spec = {"sizes": sizes["sizes"], "rounds": sizes["rounds"], "reps": args.reps,
+            "workdir": os.path.join(out_dir, "dataplane")}
+    log(f"ps_data_plane: {', '.join(s for s, _ in sizes['sizes'])} floats, {args.reps} repetitions")
+    try:
+        result = run_child("benchmarks.dataplane", spec, cwd=out_dir, timeout=args.timeout,
+                           log_path=os.path.join(out_dir, "logs", "dataplane.log"))
+        return {"runs": result, "errors": []}
+    except ChildFailed as err:
+        log(str(err))
+        return {"runs": {}, "errors": [str(err)]}
+
+
+# ---------------------------------------------------------------- table
+
+
+def _fmt(value, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}f}" if abs(value) >= 1 else f"{value:.{digits + 1}f}"
+
+
+def build_rows(results: dict) -> tuple[list[dict], list[dict]]:
+    rows, targets = [], []
+    training = results.get("training")
+    if training is not None:
+        for model, comps in training["runs"].items():
+            fit = [r["examples_per_s"] if r else None for r in comps.get("keras_fit", [])]
+            for comp, runs in comps.items():
+                eps = [r["examples_per_s"] if r else None for r in runs]
+                row = {
+                    "case": "training", "model": model, "competitor": comp, "metric": "examples/s",
+                    "median": median(eps), "runs": eps,
+                    "ttfg_s": median([r["ttfg_s"] if r else None for r in runs]),
+                    "ratio": None, "ratio_to": "",
+                }
+                if comp.startswith("elasticdl"):
+                    pss = comps.get("pss_2w1ps" if "_2w" in comp else "pss_1w1ps")
+                    if pss:
+                        row["ratio"] = median(paired_ratios(eps, [r["examples_per_s"] if r else None for r in pss]))
+                        row["ratio_to"] = "pss_2w1ps" if "_2w" in comp else "pss_1w1ps"
+                    row["ratio_vs_fit"] = median(paired_ratios(eps, fit)) if fit else None
+                elif comp.startswith("pss") and fit:
+                    row["ratio_vs_fit"] = median(paired_ratios(eps, fit))
+                rows.append(row)
+            for comp, pss in (("elasticdl_1w1ps", "pss_1w1ps"), ("elasticdl_2w1ps", "pss_2w1ps")):
+                if comp in comps and pss in comps:
+                    ratio = next(r["ratio"] for r in rows if r["model"] == model and r["competitor"] == comp)
+                    targets.append(_target(f"training {model}: {comp} / {pss}", ratio, TARGETS["vs_pss"]))
+            if model.startswith("dense") and "elasticdl_1w1ps" in comps and "keras_fit" in comps:
+                ratio = next(r["ratio_vs_fit"] for r in rows if r["model"] == model and r["competitor"] == "elasticdl_1w1ps")
+                targets.append(_target(f"training {model}: elasticdl_1w1ps / keras_fit", ratio, TARGETS["vs_fit"]))
+        rows.append(_pending("training", "deepfm_1m_ids", "pending: embeddings"))
+    dataplane = results.get("ps_data_plane")
+    if dataplane is not None:
+        for size, runs in dataplane["runs"].items():
+            if not isinstance(runs, dict):
+                continue  # e.g. wall_s
+            raw = [r["mb_per_s"] for r in runs["raw_grpc"]]
+            edl = [r["mb_per_s"] for r in runs["elasticdl"]]
+            rows.append({"case": "ps_data_plane", "model": f"{size} float32", "competitor": "raw_grpc_echo",
+                         "metric": "MB/s", "median": median(raw), "runs": raw, "ratio": None, "ratio_to": ""})
+            ratio = median(paired_ratios(edl, raw))
+            stream = [r["mb_per_s"] for r in runs.get("raw_grpc_stream", [])]
+            if stream:
+                rows.append({"case": "ps_data_plane", "model": f"{size} float32", "competitor": "raw_grpc_stream_1MB",
+                             "metric": "MB/s", "median": median(stream), "runs": stream, "ratio": None,
+                             "ratio_to": ""})
+            rows.append({
+                "case": "ps_data_plane", "model": f"{size} float32", "competitor": "elasticdl_ps",
+                "metric": "MB/s", "median": median(edl), "runs": edl, "ratio": ratio, "ratio_to": "raw_grpc_echo",
+                "pull_mb_per_s": median([r["pull_mb_per_s"] for r in runs["elasticdl"]]),
+                "push_mb_per_s": median([r["push_mb_per_s"] for r in runs["elasticdl"]]),
+                "ratio_vs_stream": median(paired_ratios(edl, stream)) if stream else None,
+            })
+            targets.append(_target(f"ps_data_plane {size}: elasticdl_ps / raw_grpc_echo", ratio, TARGETS["vs_raw_grpc"]))
+        if not dataplane["runs"]:
+            rows.append(_pending("ps_data_plane", "-", "error: see errors"))
+    for case, why in PENDING.items():
+        if case in results:
+            rows.append(_pending(case, "-", why))
+    return rows, targets
+
+
+def _pending(case: str, model: str, why: str) -> dict:
+    return {"case": case, "model": model, "competitor": "-", "metric": "-", "median": None, "runs": [],
+            "ratio": None, "ratio_to": "", "status": why}
+
+
+def _target(name: str, ratio: float | None, threshold: float) -> dict:
+    status = "n/a" if ratio is None else ("PASS" if ratio >= threshold else "MISS")
+    return {"target": name, "ratio": ratio, "threshold": threshold, "result": status}
+
+
+def render_table(rows: list[dict], targets: list[dict]) -> str:
+    head = ["case", "model", "competitor", "metric", "median", "runs", "first gradient s", "ratio", "vs model.fit"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in rows:
+        if r.get("status"):
+            cells = [r["case"], r["model"], r["status"], "", "", "", "", "", ""]
+        else:
+            ratio = f"{r['ratio']:.2f}x {r['ratio_to']}" if r.get("ratio") is not None else ""
+            if r.get("ratio_vs_stream") is not None:
+                ratio += f"; {r['ratio_vs_stream']:.2f}x raw_grpc_stream_1MB"
+            vs_fit = f"{r['ratio_vs_fit']:.2f}x" if r.get("ratio_vs_fit") is not None else ""
+            extra = ""
+            if r.get("pull_mb_per_s") is not None:
+                extra = f" (pull {_fmt(r['pull_mb_per_s'])}, push {_fmt(r['push_mb_per_s'])})"
+            cells = [r["case"], r["model"], r["competitor"], r["metric"], _fmt(r["median"]) + extra,
+                     " ".join(_fmt(v) for v in r["runs"]), _fmt(r.get("ttfg_s")), ratio, vs_fit]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "| target | measured | threshold | result |", "|---|---|---|---|"]
+    for t in targets:
+        measured = "-" if t["ratio"] is None else f"{t['ratio']:.2f}x"
+        lines.append(f"| {t['target']} | {measured} | >= {t['threshold']:.2f}x | {t['result']} |")
+    return "\n".join(lines)
+
+
+def write_chart(rows: list[dict], path: str) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no chart (pip install matplotlib)"
+    groups = {}
+    for r in rows:
+        if r.get("median") is not None:
+            groups.setdefault((r["case"], r["model"], r["metric"]), []).append(r)
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * max(1, len(groups)), 4.5), squeeze=False)
+    for ax, ((case, model, metric), rs) in zip(axes[0], groups.items()):
+        ax.bar(range(len(rs)), [r["median"] for r in rs], color="tab:blue")
+        for i, r in enumerate(rs):
+            ax.plot([i] * len(r["runs"]), [v for v in r["runs"]], "k.", markersize=4)
+        ax.set_xticks(range(len(rs)))
+        ax.set_xticklabels([r["competitor"] for r in rs], rotation=45, ha="right", fontsize=8)
+        ax.set_title(f"{case}: {model}", fontsize=9)
+        ax.set_ylabel(metric)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return f"chart: {path}"
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {', '.join(CASES)}")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, 1 repetition (smoke test only)")
+    parser.add_argument("--reps", type=int, default=0, help="repetitions (default 3; --quick: 1)")
+    parser.add_argument("--models", default="", help="training models (default: digits,dense5m)")
+    parser.add_argument("--competitors", default="", help="training competitors (default: all)")
+    parser.add_argument("--threads", type=int, default=0, help="cores per competitor (default: all)")
+    parser.add_argument("--out", default=os.path.join("runs", "benchmarks"), help="results, logs and data")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per child process")
+    args = parser.parse_args(argv)
+    unknown = set(args.cases.split(",")) - set(CASES)
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(sorted(unknown))}; choose from {', '.join(CASES)}")
+    args.reps = args.reps or (1 if args.quick else 3)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    out_dir = os.path.abspath(args.out)
+    os.makedirs(os.path.join(out_dir, "logs"), exist_ok=True)
+    started = time.time()
+    results: dict = {}
+    for case in args.cases.split(","):
+        try:
+            if case == "training":
+                results[case] = run_training(args, out_dir)
+            elif case == "ps_data_plane":
+                results[case] = run_dataplane(args, out_dir)
+            else:
+                results[case] = {"status": PENDING[case]}
+        except Exception as err:  # one broken case must not hide the others
+            log(f"{case} failed: {traceback.format_exc()}")
+            results[case] = {"runs": {}, "errors": [f"{type(err).__name__}: {err}"]}
+    rows, targets = build_rows(results)
+    table = render_table(rows, targets)
+    doc = {
+        "created": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": round(time.time() - started, 1),
+        "quick": args.quick, "reps": args.reps, "machine": machine_info(), "platform": platform.platform(),
+        "command": "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv),
+        "rows": rows, "targets": targets, "results": results, "table": table,
+    }
+    json_path = os.path.join(out_dir, "results.json")
+    with open(json_path, "w") as f:
+        json.dump(doc, f, indent=1, default=str)
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(table + "\n")
+    chart = write_chart(rows, os.path.join(out_dir, "results.png"))
+    print(table)
+    errors = [e for r in results.values() for e in r.get("errors", [])]
+    for e in errors:
+        print(f"\nERROR: {e}")
+    print(f"\n{chart}\nresults: {json_path} ({doc['seconds']:.0f} s, {args.reps} repetition(s)"
+          f"{', quick: sizes are tiny, figures mean nothing' if args.quick else ''})")
+    return 1 if errors else 0

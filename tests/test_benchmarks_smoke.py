@@ -1,0 +1,127 @@
+"""The benchmark suite runs end to end at tiny sizes and reports every case (benchmarks/)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CASES = {"training", "ps_data_plane", "embedding", "elastic_recovery"}
+QUICK_COMPETITORS = {"keras_fit", "elasticdl_1w1ps", "elasticdl_2w1ps", "pss_1w1ps", "pss_2w1ps"}
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@pytest.mark.timeout(300)  # about a minute on an idle 2-core machine; other test jobs slow it down
+def test_quick_suite_reports_every_case(tmp_path):
+    out = tmp_path / "bench"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=280,
+    )
+    assert result.returncode == 0, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-5000:]}"
+    doc = json.loads((out / "results.json").read_text())
+    rows = doc["rows"]
+    assert {r["case"] for r in rows} == CASES
+
+    measured = [r for r in rows if not r.get("status")]
+    training = [r for r in measured if r["case"] == "training"]
+    assert {r["competitor"] for r in training} == QUICK_COMPETITORS
+    dataplane = [r for r in measured if r["case"] == "ps_data_plane"]
+    assert {r["competitor"] for r in dataplane} == {"raw_grpc_echo", "raw_grpc_stream_1MB", "elasticdl_ps"}
+    assert len(dataplane) == 6  # two model sizes
+    for row in measured:
+        assert _is_number(row["median"]) and row["median"] > 0, row
+        assert row["runs"] and all(_is_number(v) for v in row["runs"]), row
+    for row in training:
+        assert _is_number(row["ttfg_s"]) and row["ttfg_s"] > 0, row
+    for row in measured:
+        if row["competitor"].startswith("elasticdl"):
+            assert _is_number(row["ratio"]), row
+
+    pending = {(r["case"], r["status"]) for r in rows if r.get("status")}
+    assert ("embedding", "pending: embeddings") in pending
+    assert ("elastic_recovery", "pending: elastic issue") in pending
+    assert ("training", "pending: embeddings") in pending  # DeepFM with a 1M-id table
+
+    assert len(doc["targets"]) == 5  # 2 x vs PSS, vs model.fit, 2 x data plane
+    for target in doc["targets"]:
+        assert _is_number(target["ratio"]) and target["result"] in ("PASS", "MISS"), target
+
+    table = result.stdout
+    for case in CASES:
+        assert f"| {case} |" in table
+    assert "| target | measured | threshold | result |" in table
+    assert (out / "results.md").read_text().strip() in table
+    chart = out / "results.png"
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in table
+    else:
+        assert chart.is_file() and chart.stat().st_size > 0
+
+
+def test_hand_encoded_examples_parse_as_tf_train_example(tmp_path):
+    """benchmarks/data.py writes tf.train.Example bytes without TensorFlow; TensorFlow must agree."""
+    from tensorflow.core.example import example_pb2
+
+    from benchmarks.data import encode_example, prepare
+
+    floats = np.array([0.5, -1.25, 3.0], np.float32)
+    example = example_pb2.Example.FromString(encode_example("x", floats, 7))
+    assert list(example.features.feature["x"].float_list.value) == floats.tolist()
+    assert list(example.features.feature["label"].int64_list.value) == [7]
+
+    made = prepare(str(tmp_path), {"d": {"kind": "dense", "records": 10, "dim": 4}})["d"]
+    assert made["records"] == 10 and len(made["files"]) == 2
+    again = prepare(str(tmp_path), {"d": {"kind": "dense", "records": 10, "dim": 4}})["d"]
+    assert again == made  # reused, not rewritten
+
+
+def test_ratios_and_targets_from_paired_runs():
+    from benchmarks.runner import build_rows, render_table
+
+    def runs(*values):
+        return [{"examples_per_s": v, "ttfg_s": 1.0} for v in values]
+
+    results = {
+        "training": {"runs": {"dense5m": {
+            "keras_fit": runs(100, 200, 100),
+            "elasticdl_1w1ps": runs(80, 100, 90),
+            "pss_1w1ps": runs(40, 200, 100),
+            "elasticdl_2w1ps": [None, *runs(50, 50)],  # a failed run is left out of its pairs
+            "pss_2w1ps": runs(10, 100, 25),
+        }}},
+        "ps_data_plane": {"runs": {"10M": {
+            "raw_grpc": [{"mb_per_s": 100.0}, {"mb_per_s": 300.0}],
+            "elasticdl": [{"mb_per_s": 70.0, "pull_mb_per_s": 1.0, "push_mb_per_s": 1.0},
+                          {"mb_per_s": 150.0, "pull_mb_per_s": 1.0, "push_mb_per_s": 1.0}],
+        }, "wall_s": 3.0}},
+        "embedding": {"status": "pending: embeddings"},
+    }
+    rows, targets = build_rows(results)
+    by = {(r["case"], r["competitor"]): r for r in rows}
+    assert by[("training", "elasticdl_1w1ps")]["median"] == 90
+    assert by[("training", "elasticdl_1w1ps")]["ratio"] == pytest.approx(0.9)  # median of 2.0, 0.5, 0.9
+    assert by[("training", "elasticdl_1w1ps")]["ratio_vs_fit"] == pytest.approx(0.8)  # of 0.8, 0.5, 0.9
+    assert by[("training", "elasticdl_2w1ps")]["ratio"] == pytest.approx(1.25)  # of 0.5, 2.0
+    assert by[("ps_data_plane", "elasticdl_ps")]["ratio"] == pytest.approx(0.6)  # of 0.7, 0.5
+    result = {t["target"]: t["result"] for t in targets}
+    assert result == {
+        "training dense5m: elasticdl_1w1ps / pss_1w1ps": "MISS",
+        "training dense5m: elasticdl_2w1ps / pss_2w1ps": "PASS",
+        "training dense5m: elasticdl_1w1ps / keras_fit": "PASS",
+        "ps_data_plane 10M: elasticdl_ps / raw_grpc_echo": "PASS",
+    }
+    table = render_table(rows, targets)
+    assert "| embedding | - | pending: embeddings |" in table
+    assert "| training | deepfm_1m_ids | pending: embeddings |" in table
