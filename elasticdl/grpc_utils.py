@@ -55,3 +55,53 @@ def wait_for_channel(channel: grpc.Channel, address: str, timeout: float) -> Non
         grpc.channel_ready_future(channel).result(timeout=timeout)
     except grpc.FutureTimeoutError as err:
         raise ConnectionError(f"no server answered at {address} within {timeout:.0f}s") from err
+
+
+def _serialize(message) -> bytes:
+    """Messages are serialized as usual; bytes pass through (see tensor_codec.serialize_with_tensors)."""
+    return message if isinstance(message, (bytes, bytearray)) else message.SerializeToString()
+
+
+def _service(service_name: str):
+    """(full name, [(method, request class, response class)]) of a service of elasticdl.proto."""
+    from google.protobuf import message_factory
+
+    from elasticdl.proto import elasticdl_pb2
+
+    service = elasticdl_pb2.DESCRIPTOR.services_by_name[service_name]
+    return service.full_name, [
+        (m, message_factory.GetMessageClass(m.input_type), message_factory.GetMessageClass(m.output_type))
+        for m in service.methods
+    ]
+
+
+def add_service(server: grpc.Server, service_name: str, servicer) -> None:
+    """Serve ``servicer``'s methods for a service of elasticdl.proto.
+
+    Like the generated ``add_<Service>Servicer_to_server``, except that a method may return
+    its response already serialized: the PS writes tensors straight into the reply bytes.
+    """
+    full_name, methods = _service(service_name)
+    handlers = {}
+    for method, request_class, _ in methods:
+        make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make(
+            getattr(servicer, method.name),
+            request_deserializer=request_class.FromString,
+            response_serializer=_serialize,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(full_name, handlers),))
+
+
+class ServiceStub:
+    """Like the generated ``<Service>Stub``, except that a request may be passed already serialized."""
+
+    def __init__(self, channel: grpc.Channel, service_name: str):
+        full_name, methods = _service(service_name)
+        for method, _, response_class in methods:
+            make = channel.unary_stream if method.server_streaming else channel.unary_unary
+            setattr(self, method.name, make(
+                f"/{full_name}/{method.name}",
+                request_serializer=_serialize,
+                response_deserializer=response_class.FromString,
+            ))

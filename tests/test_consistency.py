@@ -220,9 +220,8 @@ def test_sync_training_equals_single_process_averaged_gradients(tmp_path):
     import keras
     import tensorflow as tf
 
-    from elasticdl.grpc_utils import bind_local, make_server
+    from elasticdl.grpc_utils import add_service, bind_local, make_server
     from elasticdl.model_spec import load_model_spec
-    from elasticdl.proto import elasticdl_pb2_grpc
     from elasticdl.ps.optimizers import optimizer_spec_from_keras
     from elasticdl.ps.servicer import PServerServicer
     from elasticdl.worker.ps_client import PSClient
@@ -240,7 +239,7 @@ def test_sync_training_equals_single_process_averaged_gradients(tmp_path):
 
     core = ParameterServer(PSSettings(grads_to_wait=2), make_optimizer(optimizer_spec_from_keras(spec.optimizer())))
     server = make_server()
-    elasticdl_pb2_grpc.add_PServerServicer_to_server(PServerServicer(core), server)
+    add_service(server, "PServer", PServerServicer(core))
     address = f"127.0.0.1:{bind_local(server)}"
     server.start()
     try:

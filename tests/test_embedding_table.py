@@ -293,7 +293,7 @@ def grpc_two_ps():
     servers, addresses = [], []
     for core in cores:
         server = grpc_utils.make_server(max_workers=4)
-        elasticdl_pb2_grpc.add_PServerServicer_to_server(PServerServicer(core), server)
+        grpc_utils.add_service(server, "PServer", PServerServicer(core))
         addresses.append(f"127.0.0.1:{grpc_utils.bind_local(server, 0)}")
         server.start()
         servers.append(server)

@@ -15,10 +15,9 @@ import pytest
 import tensorflow as tf
 
 from elasticdl.export import export_saved_model
-from elasticdl.grpc_utils import bind_local, make_server
+from elasticdl.grpc_utils import add_service, bind_local, make_server
 from elasticdl.layers import Embedding
 from elasticdl.model_spec import load_model_spec
-from elasticdl.proto import elasticdl_pb2_grpc
 from elasticdl.ps.embedding_table import IndexedRows
 from elasticdl.ps.optimizers import make_optimizer, optimizer_spec_from_keras
 from elasticdl.ps.server import ParameterServer, PSSettings
@@ -44,7 +43,7 @@ def parameter_servers(keras_optimizer, num_ps: int = 2, **settings):
     for ps_id in range(num_ps):
         core = ParameterServer(PSSettings(ps_id=ps_id, num_ps=num_ps, **settings), make_optimizer(optimizer_spec))
         server = make_server(max_workers=8)
-        elasticdl_pb2_grpc.add_PServerServicer_to_server(PServerServicer(core), server)
+        add_service(server, "PServer", PServerServicer(core))
         addresses.append(f"127.0.0.1:{bind_local(server)}")
         server.start()
         cores.append(core)

@@ -94,6 +94,45 @@ def test_evaluation_round_counts_each_record_once_across_retries():
     assert dropped == [] and not service.busy  # the snapshot is the caller's to drop
 
 
+def test_a_round_whose_snapshot_was_lost_runs_again_on_a_new_one():
+    shards = [Shard("v", 0, 50), Shard("v", 50, 100)]
+    service, taken, _ = make_service(shards, [7, 9])
+    lost = service.start("epoch 1")
+    first = service.get_task(0)
+    state = MetricsAccumulator(binary_metrics())
+    state.update(np.ones((50, 1)), np.ones((50, 1)))
+    assert service.report(first.task_id, 0, "", 50, state.states()).accepted
+    in_flight = service.get_task(1)
+    service.suspend()  # the PS holding the snapshot restarted
+    assert service.get_task(2) is None and service.busy and service.poll() is None
+
+    assert service.restart() == lost.round_id
+    again = service.current
+    assert again.round_id != lost.round_id and taken == [lost.round_id, again.round_id]
+    assert again.reason == "epoch 1, again after a PS restart" and not again.suspended
+    # The lost round's reports are refused: every record is evaluated on the new snapshot.
+    assert not service.report(in_flight.task_id, 1, "", 50, state.states()).accepted
+    tasks = [service.get_task(0), service.get_task(1)]
+    assert all(t.snapshot_id == again.round_id for t in tasks)
+    for worker_id, task in enumerate(tasks):
+        assert service.report(task.task_id, worker_id, "", 50, state.states()).accepted
+    assert service.poll().records == 100
+
+
+def test_a_failed_restart_keeps_the_round_suspended():
+    service, _, _ = make_service([Shard("v", 0, 10)], [3])
+    lost = service.start("final")
+    service.suspend()
+
+    def unreachable(round_id):
+        raise ConnectionError("PS not back yet")
+
+    service._snapshot = unreachable
+    with pytest.raises(ConnectionError):
+        service.restart()
+    assert service.current is lost and lost.suspended and service.get_task(0) is None
+
+
 def test_due_respects_steps_delay_and_busy():
     service, _, _ = make_service([Shard("v", 0, 10)], [0])
     assert not service.due(5) and service.due(10)

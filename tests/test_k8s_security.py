@@ -34,7 +34,7 @@ def ps_server(token_file):
     """A real PS behind a server made while the job token is mounted."""
     core = ParameterServer(PSSettings(), make_optimizer(OptimizerSpec("SGD", {"learning_rate": 0.1})))
     server = grpc_utils.make_server()
-    elasticdl_pb2_grpc.add_PServerServicer_to_server(PServerServicer(core), server)
+    grpc_utils.add_service(server, "PServer", PServerServicer(core))
     port = grpc_utils.bind_local(server)
     server.start()
     yield core, f"127.0.0.1:{port}"

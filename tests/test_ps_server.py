@@ -377,7 +377,7 @@ def test_prune_keeps_all_with_zero(tmp_path):
 def grpc_ps():
     core = make_ps()
     server = grpc_utils.make_server(max_workers=4)
-    elasticdl_pb2_grpc.add_PServerServicer_to_server(PServerServicer(core), server)
+    grpc_utils.add_service(server, "PServer", PServerServicer(core))
     port = grpc_utils.bind_local(server, 0)
     server.start()
     channel = grpc_utils.make_channel(f"127.0.0.1:{port}")

@@ -99,3 +99,23 @@ def test_decode_list_names_the_bad_tensor():
     messages = [tensor_codec.encode("ok", ARRAYS["f32"]), _tensor(name="broken", content=b"\0")]
     with pytest.raises(TensorDecodeError, match="'broken'"):
         tensor_codec.decode_list(messages)
+
+
+@pytest.mark.parametrize("array", [
+    np.arange(12, dtype=np.float32).reshape(3, 4),
+    np.float32(3.5),  # a scalar keeps its empty shape
+    np.zeros((0, 7), np.float32),
+    np.array([True, False]),
+    np.arange(200_000, dtype=np.int64)[::2],  # not contiguous; a multi-byte length varint
+    np.arange(6, dtype=">f4").reshape(2, 3).T,  # big-endian and transposed
+], ids=["matrix", "scalar", "empty", "bool", "strided", "big-endian"])
+def test_serialize_with_tensors_gives_the_message_filling_the_field_would(array):
+    head = elasticdl_pb2.PullDenseParametersResponse(initialized=True, version=7)
+    raw = tensor_codec.serialize_with_tensors(head, 3, {"w": array, "b": np.ones(3, np.float32)})
+    message = elasticdl_pb2.PullDenseParametersResponse.FromString(raw)
+    assert (message.initialized, message.version) == (True, 7)
+    decoded = tensor_codec.decode_list(message.dense_parameters)
+    assert list(decoded) == ["w", "b"]
+    assert decoded["w"].shape == np.shape(array) and decoded["w"].dtype == np.asarray(array).dtype.newbyteorder("=")
+    np.testing.assert_array_equal(decoded["w"], array)
+    np.testing.assert_array_equal(decoded["b"], np.ones(3, np.float32))

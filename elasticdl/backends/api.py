@@ -12,6 +12,16 @@ from dataclasses import dataclass
 
 import grpc
 
+# The environment of every role process, on every backend (a user's --envs override it).
+ROLE_ENV = {
+    "PYTHONUNBUFFERED": "1",  # logs reach the master (and kubectl logs) as they are written
+    # glibc returns every large buffer (a tensor's bytes, a message) to the kernel and faults
+    # it in again on the next allocation; on VMs that costs more than the copy itself. Keeping
+    # freed memory in the heap doubles the PS data plane (docs/benchmarks.md).
+    "MALLOC_MMAP_THRESHOLD_": str(1 << 30),
+    "MALLOC_TRIM_THRESHOLD_": str(1 << 32),
+}
+
 
 @dataclass(frozen=True)
 class ProcessExit:

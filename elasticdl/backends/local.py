@@ -20,7 +20,7 @@ import time
 
 import grpc
 
-from elasticdl.backends.api import Backend, ProcessExit, RoleExitedError
+from elasticdl.backends.api import ROLE_ENV, Backend, ProcessExit, RoleExitedError
 from elasticdl.backends.child import PARENT_PID_ENV
 from elasticdl.grpc_utils import bind_local
 
@@ -95,9 +95,8 @@ class LocalBackend(Backend):
             if os.path.exists(ready):
                 os.remove(ready)  # a relaunched PS announces its new port
             args = [*args, "--ready_file", ready]
-        child_env = dict(os.environ, **(env or {}))
+        child_env = {**ROLE_ENV, **os.environ, **(env or {})}
         child_env[PARENT_PID_ENV] = str(os.getpid())
-        child_env.setdefault("PYTHONUNBUFFERED", "1")
         popen = subprocess.Popen(
             [sys.executable, "-m", _MODULES[role], *args],
             stdout=subprocess.PIPE,

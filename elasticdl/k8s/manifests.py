@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from elasticdl.backends.api import ROLE_ENV
 from elasticdl.config import JobConfig
 from elasticdl.k8s import options
 from elasticdl.security import TOKEN_FILE_ENV
@@ -118,8 +119,8 @@ def pod_manifest(config: JobConfig, plan: PodPlan, spec: RoleSpec) -> dict:
         _field_env(POD_UID_ENV, "metadata.uid"),
         _field_env(NAMESPACE_ENV, "metadata.namespace"),
         {"name": TOKEN_FILE_ENV, "value": f"{TOKEN_MOUNT}/{TOKEN_KEY}"},
-        {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
+    env += [{"name": k, "value": v} for k, v in ROLE_ENV.items()]
     env += [{"name": k, "value": v} for k, v in options.parse_envs(config.envs).items()]
     env += [{"name": k, "value": v} for k, v in plan.env.items()]
     volumes: list[dict[str, Any]] = [

@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 # Evaluation task ids live above this (round r starts at r * EVAL_ID_BASE), so a report
 # is routed to its round by its id alone.
 EVAL_ID_BASE = 1_000_000_000
+_AGAIN = ", again after a PS restart"
 
 
 @dataclass
@@ -34,6 +35,8 @@ class EvaluationRound:
     merger: MetricsMerger
     records: int = 0
     started: float = field(default_factory=time.monotonic)
+    # A PS restarted and lost this round's snapshot: no more tasks until ``restart()``.
+    suspended: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,9 +114,31 @@ class EvaluationService:
         logger.info("evaluating model version %d (%s)", version, reason)
         return self.current
 
+    def suspend(self) -> None:
+        """A PS went down: the running round's snapshot is gone there; hand out no more of its tasks."""
+        if self.current is not None:
+            self.current.suspended = True
+
+    def restart(self) -> int:
+        """Run the suspended round again on a fresh snapshot; returns the lost round's id.
+
+        The new round has a new id (and snapshot id), so late reports of the lost round's
+        tasks are refused. Raises what the snapshot call raises (e.g. the PS is not back yet).
+        """
+        lost = self.current
+        if lost is None:
+            raise RuntimeError("no evaluation round to restart")
+        self.current = None
+        try:
+            self.start(lost.reason if lost.reason.endswith(_AGAIN) else lost.reason + _AGAIN)
+        except Exception:
+            self.current = lost
+            raise
+        return lost.round_id
+
     def get_task(self, worker_id: int) -> Task | None:
         """An evaluation task, or None when there is none to give now."""
-        if self.current is None:
+        if self.current is None or self.current.suspended:
             return None
         task = self.current.tasks.get_task(worker_id)
         if not isinstance(task, Task):

@@ -514,6 +514,8 @@ class Job:
             else "empty: the workers give it their copy of its variables (no --checkpoint_dir)",
         )
         self.backend.start("ps", exit_.index, args)
+        if self.evaluation is not None and self.evaluation.busy:
+            self.evaluation.suspend()  # its snapshot died with the PS: run the round again once it is back
 
     def _all_done(self) -> bool:
         """Training (or prediction) finished, its last epoch's end handled, no evaluation left.
@@ -544,6 +546,8 @@ class Job:
                 if self._epoch_done < tasks.epoch:
                     self.callbacks.on_epoch_begin(self._epoch_done + 1)
         if self.evaluation is not None:
+            if self.evaluation.busy and self.evaluation.current.suspended and not self._restart_evaluation():
+                return  # the relaunched PS is not serving yet
             result = self.evaluation.poll()
             if result is not None:
                 self._on_evaluation(result)
@@ -573,6 +577,24 @@ class Job:
             self._eval_queue.append(("final" if final else f"epoch {epoch + 1}", epoch))
         else:
             self.callbacks.on_epoch_end(epoch, self._epoch_logs())
+        return True
+
+    def _restart_evaluation(self) -> bool:
+        """A suspended round runs again on a fresh snapshot; False while a PS is unreachable."""
+        import grpc
+
+        try:
+            lost = self.evaluation.restart()
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            return False
+        self._round_epochs[self.evaluation.current.round_id] = self._round_epochs.pop(lost, None)
+        try:
+            self._ps.drop_snapshot(lost)  # still held by the PS that did not restart
+        except grpc.RpcError:
+            pass  # a PS restarting again: its snapshots are gone anyway
+        logger.warning("a PS restarted during evaluation round %d: evaluating again", lost)
         return True
 
     def _on_evaluation(self, result: EvaluationResult) -> None:

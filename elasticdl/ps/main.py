@@ -12,9 +12,8 @@ import threading
 
 from elasticdl.backends.child import die_with_parent
 from elasticdl.config import JobConfig
-from elasticdl.grpc_utils import bind_role, make_server
+from elasticdl.grpc_utils import add_service, bind_role, make_server
 from elasticdl.logs import configure_logging
-from elasticdl.proto import elasticdl_pb2_grpc
 from elasticdl.ps.optimizers import OptimizerSpec, make_optimizer
 from elasticdl.ps.server import ParameterServer, PSSettings
 from elasticdl.ps.servicer import PServerServicer
@@ -63,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     core = ParameterServer(settings, make_optimizer(spec))
     core.restore()
     server = make_server()
-    elasticdl_pb2_grpc.add_PServerServicer_to_server(PServerServicer(core), server)
+    add_service(server, "PServer", PServerServicer(core))
     port = bind_role(server, args.port)
     server.start()
     logger.info("serving on 127.0.0.1:%d (%s, %s)", port, spec.name,

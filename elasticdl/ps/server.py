@@ -151,22 +151,27 @@ class ParameterServer:
         logger.info("learning rate set to %s by the master", learning_rate or "the optimizer's own")
 
     def pull(
-        self, worker_version: int, wait_for_newer: bool = False, timeout: float = 0.0
-    ) -> tuple[bool, int, dict[str, np.ndarray]]:
+        self, worker_version: int, wait_for_newer: bool = False, timeout: float = 0.0, encode=None
+    ):
         """(initialized, version, params); params are empty when the worker is current.
 
         With ``wait_for_newer`` the call blocks (up to ``timeout`` seconds) while the model
         is still at ``worker_version``: a sync worker waits there for the others' gradients.
+        With ``encode``, returns ``encode(initialized, version, params)``, called under the
+        lock on the live arrays: serializing them is then their only copy.
         """
         with self._lock:
             if wait_for_newer:
                 self._version_changed.wait_for(lambda: self.shard.version != worker_version, timeout)
             if not self.shard.initialized:
-                return False, self.shard.version, {}
-            if worker_version == self.shard.version:
-                return True, self.shard.version, {}
-            # Copies: the arrays change under the lock once it is released.
-            return True, self.shard.version, {n: v.copy() for n, v in self.shard.params.items()}
+                answer = False, self.shard.version, {}
+            elif worker_version == self.shard.version:
+                answer = True, self.shard.version, {}
+            elif encode is not None:
+                answer = True, self.shard.version, self.shard.params
+            else:  # copies: the arrays change under the lock once it is released
+                answer = True, self.shard.version, {n: v.copy() for n, v in self.shard.params.items()}
+            return encode(*answer) if encode is not None else answer
 
     def push_gradients(
         self, grads: dict[str, np.ndarray], version: int, learning_rate: float | None

@@ -13,7 +13,12 @@ from elasticdl.ps.server import ParameterServer
 TABLE_CHUNK_BYTES = 4 * 1024 * 1024
 
 
+_PULL_TENSORS_FIELD = elasticdl_pb2.PullDenseParametersResponse.DESCRIPTOR.fields_by_name["dense_parameters"].number
+
+
 class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
+    """Serve with ``grpc_utils.add_service(server, "PServer", servicer)``: a pull answers in bytes."""
+
     def __init__(self, server: ParameterServer):
         self._server = server
 
@@ -25,18 +30,10 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
     def pull_dense_parameters(self, request, context):
         if request.snapshot_id > 0:
             try:
-                initialized, version, params = self._server.pull_snapshot(request.snapshot_id)
+                return _encode_pull(*self._server.pull_snapshot(request.snapshot_id))
             except KeyError as err:
                 context.abort(grpc.StatusCode.NOT_FOUND, str(err))
-        else:
-            initialized, version, params = self._server.pull(
-                request.version, request.wait_for_newer, request.timeout_seconds
-            )
-        return elasticdl_pb2.PullDenseParametersResponse(
-            initialized=initialized,
-            version=version,
-            dense_parameters=tensor_codec.encode_dict(params),
-        )
+        return self._server.pull(request.version, request.wait_for_newer, request.timeout_seconds, _encode_pull)
 
     def push_gradients(self, request, context):
         grads = _decode_or_abort(request.gradients, context)
@@ -120,6 +117,11 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
             ],
             grads_to_wait=grads_to_wait,
         )
+
+
+def _encode_pull(initialized: bool, version: int, params) -> bytes:
+    head = elasticdl_pb2.PullDenseParametersResponse(initialized=initialized, version=version)
+    return tensor_codec.serialize_with_tensors(head, _PULL_TENSORS_FIELD, params)
 
 
 def _decode_rows_or_abort(message, context) -> IndexedRows:

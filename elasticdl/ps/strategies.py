@@ -137,6 +137,11 @@ class AverageUpdatingStrategy(GradientUpdatingStrategy):
                 f"(--sync_version_tolerance={self.version_tolerance})",
             )
         scale = np.float32(self._staleness_scale(staleness))
+        if self._count == 0 and self.effective_grads_to_wait == 1 and scale == 1:
+            # One gradient per version: nothing to average, so no copy to sum into.
+            self.telemetry.accepted(shard.version, staleness)
+            shard.apply(grads, learning_rate)
+            return PushResult(True, shard.version, applied=True)
         for name, grad in grads.items():
             if isinstance(grad, IndexedRows):
                 self._sums.setdefault(name, RowGradientSum()).add(grad, scale)

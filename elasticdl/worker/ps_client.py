@@ -8,10 +8,13 @@ import grpc
 import numpy as np
 
 from elasticdl import tensor_codec
-from elasticdl.grpc_utils import make_channel, wait_for_channel
-from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
+from elasticdl.grpc_utils import ServiceStub, make_channel, wait_for_channel
+from elasticdl.proto import elasticdl_pb2
 from elasticdl.ps.embedding_table import EmbeddingError, IndexedRows, TableInfo
 from elasticdl.sharding import partition_ids, ps_for_variable
+
+_MODEL_TENSORS_FIELD = elasticdl_pb2.Model.DESCRIPTOR.fields_by_name["dense_parameters"].number
+_PUSH_TENSORS_FIELD = elasticdl_pb2.PushGradientsRequest.DESCRIPTOR.fields_by_name["gradients"].number
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ class PSClient:
         self._channels = [make_channel(a) for a in addresses]
         for channel, address in zip(self._channels, addresses):
             wait_for_channel(channel, address, connect_timeout)
-        self._stubs = [elasticdl_pb2_grpc.PServerStub(c) for c in self._channels]
+        self._stubs = [ServiceStub(c, "PServer") for c in self._channels]
 
     @property
     def num_ps(self) -> int:
@@ -70,26 +73,21 @@ class PSClient:
     ) -> list[PullResult]:
         """Pull from every PS; where ``wait_for_newer[i]``, PS i answers once its model moved."""
         waits = wait_for_newer or [False] * len(versions)
-        futures = [
-            stub.pull_dense_parameters.future(
-                elasticdl_pb2.PullDenseParametersRequest(
-                    version=v, wait_for_newer=w, timeout_seconds=timeout if w else 0.0
-                )
-            )
+        replies = _call_each([
+            (stub.pull_dense_parameters, elasticdl_pb2.PullDenseParametersRequest(
+                version=v, wait_for_newer=w, timeout_seconds=timeout if w else 0.0
+            ))
             for stub, v, w in zip(self._stubs, versions, waits)
+        ])
+        return [
+            PullResult(reply.initialized, reply.version, tensor_codec.decode_list(reply.dense_parameters))
+            for reply in replies
         ]
-        results = []
-        for future in futures:
-            reply = future.result()
-            results.append(
-                PullResult(reply.initialized, reply.version, tensor_codec.decode_list(reply.dense_parameters))
-            )
-        return results
 
     def push_model(self, params: dict[str, np.ndarray], version: int = 0) -> list[bool]:
         futures = [
             stub.push_model.future(
-                elasticdl_pb2.Model(version=version, dense_parameters=tensor_codec.encode_dict(part))
+                tensor_codec.serialize_with_tensors(elasticdl_pb2.Model(version=version), _MODEL_TENSORS_FIELD, part)
             )
             for stub, part in zip(self._stubs, self.split(params))
         ]
@@ -103,27 +101,25 @@ class PSClient:
         worker_id: int,
     ) -> dict[int, PushAnswer]:
         """Push each PS its part (every PS gets a push, even an empty one, so versions stay in step)."""
-        futures = {
-            ps: self._stubs[ps].push_gradients.future(
+        calls = [
+            (self._stubs[ps].push_gradients, tensor_codec.serialize_with_tensors(
                 elasticdl_pb2.PushGradientsRequest(
                     worker_id=worker_id,
                     version=versions[ps],
                     learning_rate=learning_rate,
-                    gradients=tensor_codec.encode_dict(
-                        {n: v for n, v in part.items() if not isinstance(v, IndexedRows)}
-                    ),
                     embedding_gradients=[
                         _encode_rows(n, v) for n, v in part.items() if isinstance(v, IndexedRows)
                     ],
-                )
-            )
+                ),
+                _PUSH_TENSORS_FIELD,
+                {n: v for n, v in part.items() if not isinstance(v, IndexedRows)},
+            ))
             for ps, part in grads_by_ps.items()
+        ]
+        return {
+            ps: PushAnswer(reply.accepted, reply.version, reply.reason, reply.applied)
+            for ps, reply in zip(grads_by_ps, _call_each(calls))
         }
-        answers = {}
-        for ps, future in futures.items():
-            reply = _result(future)
-            answers[ps] = PushAnswer(reply.accepted, reply.version, reply.reason, reply.applied)
-        return answers
 
     # ------------------------------------------------------------ embedding tables
 
@@ -132,28 +128,24 @@ class PSClient:
         message = elasticdl_pb2.EmbeddingTableInfos(
             tables=[elasticdl_pb2.EmbeddingTableInfo(name=i.name, dim=i.dim, initializer=i.to_json()) for i in infos]
         )
-        for future in [s.push_embedding_table_infos.future(message) for s in self._stubs]:
-            _result(future)
+        _call_each([(stub.push_embedding_table_infos, message) for stub in self._stubs])
 
     def lookup(self, name: str, ids: np.ndarray, create: bool, snapshot_id: int = 0) -> np.ndarray:
         """Rows of ``ids`` (int64 [n]) in table ``name``, each from the PS holding it, in parallel."""
         ids = np.asarray(ids)
         groups = partition_ids(ids, self.num_ps)
-        futures = [
-            (positions, self._stubs[ps].pull_embedding_vectors.future(
-                elasticdl_pb2.PullEmbeddingVectorsRequest(
-                    name=name, ids=tensor_codec.encode("ids", ids[positions]), create=create,
-                    snapshot_id=snapshot_id,
-                )
+        asked = [(ps, positions) for ps, positions in enumerate(groups) if positions.size]
+        replies = _call_each([
+            (self._stubs[ps].pull_embedding_vectors, elasticdl_pb2.PullEmbeddingVectorsRequest(
+                name=name, ids=tensor_codec.encode("ids", ids[positions]), create=create, snapshot_id=snapshot_id,
             ))
-            for ps, positions in enumerate(groups)
-            if positions.size
-        ]
-        if len(futures) == 1 and futures[0][0].size == ids.size:
-            return tensor_codec.decode(_result(futures[0][1]))
+            for ps, positions in asked
+        ])
+        if len(asked) == 1 and asked[0][1].size == ids.size:
+            return tensor_codec.decode(replies[0])
         out = None
-        for positions, future in futures:
-            rows = tensor_codec.decode(_result(future))
+        for (_, positions), reply in zip(asked, replies):
+            rows = tensor_codec.decode(reply)
             if out is None:
                 out = np.empty((ids.size, rows.shape[1]), np.float32)
             out[positions] = rows
@@ -238,9 +230,16 @@ def _translate(err: grpc.RpcError) -> Exception:
     return err
 
 
-def _result(future):
-    """A call's reply; INVALID_ARGUMENT (bad embedding input) becomes EmbeddingError."""
+def _call_each(calls: list) -> list:
+    """Make every (method, request) call, in parallel; their replies in order.
+
+    The last call blocks instead of being a future: with one PS (the common case) no
+    future is made at all, and a gRPC future costs as much as the call itself.
+    INVALID_ARGUMENT (bad embedding input) becomes EmbeddingError.
+    """
     try:
-        return future.result()
+        futures = [method.future(request) for method, request in calls[:-1]]
+        last = [method(request) for method, request in calls[-1:]]
+        return [future.result() for future in futures] + last
     except grpc.RpcError as err:
         raise _translate(err) from None

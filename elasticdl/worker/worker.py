@@ -15,8 +15,8 @@ from elasticdl.model_spec import DatasetMetadata, ModelSpec
 from elasticdl.worker.master_client import MasterClient, TaskOrder
 from elasticdl.worker.ps_client import PSClient
 from elasticdl.worker.staleness import StalenessStrategy
-from elasticdl.worker.task_data import batches_with_progress, chunked_batches
-from elasticdl.worker.trainer import Trainer, make_dataset
+from elasticdl.worker.task_data import BatchStream
+from elasticdl.worker.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ class Worker:
         # Only a training job may give the PS a fresh model; evaluate/predict need a checkpoint.
         self.may_initialize_ps = may_initialize_ps
         self._processor = None  # the model zoo's PredictionOutputsProcessor, made on first use
+        self._streams: dict[tuple[Mode, DatasetMetadata], BatchStream] = {}
         self.stop_requested = False
         self._task_progress = 0  # records of the current training task trained so far
         self.versions = [-1] * ps.num_ps  # the version of each PS shard we hold
@@ -113,10 +114,14 @@ class Worker:
     def model_version(self) -> int:
         return max(self.versions)
 
-    def _dataset(self, order: TaskOrder, mode: Mode):
+    def _batches(self, order: TaskOrder, mode: Mode):
+        """(batch, records done) of a task, through this worker's pipeline for the mode and format."""
         records = list(read_records(order.path, order.start, order.end, self.has_header))
         metadata = DatasetMetadata(record_format(order.path))
-        return make_dataset(self.spec, records, mode, metadata, self.minibatch_size)
+        stream = self._streams.get((mode, metadata))
+        if stream is None:
+            stream = self._streams[(mode, metadata)] = BatchStream(self.spec, mode, metadata, self.minibatch_size)
+        return stream.batches(records), len(records)
 
     def _use_snapshot(self, order: TaskOrder, features) -> None:
         """Load the parameters an evaluation task must use (the next training batch re-pulls)."""
@@ -143,12 +148,22 @@ class Worker:
         metrics = MetricsAccumulator(self.spec.eval_metrics_fn())
         result = TaskResult()
         loaded = False
-        for features, labels in self._dataset(order, Mode.EVALUATION):
-            if not loaded:
-                self._use_snapshot(order, features)
-                loaded = True
-            metrics.update(labels, self.trainer.model(features, training=False))
-            result.records += _batch_size(labels)
+        try:
+            for (features, labels), _ in self._batches(order, Mode.EVALUATION)[0]:
+                if not loaded:
+                    self._use_snapshot(order, features)
+                    loaded = True
+                metrics.update(labels, self.trainer.model(features, training=False))
+                result.records += _batch_size(labels)
+        except grpc.RpcError as err:
+            if err.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
+                raise
+            # A PS restarted and lost the snapshot: not this task's fault, so it goes back
+            # whole without using up a retry; the master evaluates again on a new snapshot.
+            logger.warning("evaluation task %d: the snapshot is gone (%s); handing it back", order.task_id,
+                           err.details())
+            time.sleep(self.wait_seconds)
+            return TaskResult(interrupted=True)
         result.metric_states = metrics.states()
         return result
 
@@ -158,7 +173,7 @@ class Worker:
         result = TaskResult()  # no loss, no batches: they would show up as a training loss
         outputs = []
         first = True
-        for features in self._dataset(order, Mode.PREDICTION):
+        for features, _ in self._batches(order, Mode.PREDICTION)[0]:
             if isinstance(features, tuple) and len(features) == 2:
                 features = features[0]  # a dataset_fn that yields labels in prediction mode too
             if first:
@@ -177,22 +192,20 @@ class Worker:
         return result
 
     def train_task(self, order: TaskOrder) -> TaskResult:
-        records = list(read_records(order.path, order.start, order.end, self.has_header))
-        dataset = chunked_batches(
-            self.spec, records, Mode.TRAINING, DatasetMetadata(record_format(order.path)), self.minibatch_size
-        )
+        batches, total = self._batches(order, Mode.TRAINING)
         result = TaskResult()
         self._task_progress = 0
-        for (features, labels), done in batches_with_progress(dataset, len(records), self.minibatch_size):
+        for (features, labels), done in batches:
             result.loss_sum += self.train_batch(features, labels)
             result.batches += 1
             if done != self._task_progress:
                 self._task_progress = done
                 self.master.report_progress(order.task_id, done)  # not awaited
-            if self.stop_requested and done < len(records):
+            if self.stop_requested and done < total:
                 result.interrupted = True  # the master requeues records [done, end)
-                break
-        result.records = self._task_progress
+                result.records = self._task_progress
+                return result
+        result.records = total  # chunks that dataset_fn filtered out entirely are done too
         return result
 
     def train_batch(self, features, labels) -> float:
