@@ -2,7 +2,8 @@
 
     python -m benchmarks.embedding_memory            # both measurements, prints a table + JSON
     python -m benchmarks.embedding_memory --quick    # tiny sizes (a smoke test)
-    python -m benchmarks.embedding_memory --spec '{"vocabularies": [100000, 1000000], ...}'  # as a suite child
+    python -m benchmarks.embedding_memory --spec '{"vocabularies": [100000, 1000000], ...}'  # both, as a child
+    python -m benchmarks.embedding_memory --spec '{"tables": [["100k", 100000]], ...}'  # the suite's case
 
 **Worker memory.** For each vocabulary (default 100,000 and 1,000,000 ids) two real PS
 processes (``python -m elasticdl.ps.main``: async, Adam) serve a worker process that
@@ -20,6 +21,15 @@ client in this process: each round looks up a batch of unique ids (get-or-create
 pushes one gradient row per id, as a worker does for one table. Figures are ids per
 second per PS (one id = one lookup + one update): for new ids (rows created) and for ids
 already held, over gRPC, and the PS core alone in this process (no gRPC).
+
+**Row throughput per table size** (the suite's ``embedding`` case, ``--spec`` with
+``tables``). For each table size (100,000 and 1,000,000 ids), every repetition starts a
+fresh PS process (async, Adam, rows of 16 floats) and, from one client in this process:
+``create`` looks up every id of the table once, in a shuffled order and in batches,
+pushing one gradient row per id (so the PS creates each row and updates it); ``held``
+then looks up and updates batches of unique ids drawn uniformly from the full table for a
+few seconds. The same two phases run on the PS core in this process (no gRPC): the
+ceiling of the PS's own code. Figures are ids per second per PS.
 """
 
 from __future__ import annotations
@@ -197,17 +207,20 @@ def measure_memory(spec: dict, workdir: str) -> list[dict]:
 # ---------------------------------------------------------------- PS row throughput
 
 
-def _throughput(lookup, push, batch: int, seconds: float, new_ids: bool, rng) -> float:
-    """ids per second: each round one lookup (get-or-create) and one update of ``batch`` ids."""
+def _throughput(lookup, push, batch: int, seconds: float, new_ids: bool, rng, held: int = 200_000) -> float:
+    """ids per second: each round one lookup (get-or-create) and one update of ``batch`` ids.
+
+    ``new_ids``: ids no table holds yet (from 10M up); otherwise unique ids drawn from the
+    ``held`` ids 0 .. held-1, which the caller created beforehand.
+    """
     done, started = 0, time.perf_counter()
-    hot = np.arange(200_000, dtype=np.int64)
     next_new = 10_000_000
     while time.perf_counter() - started < seconds or done == 0:
         if new_ids:
             ids = np.arange(next_new, next_new + batch, dtype=np.int64)
             next_new += batch
         else:
-            ids = np.unique(rng.choice(hot, batch))
+            ids = np.unique(rng.integers(0, held, batch, dtype=np.int64))
         rows = lookup(ids)
         push(ids, np.full_like(rows, 1e-3))
         done += ids.size
@@ -257,6 +270,94 @@ def measure_throughput(spec: dict, workdir: str) -> dict:
     return out
 
 
+# ---------------------------------------------------------------- per table size (the suite)
+
+
+def _create_all(lookup, push, vocabulary: int, batch: int, rng) -> float:
+    """ids per second creating (and updating once) every row of a table of ``vocabulary`` ids."""
+    # Shuffled, as a worker meets ids: the PS must not see conveniently sorted batches.
+    order = rng.permutation(vocabulary).astype(np.int64)
+    started = time.perf_counter()
+    for start in range(0, vocabulary, batch):
+        ids = order[start:start + batch]
+        rows = lookup(ids)
+        push(ids, np.full_like(rows, 1e-3))
+    return vocabulary / (time.perf_counter() - started)
+
+
+def _table_rates_grpc(backend, workdir: str, tag: str, vocabulary: int, spec: dict, rng) -> dict[str, float]:
+    """create / held ids per second through a fresh PS process holding one table."""
+    from elasticdl.ps.embedding_table import IndexedRows, TableInfo
+    from elasticdl.worker.ps_client import PSClient
+
+    info = TableInfo("bench/embeddings", DIM, {"distribution": "uniform", "minval": -0.05, "maxval": 0.05, "seed": 1})
+    client = PSClient(_start_ps(backend, workdir, tag, num_ps=1))
+    try:
+        client.push_model({"bench/bias": np.zeros(1, np.float32)})
+        client.push_embedding_table_infos([info])
+
+        def lookup(ids):
+            return client.lookup(info.name, ids, True)
+
+        def push(ids, grads):
+            answer = client.push_gradients({0: {info.name: IndexedRows(ids, grads)}}, [0], 0.0, 0)[0]
+            assert answer.accepted, answer.reason
+
+        create = _create_all(lookup, push, vocabulary, spec["batch"], rng)
+        held = _throughput(lookup, push, spec["batch"], spec["seconds"], False, rng, held=vocabulary)
+        return {"create": create, "held": held}
+    finally:
+        client.close()
+
+
+def _table_rates_core(vocabulary: int, spec: dict, rng) -> dict[str, float]:
+    """The same two phases on a PS core in this process: no gRPC, no encoding."""
+    from elasticdl.ps.embedding_table import IndexedRows, TableInfo
+    from elasticdl.ps.optimizers import OptimizerSpec, make_optimizer
+    from elasticdl.ps.server import ParameterServer, PSSettings
+
+    info = TableInfo("bench/embeddings", DIM, {"distribution": "uniform", "minval": -0.05, "maxval": 0.05, "seed": 1})
+    core = ParameterServer(PSSettings(use_async=True), make_optimizer(OptimizerSpec.from_json_dict(ADAM)))
+    core.push_model({})
+    core.push_embedding_table_infos([info])
+
+    def lookup(ids):
+        return core.lookup_embeddings(info.name, ids, True)
+
+    def push(ids, grads):
+        core.push_gradients({info.name: IndexedRows(ids, grads)}, core.shard.version, None)
+
+    create = _create_all(lookup, push, vocabulary, spec["batch"], rng)
+    held = _throughput(lookup, push, spec["batch"], spec["seconds"], False, rng, held=vocabulary)
+    return {"create": create, "held": held}
+
+
+def run_tables(spec: dict) -> dict:
+    """{label: {"grpc": [{"create", "held"} per repetition], "core": [...]}} for each table size.
+
+    ``spec``: ``tables`` ([label, ids] pairs), ``batch`` (ids per round), ``seconds`` (of
+    the held phase), ``reps``, ``workdir``. A fresh PS process per table and repetition.
+    """
+    from elasticdl.backends.local import LocalBackend
+
+    workdir = os.path.abspath(spec["workdir"])
+    os.makedirs(os.path.join(workdir, "logs"), exist_ok=True)
+    os.environ.update(child_env())
+    out: dict[str, dict[str, list[dict[str, float]]]] = {label: {"grpc": [], "core": []} for label, _ in spec["tables"]}
+    for rep in range(spec["reps"]):
+        rng = np.random.default_rng(rep)
+        for label, vocabulary in spec["tables"]:
+            tag = f"table-{label}-r{rep}"
+            backend = LocalBackend(os.path.join(workdir, "logs", tag))
+            try:
+                out[label]["grpc"].append(_table_rates_grpc(backend, workdir, tag, vocabulary, spec, rng))
+            finally:
+                backend.stop_all()
+            out[label]["core"].append(_table_rates_core(vocabulary, spec, rng))
+            sys.stderr.write(f"rep {rep + 1} {label}: {out[label]['grpc'][-1]} (core {out[label]['core'][-1]})\n")
+    return {"tables": out, "spec": spec}
+
+
 # ---------------------------------------------------------------- entry points
 
 
@@ -283,6 +384,9 @@ def render(result: dict) -> str:
 
 
 def main() -> None:
+    from elasticdl.backends.child import die_with_parent
+
+    die_with_parent()  # no orphans if the benchmark is killed (a no-op when run by hand)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spec", help="JSON: run as a child of the benchmark suite (prints BENCH_RESULT)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -292,7 +396,8 @@ def main() -> None:
         print("WORKER_RESULT " + json.dumps(worker_main(json.loads(args.worker))), flush=True)
         return
     if args.spec:
-        emit(run(json.loads(args.spec)))
+        spec = json.loads(args.spec)
+        emit(run_tables(spec) if "tables" in spec else run(spec))
         return
     result = run(QUICK_SPEC if args.quick else DEFAULT_SPEC)
     print(render(result))

@@ -35,10 +35,6 @@ from benchmarks.common import (
 )
 
 CASES = ("training", "ps_data_plane", "embedding", "elastic_recovery")
-PENDING = {
-    "embedding": "pending: embeddings",
-    "elastic_recovery": "pending: elastic issue",
-}
 
 # (row name, driver spec). ElasticDL 2w runs async (--use_async), the consistency of
 # ParameterServerStrategy; its default, sync SGD with grads_to_wait=1, is shown too.
@@ -64,30 +60,61 @@ WARMUP_BATCHES = 8  # one ElasticDL task (--num_minibatches_per_task 8)
 QUICK_WARMUP_BATCHES = 2
 
 
+# ElasticDL flags of the DeepFM jobs: every keras.layers.Embedding becomes a PS table. The
+# default threshold (2 MiB) already swaps both 1M-id tables; 0 swaps the 10k-id tables of
+# --quick as well, so that the smoke test runs the same code path.
+PS_TABLES = {"embedding_swap_threshold_mb": 0.0}
+
+
 def training_models(quick: bool) -> dict[str, dict]:
     """Model name -> what the drivers need, minus the data paths (filled in later)."""
-    if quick:  # one tiny model: the smoke test has 90 s for everything
-        return {"dense_tiny": {"data": "dense_quick", "batch_size": 32, "epochs": 2,
-                               "model_params": "input_dim=32;width=64;depth=2", "input_dim": 32}}
+    if quick:  # two tiny models: the smoke test has 90 s for everything
+        return {
+            "dense_tiny": {"data": "dense_quick", "batch_size": 32, "epochs": 2,
+                           "model_params": "input_dim=32;width=64;depth=2", "input_dim": 32},
+            "deepfm_10k_ids": {"data": "ctr_quick", "batch_size": 64, "epochs": 1,
+                               "model_params": "vocabulary=10000", "job_flags": PS_TABLES},
+        }
     return {
         "digits": {"data": "digits", "batch_size": 64, "epochs": 20},
         "dense5m": {"data": "dense", "batch_size": 64, "epochs": 2, "model_params": "", "input_dim": 768},
+        # The zoo's CTR minibatch (model_zoo/deepctr); 40,000 records x 2 epochs = 314 minibatches.
+        "deepfm_1m_ids": {"data": "ctr", "batch_size": 256, "epochs": 2,
+                          "model_params": "vocabulary=1000000", "job_flags": PS_TABLES},
     }
 
 
 DATASETS = {
     "digits": {"kind": "digits"},
+    "digits_x10": {"kind": "digits", "copies": 10},  # the elastic job: 14,370 records per epoch
     "dense": {"kind": "dense", "records": 4096, "dim": 768},
     "dense_quick": {"kind": "dense", "records": 768, "dim": 32},
+    "ctr": {"kind": "ctr", "records": 40_000, "vocabulary": 1_000_000},
+    "ctr_quick": {"kind": "ctr", "records": 1024, "vocabulary": 10_000},
 }
 MODEL_DEFS = {
     "digits": (os.path.join(REPO, "model_zoo"), "digits.digits_functional.custom_model"),
     "dense5m": (BENCH_MODEL_ZOO, "dense.dense_mlp.custom_model"),
     "dense_tiny": (BENCH_MODEL_ZOO, "dense.dense_mlp.custom_model"),
+    "deepfm_1m_ids": (BENCH_MODEL_ZOO, "deepfm.deepfm_keras.custom_model"),
+    "deepfm_10k_ids": (BENCH_MODEL_ZOO, "deepfm.deepfm_keras.custom_model"),
 }
 DATAPLANE_SIZES = {
     False: {"sizes": [["10M", 10_000_000], ["50M", 50_000_000]], "rounds": {"10M": 6, "50M": 3}},
     True: {"sizes": [["1M", 1_000_000], ["4M", 4_000_000]], "rounds": {"1M": 2, "4M": 1}},
+}
+# Embedding tables on one PS: a fresh PS per size; batches of 2,048 ids, the unique ids of
+# the DeepFM benchmark's minibatch at most (256 records x 8 fields).
+EMBEDDING_SIZES = {
+    False: {"tables": [["100k", 100_000], ["1M", 1_000_000]], "batch": 2048, "seconds": 3.0},
+    True: {"tables": [["1k", 1_000], ["10k", 10_000]], "batch": 1024, "seconds": 0.3},
+}
+# The elastic job: digits 10 times over, tasks of 8 minibatches of 32: 56 tasks per epoch of
+# 5-15 s, so that a worker is nearly always inside a task (at an epoch's end a worker waits
+# for the last tasks of the others); far more epochs than it runs before it is interrupted.
+RECOVERY_JOB = {
+    False: {"minibatch_size": 32, "minibatches_per_task": 8, "epochs": 30, "settle_s": 2.0},
+    True: {"minibatch_size": 32, "minibatches_per_task": 8, "epochs": 30, "settle_s": 0.5},
 }
 TARGETS = {
     "vs_pss": 1.0,
@@ -118,7 +145,7 @@ def run_training(args, out_dir: str) -> dict:
         model_cfgs[name] = {
             "name": name, "model_zoo": zoo, "model_def": model_def, "model_params": m.get("model_params", ""),
             "data_dir": d["dir"], "files": d["files"], "records": d["records"],
-            "batch_size": m["batch_size"], "epochs": m["epochs"],
+            "batch_size": m["batch_size"], "epochs": m["epochs"], "job_flags": m.get("job_flags", {}),
         }
     env = {"BENCH_DENSE_INPUT_DIM": str(next((m["input_dim"] for m in models.values() if "input_dim" in m), 768))}
     competitors = [(n, c) for n, c in COMPETITORS if not args.competitors or n in args.competitors.split(",")]
@@ -192,6 +219,45 @@ def run_dataplane(args, out_dir: str) -> dict:
         return {"runs": {}, "errors": [str(err)]}
 
 
+# ---------------------------------------------------------------- case: embedding
+
+
+def run_embedding(args, out_dir: str) -> dict:
+    sizes = EMBEDDING_SIZES[args.quick]
+    spec = {**sizes, "reps": args.reps, "workdir": os.path.join(out_dir, "embedding")}
+    log(f"embedding: tables of {', '.join(label for label, _ in sizes['tables'])} ids, {args.reps} repetitions")
+    try:
+        result = run_child("benchmarks.embedding_memory", spec, cwd=out_dir, timeout=args.timeout,
+                           log_path=os.path.join(out_dir, "logs", "embedding.log"))
+        return {"runs": result["tables"], "batch": sizes["batch"], "errors": []}
+    except ChildFailed as err:
+        log(str(err))
+        return {"runs": {}, "errors": [str(err)]}
+
+
+# ---------------------------------------------------------------- case: elastic recovery
+
+
+def run_recovery(args, out_dir: str) -> dict:
+    from benchmarks.data import prepare
+
+    data = prepare(os.path.join(out_dir, "data"), {"digits_x10": DATASETS["digits_x10"]})["digits_x10"]
+    spec = {**RECOVERY_JOB[args.quick], "reps": args.reps, "data_dir": data["dir"], "kill_attempts": 3,
+            "timeout": 180.0, "workdir": os.path.join(out_dir, "elastic_recovery")}
+    log(f"elastic_recovery: digits, {args.reps} jobs (scale 1 -> 2 workers, then kill a worker)")
+    try:
+        result = run_child("benchmarks.elastic_recovery", spec, cwd=out_dir, timeout=args.timeout,
+                           log_path=os.path.join(out_dir, "logs", "elastic_recovery.log"))
+    except ChildFailed as err:
+        log(str(err))
+        return {"runs": [], "errors": [str(err)]}
+    for rep, r in enumerate(result["runs"]):
+        if r:
+            log(f"  rep {rep + 1}: scale-up {r['scale_up_s']:.2f} s, killed worker's task again "
+                f"after {r['kill_worker_s']:.3f} s")
+    return {"runs": result["runs"], "errors": result["errors"]}
+
+
 # ---------------------------------------------------------------- table
 
 
@@ -235,7 +301,6 @@ def build_rows(results: dict) -> tuple[list[dict], list[dict]]:
             if model.startswith("dense") and "elasticdl_1w1ps" in comps and "keras_fit" in comps:
                 ratio = next(r["ratio_vs_fit"] for r in rows if r["model"] == model and r["competitor"] == "elasticdl_1w1ps")
                 targets.append(_target(f"training {model}: elasticdl_1w1ps / keras_fit", ratio, TARGETS["vs_fit"]))
-        rows.append(_pending("training", "deepfm_1m_ids", "pending: embeddings"))
     dataplane = results.get("ps_data_plane")
     if dataplane is not None:
         for size, runs in dataplane["runs"].items():
@@ -260,14 +325,37 @@ def build_rows(results: dict) -> tuple[list[dict], list[dict]]:
             })
             targets.append(_target(f"ps_data_plane {size}: elasticdl_ps / raw_grpc_echo", ratio, TARGETS["vs_raw_grpc"]))
         if not dataplane["runs"]:
-            rows.append(_pending("ps_data_plane", "-", "error: see errors"))
-    for case, why in PENDING.items():
-        if case in results:
-            rows.append(_pending(case, "-", why))
+            rows.append(_status_row("ps_data_plane", "-", "error: see errors"))
+    embedding = results.get("embedding")
+    if embedding is not None:
+        for size, runs in embedding["runs"].items():
+            grpc = [r["held"] for r in runs["grpc"]]
+            core = [r["held"] for r in runs["core"]]
+            common = {"case": "embedding", "model": f"{size} ids", "metric": "ids/s per PS"}
+            rows.append({**common, "competitor": "elasticdl_ps", "median": median(grpc), "runs": grpc,
+                         "create_ids_per_s": median([r["create"] for r in runs["grpc"]]),
+                         "ratio": median(paired_ratios(grpc, core)), "ratio_to": "ps_core"})
+            rows.append({**common, "competitor": "ps_core", "median": median(core), "runs": core,
+                         "create_ids_per_s": median([r["create"] for r in runs["core"]]),
+                         "ratio": None, "ratio_to": ""})
+        if not embedding["runs"]:
+            rows.append(_status_row("embedding", "-", "error: see errors"))
+    recovery = results.get("elastic_recovery")
+    if recovery is not None:
+        for key, model, competitor, metric in (
+            ("kill_worker_s", "digits, 2 workers", "kill_worker", "s to requeued task on another worker"),
+            ("scale_up_s", "digits, 1 -> 2 workers", "scale_up", "s to new worker's first gradient"),
+        ):
+            values = [r[key] if r else None for r in recovery["runs"]]  # a failed repetition: None
+            if any(v is not None for v in values):
+                rows.append({"case": "elastic_recovery", "model": model, "competitor": competitor, "metric": metric,
+                             "median": median(values), "runs": values, "ratio": None, "ratio_to": ""})
+            else:
+                rows.append(_status_row("elastic_recovery", model, f"{competitor} error: see errors"))
     return rows, targets
 
 
-def _pending(case: str, model: str, why: str) -> dict:
+def _status_row(case: str, model: str, why: str) -> dict:
     return {"case": case, "model": model, "competitor": "-", "metric": "-", "median": None, "runs": [],
             "ratio": None, "ratio_to": "", "status": why}
 
@@ -291,8 +379,11 @@ def render_table(rows: list[dict], targets: list[dict]) -> str:
             extra = ""
             if r.get("pull_mb_per_s") is not None:
                 extra = f" (pull {_fmt(r['pull_mb_per_s'])}, push {_fmt(r['push_mb_per_s'])})"
-            cells = [r["case"], r["model"], r["competitor"], r["metric"], _fmt(r["median"]) + extra,
-                     " ".join(_fmt(v) for v in r["runs"]), _fmt(r.get("ttfg_s")), ratio, vs_fit]
+            if r.get("create_ids_per_s") is not None:
+                extra = f" (create {_fmt(r['create_ids_per_s'])})"
+            digits = 2 if r["case"] == "elastic_recovery" else 1  # seconds: two decimals
+            cells = [r["case"], r["model"], r["competitor"], r["metric"], _fmt(r["median"], digits) + extra,
+                     " ".join(_fmt(v, digits) for v in r["runs"]), _fmt(r.get("ttfg_s")), ratio, vs_fit]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "| target | measured | threshold | result |", "|---|---|---|---|"]
     for t in targets:
@@ -337,7 +428,7 @@ def parse_args(argv):
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {', '.join(CASES)}")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, 1 repetition (smoke test only)")
     parser.add_argument("--reps", type=int, default=0, help="repetitions (default 3; --quick: 1)")
-    parser.add_argument("--models", default="", help="training models (default: digits,dense5m)")
+    parser.add_argument("--models", default="", help="training models (default: digits,dense5m,deepfm_1m_ids)")
     parser.add_argument("--competitors", default="", help="training competitors (default: all)")
     parser.add_argument("--threads", type=int, default=0, help="cores per competitor (default: all)")
     parser.add_argument("--out", default=os.path.join("runs", "benchmarks"), help="results, logs and data")
@@ -350,23 +441,28 @@ def parse_args(argv):
     return args
 
 
+def run_case(case: str, args, out_dir: str) -> dict:
+    try:
+        if case == "training":
+            return run_training(args, out_dir)
+        if case == "ps_data_plane":
+            return run_dataplane(args, out_dir)
+        if case == "embedding":
+            return run_embedding(args, out_dir)
+        return run_recovery(args, out_dir)
+    except Exception as err:  # one broken case must not hide the others
+        log(f"{case} failed: {traceback.format_exc()}")
+        return {"runs": {}, "errors": [f"{type(err).__name__}: {err}"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     out_dir = os.path.abspath(args.out)
     os.makedirs(os.path.join(out_dir, "logs"), exist_ok=True)
     started = time.time()
-    results: dict = {}
-    for case in args.cases.split(","):
-        try:
-            if case == "training":
-                results[case] = run_training(args, out_dir)
-            elif case == "ps_data_plane":
-                results[case] = run_dataplane(args, out_dir)
-            else:
-                results[case] = {"status": PENDING[case]}
-        except Exception as err:  # one broken case must not hide the others
-            log(f"{case} failed: {traceback.format_exc()}")
-            results[case] = {"runs": {}, "errors": [f"{type(err).__name__}: {err}"]}
+    # One case at a time: the quick suite is CPU-bound on 2 cores, running cases side by
+    # side saves nothing.
+    results = {case: run_case(case, args, out_dir) for case in args.cases.split(",")}
     rows, targets = build_rows(results)
     table = render_table(rows, targets)
     doc = {

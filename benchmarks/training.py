@@ -185,6 +185,7 @@ def run_elasticdl(spec_json: dict) -> dict:
             use_async=spec_json.get("use_async", False),
             num_threads_per_process=max(1, spec_json["threads"] // nw),
             job_name=f"{spec_json['tag']}-{model_cfg['name']}", log_level="WARNING",
+            **model_cfg.get("job_flags", {}),
         )
         backend = InstrumentedBackend(config.effective_log_dir)
         t0 = time.time()
