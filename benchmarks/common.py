@@ -30,10 +30,16 @@ CHILD_ENV = {
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a benchmark child; it dies with this process (see die_with_parent)."""
+    """The environment of a benchmark child; it dies with this process (see die_with_parent).
+
+    Every competitor's processes get ElasticDL's role environment (its malloc settings), as
+    ElasticDL's own roles do: the same allocator for everyone.
+    """
+    from elasticdl.backends.api import ROLE_ENV
     from elasticdl.backends.child import PARENT_PID_ENV
 
     env = dict(os.environ)
+    env.update(ROLE_ENV)
     env.update(CHILD_ENV)
     env[PARENT_PID_ENV] = str(os.getpid())
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p)

@@ -9,7 +9,8 @@ import grpc
 
 from elasticdl import security
 
-# Whole models travel in one message for now; raise the 4 MB default.
+# Large models stream in 1 MB messages (the PS's *_stream methods); other messages, such as a
+# whole model pushed once at the start, may still be large: raise the 4 MB default.
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 POD_IP_ENV = "ELASTICDL_POD_IP"
 _OPTIONS = [
@@ -75,6 +76,11 @@ def _service(service_name: str):
     ]
 
 
+def _kind(method) -> str:
+    """``unary_unary``, ``unary_stream``, ``stream_unary`` or ``stream_stream``, as gRPC names them."""
+    return f"{'stream' if method.client_streaming else 'unary'}_{'stream' if method.server_streaming else 'unary'}"
+
+
 def add_service(server: grpc.Server, service_name: str, servicer) -> None:
     """Serve ``servicer``'s methods for a service of elasticdl.proto.
 
@@ -84,7 +90,7 @@ def add_service(server: grpc.Server, service_name: str, servicer) -> None:
     full_name, methods = _service(service_name)
     handlers = {}
     for method, request_class, _ in methods:
-        make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        make = getattr(grpc, f"{_kind(method)}_rpc_method_handler")
         handlers[method.name] = make(
             getattr(servicer, method.name),
             request_deserializer=request_class.FromString,
@@ -99,7 +105,7 @@ class ServiceStub:
     def __init__(self, channel: grpc.Channel, service_name: str):
         full_name, methods = _service(service_name)
         for method, _, response_class in methods:
-            make = channel.unary_stream if method.server_streaming else channel.unary_unary
+            make = getattr(channel, _kind(method))
             setattr(self, method.name, make(
                 f"/{full_name}/{method.name}",
                 request_serializer=_serialize,

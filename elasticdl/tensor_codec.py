@@ -11,25 +11,34 @@ from elasticdl.proto import elasticdl_pb2
 
 _ALLOWED_DTYPES = {"float32", "float64", "float16", "int32", "int64", "bool"}
 
+# Streamed messages carry about this many tensor bytes: Python gRPC moves 1 MB messages
+# several times faster than one message of tens of MB (docs/benchmarks.md).
+CHUNK_BYTES = 1 << 20
+
 
 class TensorDecodeError(ValueError):
     """A Tensor message whose dtype, shape and byte count do not agree."""
 
 
 def encode(name: str, array: np.ndarray) -> elasticdl_pb2.Tensor:
-    array = np.asarray(array)
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    return elasticdl_pb2.Tensor(
-        name=name,
-        dtype=array.dtype.name,
-        shape=array.shape,
-        content=np.ascontiguousarray(array).tobytes(),
-    )
+    array = _wire_array(array)
+    return elasticdl_pb2.Tensor(name=name, dtype=array.dtype.name, shape=array.shape, content=array.tobytes())
 
 
 def decode(tensor: elasticdl_pb2.Tensor, writable: bool = False) -> np.ndarray:
     """The array (read-only unless ``writable``: that costs a copy); raises TensorDecodeError."""
+    dtype, shape, expected = _checked_meta(tensor)
+    if tensor.offset or expected != len(tensor.content):
+        raise TensorDecodeError(
+            f"tensor {tensor.name!r}: shape {shape} of {tensor.dtype} needs {expected} bytes, "
+            f"message carries {len(tensor.content)}" + (f" from byte {tensor.offset}" if tensor.offset else "")
+        )
+    buffer = bytearray(tensor.content) if writable else tensor.content
+    return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+
+def _checked_meta(tensor: elasticdl_pb2.Tensor) -> tuple[np.dtype, tuple[int, ...], int]:
+    """(dtype, shape, byte count) of the whole tensor a message (or a piece of it) names."""
     if tensor.dtype not in _ALLOWED_DTYPES:
         raise TensorDecodeError(
             f"tensor {tensor.name!r}: unsupported dtype {tensor.dtype!r} "
@@ -39,14 +48,7 @@ def decode(tensor: elasticdl_pb2.Tensor, writable: bool = False) -> np.ndarray:
     shape = tuple(tensor.shape)
     if any(dim < 0 for dim in shape):
         raise TensorDecodeError(f"tensor {tensor.name!r}: negative dimension in shape {shape}")
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if expected != len(tensor.content):
-        raise TensorDecodeError(
-            f"tensor {tensor.name!r}: shape {shape} of {tensor.dtype} needs {expected} bytes, "
-            f"message carries {len(tensor.content)}"
-        )
-    buffer = bytearray(tensor.content) if writable else tensor.content
-    return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    return dtype, shape, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
 
 
 def encode_dict(arrays: dict[str, np.ndarray]) -> list[elasticdl_pb2.Tensor]:
@@ -71,18 +73,116 @@ def serialize_with_tensors(head, field_number: int, arrays: dict[str, np.ndarray
     """
     parts = [head.SerializeToString()]
     for name, array in arrays.items():
-        array = np.asarray(array)
-        if array.dtype.byteorder == ">":
-            array = array.astype(array.dtype.newbyteorder("<"))
-        if not array.flags.c_contiguous:
-            array = array.copy(order="C")  # (np.ascontiguousarray would make a scalar 1-d)
-        meta = elasticdl_pb2.Tensor(name=name, dtype=array.dtype.name, shape=array.shape).SerializeToString()
-        content = array.reshape(-1).view(np.uint8).data
-        content_key = _key(_TENSOR_CONTENT_FIELD) + _varint(array.nbytes)
-        parts += [_key(field_number) + _varint(len(meta) + len(content_key) + array.nbytes), meta, content_key, content]
+        array = _wire_array(array)
+        parts += _tensor_field(field_number, name, array, 0, array.nbytes)
     return b"".join(parts)
 
 
+def serialize_chunks(
+    head, field_number: int, arrays: dict[str, np.ndarray], later_head=None, chunk_bytes: int = CHUNK_BYTES
+) -> list[bytes]:
+    """Like ``serialize_with_tensors``, cut into messages of about ``chunk_bytes`` for a stream.
+
+    Small tensors share a message; a large one is cut into pieces (``Tensor.offset``) that
+    ``TensorAssembler`` joins again. The first message starts with ``head``, the others with
+    ``later_head`` (default: ``head``). Each byte is copied once, as in serialize_with_tensors.
+    """
+    heads = [head.SerializeToString(), (later_head or head).SerializeToString()]
+    messages: list[bytes] = []
+    parts, filled = [heads[0]], 0
+    for name, array in arrays.items():
+        array = _wire_array(array)
+        start = 0
+        while True:
+            if filled >= chunk_bytes:
+                messages.append(b"".join(parts))
+                parts, filled = [heads[1]], 0
+            stop = min(array.nbytes, start + chunk_bytes - filled)
+            parts += _tensor_field(field_number, name, array, start, stop)
+            filled += stop - start + _PIECE_OVERHEAD
+            start = stop
+            if start >= array.nbytes:
+                break
+    messages.append(b"".join(parts))
+    return messages
+
+
+class TensorAssembler:
+    """Tensors streamed in pieces (``serialize_chunks``) put back together, each piece checked.
+
+    A tensor that arrives whole is used as it is (read-only, no copy); pieces are copied
+    into one array, in order. ``result()`` raises TensorDecodeError if a tensor is incomplete.
+    """
+
+    def __init__(self) -> None:
+        self._arrays: dict[str, np.ndarray] = {}
+        self._received: dict[str, int] = {}
+
+    def add(self, tensors) -> None:
+        for tensor in tensors:
+            self._add(tensor)
+
+    def _add(self, tensor: elasticdl_pb2.Tensor) -> None:
+        name = tensor.name
+        array = self._arrays.get(name)
+        if array is None:
+            if tensor.offset:
+                raise TensorDecodeError(
+                    f"tensor {name!r}: its first piece starts at byte {tensor.offset}, not 0"
+                )
+            dtype, shape, expected = _checked_meta(tensor)
+            if len(tensor.content) == expected:  # whole: no copy
+                self._arrays[name], self._received[name] = decode(tensor), expected
+                return
+            self._arrays[name] = array = np.empty(shape, dtype)
+            self._received[name] = 0
+        received = self._received[name]
+        if (tensor.dtype, tuple(tensor.shape)) != (array.dtype.name, array.shape):
+            raise TensorDecodeError(
+                f"tensor {name!r}: a piece says {tensor.dtype} {tuple(tensor.shape)}, "
+                f"the first said {array.dtype.name} {array.shape}"
+            )
+        if received == array.nbytes:
+            raise TensorDecodeError(f"tensor {name!r} appears twice in one message")
+        stop = tensor.offset + len(tensor.content)
+        if tensor.offset != received or stop > array.nbytes:
+            raise TensorDecodeError(
+                f"tensor {name!r}: a piece covers bytes {tensor.offset}-{stop} of {array.nbytes}, "
+                f"the next piece should start at {received}"
+            )
+        array.reshape(-1).view(np.uint8)[received:stop] = np.frombuffer(tensor.content, np.uint8)
+        self._received[name] = stop
+
+    def result(self) -> dict[str, np.ndarray]:
+        for name, array in self._arrays.items():
+            if self._received[name] != array.nbytes:
+                raise TensorDecodeError(
+                    f"tensor {name!r}: {self._received[name]} of its {array.nbytes} bytes arrived"
+                )
+        return self._arrays
+
+
+def _wire_array(array) -> np.ndarray:
+    """``array`` little-endian and C-contiguous, as its bytes travel."""
+    array = np.asarray(array)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    if not array.flags.c_contiguous:
+        array = array.copy(order="C")  # (np.ascontiguousarray would make a scalar 1-d)
+    return array
+
+
+def _tensor_field(field_number: int, name: str, array: np.ndarray, start: int, stop: int) -> list:
+    """The wire parts of one ``Tensor`` in field ``field_number``: bytes [start, stop) of ``array``."""
+    meta = elasticdl_pb2.Tensor(name=name, dtype=array.dtype.name, shape=array.shape, offset=start)
+    meta = meta.SerializeToString()
+    content_key = _key(_TENSOR_CONTENT_FIELD) + _varint(stop - start)
+    content = array.reshape(-1).view(np.uint8).data[start:stop]
+    return [_key(field_number) + _varint(len(meta) + len(content_key) + stop - start), meta, content_key, content]
+
+
+# Bytes a piece adds besides its content (name, dtype, shape): counted against a message's size.
+_PIECE_OVERHEAD = 64
 _TENSOR_CONTENT_FIELD = elasticdl_pb2.Tensor.DESCRIPTOR.fields_by_name["content"].number
 
 

@@ -437,3 +437,82 @@ def test_grpc_rejects_malformed_tensors(grpc_ps):
     np.testing.assert_allclose(params["dense/kernel"], model()["dense/kernel"] - LR, rtol=1e-6)
     current = stub.pull_dense_parameters(elasticdl_pb2.PullDenseParametersRequest(version=1), timeout=10)
     assert current.version == 1 and len(current.dense_parameters) == 0
+
+
+def big_model() -> dict[str, np.ndarray]:
+    """Larger than STREAM_ABOVE_BYTES, so the client streams it (and a small variable rides along)."""
+    rng = np.random.default_rng(3)
+    return {"big/kernel": rng.normal(size=(1500, 1000)).astype(np.float32), "big/bias": np.ones(7, np.float32)}
+
+
+@pytest.fixture
+def grpc_ps_address():
+    core = make_ps(use_async=True)
+    server = grpc_utils.make_server(max_workers=4)
+    grpc_utils.add_service(server, "PServer", PServerServicer(core))
+    port = grpc_utils.bind_local(server, 0)
+    server.start()
+    try:
+        yield core, f"127.0.0.1:{port}"
+    finally:
+        server.stop(grace=None)
+
+
+def test_large_models_stream_in_pieces_and_equal_the_unary_path(grpc_ps_address, monkeypatch):
+    from elasticdl.worker import ps_client
+    from elasticdl.worker.ps_client import PSClient
+
+    core, address = grpc_ps_address
+    client = PSClient([address])
+    calls = []
+    stub = client._stubs[0]
+    for name in ("pull_dense_parameters_stream", "push_gradients_stream"):
+        method = getattr(stub, name)
+        monkeypatch.setattr(stub, name, lambda request, method=method, name=name: calls.append(name) or method(request))
+    params = big_model()
+    assert client.push_model(params) == [True]
+    pulled = client.pull([-1])[0]
+    assert calls == ["pull_dense_parameters_stream"]
+    assert (pulled.initialized, pulled.version) == (True, 0)
+    for name, value in params.items():
+        np.testing.assert_array_equal(pulled.params[name], value)
+
+    gradient = {name: np.full_like(value, 0.5) for name, value in params.items()}
+    answer = client.push_gradients({0: gradient}, [0], 0.0, worker_id=0)[0]
+    assert calls == ["pull_dense_parameters_stream", "push_gradients_stream"]
+    assert (answer.accepted, answer.version) == (True, 1)
+    for name, value in params.items():
+        np.testing.assert_allclose(core.shard.params[name], value - LR * 0.5, rtol=1e-6)
+
+    # Below the threshold the same calls are unary (a stream costs more per call).
+    monkeypatch.setattr(ps_client, "STREAM_ABOVE_BYTES", 1 << 30)
+    client.push_gradients({0: gradient}, [1], 0.0, worker_id=0)
+    assert client.pull([0])[0].version == 2
+    assert calls == ["pull_dense_parameters_stream", "push_gradients_stream"]
+    client.close()
+
+
+def test_a_malformed_streamed_push_changes_nothing(grpc_ps_address):
+    core, address = grpc_ps_address
+    assert core.push_model(big_model()) == (True, 0)
+    before = state(core)
+    channel = grpc_utils.make_channel(address)
+    stub = elasticdl_pb2_grpc.PServerStub(channel)
+    head = elasticdl_pb2.PushGradientsRequest(worker_id=0, version=0)
+    field = elasticdl_pb2.PushGradientsRequest.DESCRIPTOR.fields_by_name["gradients"].number
+    messages = [elasticdl_pb2.PushGradientsRequest.FromString(m) for m in tensor_codec.serialize_chunks(
+        head, field, {name: np.ones_like(v) for name, v in big_model().items()})]
+    assert len(messages) > 2
+    for broken, reason in [
+        (messages[:1] + messages[2:], "the next piece should start at"),  # a message lost
+        (messages[:-2], "bytes arrived"),  # the stream ended early
+        ([], "an empty push"),
+    ]:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.push_gradients_stream(iter(broken), timeout=10)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert reason in info.value.details()
+        assert_state_equal(state(core), before)
+    assert stub.push_gradients_stream(iter(messages), timeout=10).accepted
+    assert core.shard.version == 1
+    channel.close()

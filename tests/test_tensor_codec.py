@@ -119,3 +119,84 @@ def test_serialize_with_tensors_gives_the_message_filling_the_field_would(array)
     assert decoded["w"].shape == np.shape(array) and decoded["w"].dtype == np.asarray(array).dtype.newbyteorder("=")
     np.testing.assert_array_equal(decoded["w"], array)
     np.testing.assert_array_equal(decoded["b"], np.ones(3, np.float32))
+
+
+def _stream(arrays, chunk_bytes, later_head=None):
+    head = elasticdl_pb2.PullDenseParametersResponse(initialized=True, version=7)
+    raw = tensor_codec.serialize_chunks(head, 3, arrays, later_head, chunk_bytes=chunk_bytes)
+    return [elasticdl_pb2.PullDenseParametersResponse.FromString(r) for r in raw]
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 7, 64, 1000, 1 << 20])
+def test_chunks_reassemble_to_the_arrays(chunk_bytes):
+    arrays = dict(ARRAYS, big=np.arange(3000, dtype=np.float32).reshape(30, 100))
+    messages = _stream(arrays, chunk_bytes)
+    assembler = tensor_codec.TensorAssembler()
+    for message in messages:
+        assert message.version == 7
+        assembler.add(message.dense_parameters)
+    out = assembler.result()
+    assert list(out) == list(arrays)
+    for name, array in arrays.items():
+        assert out[name].dtype == array.dtype and out[name].shape == array.shape
+        np.testing.assert_array_equal(out[name], array)
+
+
+def test_chunks_stay_near_their_size_and_cut_large_tensors():
+    arrays = {"big": np.zeros(1_000_000, np.float32), "small": np.ones(10, np.float32)}
+    messages = _stream(arrays, chunk_bytes=1 << 20)
+    assert len(messages) == 4  # 4 MB of floats in 1 MB messages; the small one rides along
+    assert all(len(m.SerializeToString()) <= (1 << 20) + 200 for m in messages)
+    assert [t.offset for t in messages[1].dense_parameters] == [1 << 20]
+
+
+def test_later_messages_carry_the_later_head():
+    later = elasticdl_pb2.PullDenseParametersResponse(version=7)
+    messages = _stream({"w": np.zeros(100, np.float32)}, 100, later_head=later)
+    assert messages[0].initialized and not any(m.initialized for m in messages[1:])
+
+
+def _pieces(array, chunk_bytes):
+    return [t for m in _stream({"w": array}, chunk_bytes) for t in m.dense_parameters]
+
+
+def test_assembler_rejects_out_of_order_missing_and_mismatched_pieces():
+    pieces = _pieces(np.arange(10, dtype=np.float32), 16)
+    assert len(pieces) == 3
+    assembler = tensor_codec.TensorAssembler()
+    with pytest.raises(TensorDecodeError, match="'w': its first piece starts at byte 16"):
+        assembler.add([pieces[1]])
+    assembler = tensor_codec.TensorAssembler()
+    with pytest.raises(TensorDecodeError, match="next piece should start at 16"):
+        assembler.add([pieces[0], pieces[2]])
+    assembler = tensor_codec.TensorAssembler()
+    assembler.add(pieces[:2])
+    with pytest.raises(TensorDecodeError, match="'w': 32 of its 40 bytes arrived"):
+        assembler.result()
+    wrong = elasticdl_pb2.Tensor()
+    wrong.CopyFrom(pieces[1])
+    wrong.shape[:] = [5, 2]
+    assembler = tensor_codec.TensorAssembler()
+    with pytest.raises(TensorDecodeError, match=r"a piece says float32 \(5, 2\)"):
+        assembler.add([pieces[0], wrong])
+    assembler = tensor_codec.TensorAssembler()
+    with pytest.raises(TensorDecodeError, match="'w' appears twice"):
+        assembler.add(pieces + pieces[:1])
+
+
+def test_assembler_rejects_a_piece_past_the_end_and_bad_meta():
+    pieces = _pieces(np.arange(10, dtype=np.float32), 16)
+    long = elasticdl_pb2.Tensor()
+    long.CopyFrom(pieces[2])
+    long.content = b"\0" * 16
+    assembler = tensor_codec.TensorAssembler()
+    with pytest.raises(TensorDecodeError, match="covers bytes 32-48 of 40"):
+        assembler.add(pieces[:2] + [long])
+    with pytest.raises(TensorDecodeError, match="unsupported dtype"):
+        tensor_codec.TensorAssembler().add([_tensor(dtype="object")])
+
+
+def test_decode_refuses_a_piece():
+    piece = _pieces(np.arange(10, dtype=np.float32), 16)[1]
+    with pytest.raises(TensorDecodeError, match="from byte 16"):
+        tensor_codec.decode(piece)

@@ -293,6 +293,16 @@ class PServerStub:
                 request_serializer=elasticdl__pb2.PushGradientsRequest.SerializeToString,
                 response_deserializer=elasticdl__pb2.PushGradientsResponse.FromString,
                 _registered_method=True)
+        self.pull_dense_parameters_stream = channel.unary_stream(
+                '/elasticdl.PServer/pull_dense_parameters_stream',
+                request_serializer=elasticdl__pb2.PullDenseParametersRequest.SerializeToString,
+                response_deserializer=elasticdl__pb2.PullDenseParametersResponse.FromString,
+                _registered_method=True)
+        self.push_gradients_stream = channel.stream_unary(
+                '/elasticdl.PServer/push_gradients_stream',
+                request_serializer=elasticdl__pb2.PushGradientsRequest.SerializeToString,
+                response_deserializer=elasticdl__pb2.PushGradientsResponse.FromString,
+                _registered_method=True)
         self.save_checkpoint = channel.unary_unary(
                 '/elasticdl.PServer/save_checkpoint',
                 request_serializer=elasticdl__pb2.SaveCheckpointRequest.SerializeToString,
@@ -356,6 +366,22 @@ class PServerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def push_gradients(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def pull_dense_parameters_stream(self, request, context):
+        """The same for large models, in messages of about 1 MB (Python gRPC moves those several
+        times faster than one large message): tensors are cut into pieces (Tensor.offset).
+        A pull streams responses whose first carries `initialized` and `version`; a push
+        streams requests whose first carries the header fields and the embedding gradients.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def push_gradients_stream(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -430,6 +456,16 @@ def add_PServerServicer_to_server(servicer, server):
             ),
             'push_gradients': grpc.unary_unary_rpc_method_handler(
                     servicer.push_gradients,
+                    request_deserializer=elasticdl__pb2.PushGradientsRequest.FromString,
+                    response_serializer=elasticdl__pb2.PushGradientsResponse.SerializeToString,
+            ),
+            'pull_dense_parameters_stream': grpc.unary_stream_rpc_method_handler(
+                    servicer.pull_dense_parameters_stream,
+                    request_deserializer=elasticdl__pb2.PullDenseParametersRequest.FromString,
+                    response_serializer=elasticdl__pb2.PullDenseParametersResponse.SerializeToString,
+            ),
+            'push_gradients_stream': grpc.stream_unary_rpc_method_handler(
+                    servicer.push_gradients_stream,
                     request_deserializer=elasticdl__pb2.PushGradientsRequest.FromString,
                     response_serializer=elasticdl__pb2.PushGradientsResponse.SerializeToString,
             ),
@@ -558,6 +594,60 @@ class PServer:
             request,
             target,
             '/elasticdl.PServer/push_gradients',
+            elasticdl__pb2.PushGradientsRequest.SerializeToString,
+            elasticdl__pb2.PushGradientsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def pull_dense_parameters_stream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/elasticdl.PServer/pull_dense_parameters_stream',
+            elasticdl__pb2.PullDenseParametersRequest.SerializeToString,
+            elasticdl__pb2.PullDenseParametersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def push_gradients_stream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/elasticdl.PServer/push_gradients_stream',
             elasticdl__pb2.PushGradientsRequest.SerializeToString,
             elasticdl__pb2.PushGradientsResponse.FromString,
             options,

@@ -28,22 +28,46 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         return elasticdl_pb2.PushModelResponse(accepted=accepted, version=version)
 
     def pull_dense_parameters(self, request, context):
+        return self._pull(request, context, _encode_pull)
+
+    def pull_dense_parameters_stream(self, request, context):
+        # Serialized under the PS lock (the one copy), sent after it is released.
+        yield from self._pull(request, context, _encode_pull_chunks)
+
+    def _pull(self, request, context, encode):
         if request.snapshot_id > 0:
             try:
-                return _encode_pull(*self._server.pull_snapshot(request.snapshot_id))
+                return encode(*self._server.pull_snapshot(request.snapshot_id))
             except KeyError as err:
                 context.abort(grpc.StatusCode.NOT_FOUND, str(err))
-        return self._server.pull(request.version, request.wait_for_newer, request.timeout_seconds, _encode_pull)
+        return self._server.pull(request.version, request.wait_for_newer, request.timeout_seconds, encode)
 
     def push_gradients(self, request, context):
-        grads = _decode_or_abort(request.gradients, context)
-        for rows in request.embedding_gradients:
+        return self._push(request, _decode_or_abort(request.gradients, context), request.embedding_gradients, context)
+
+    def push_gradients_stream(self, request_iterator, context):
+        """The first request carries the header and the embedding rows; every one, tensor pieces."""
+        head, assembler = None, tensor_codec.TensorAssembler()
+        try:
+            for request in request_iterator:
+                if head is None:
+                    head = request
+                assembler.add(request.gradients)
+            grads = dict(assembler.result())
+        except tensor_codec.TensorDecodeError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        if head is None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an empty push: no request arrived")
+        return self._push(head, grads, head.embedding_gradients, context)
+
+    def _push(self, head, grads, embedding_gradients, context):
+        for rows in embedding_gradients:
             if rows.name in grads:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{rows.name!r} appears twice in one push")
             grads[rows.name] = _decode_rows_or_abort(rows, context)
-        lr = request.learning_rate if request.learning_rate > 0 else None
+        lr = head.learning_rate if head.learning_rate > 0 else None
         try:
-            result = self._server.push_gradients(grads, request.version, lr)
+            result = self._server.push_gradients(grads, head.version, lr)
         except EmbeddingError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         return elasticdl_pb2.PushGradientsResponse(
@@ -122,6 +146,11 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
 def _encode_pull(initialized: bool, version: int, params) -> bytes:
     head = elasticdl_pb2.PullDenseParametersResponse(initialized=initialized, version=version)
     return tensor_codec.serialize_with_tensors(head, _PULL_TENSORS_FIELD, params)
+
+
+def _encode_pull_chunks(initialized: bool, version: int, params) -> list[bytes]:
+    head = elasticdl_pb2.PullDenseParametersResponse(initialized=initialized, version=version)
+    return tensor_codec.serialize_chunks(head, _PULL_TENSORS_FIELD, params)
 
 
 def _decode_rows_or_abort(message, context) -> IndexedRows:
