@@ -516,3 +516,35 @@ def test_a_malformed_streamed_push_changes_nothing(grpc_ps_address):
     assert stub.push_gradients_stream(iter(messages), timeout=10).accepted
     assert core.shard.version == 1
     channel.close()
+
+
+def test_a_push_that_makes_a_version_can_answer_with_its_parameters(grpc_ps_address):
+    from elasticdl.worker.ps_client import PSClient
+
+    core, address = grpc_ps_address
+    client = PSClient([address])
+    assert client.push_model(model()) == [True]
+    # The size of the model is not known before a pull: no parameters in the answer yet.
+    assert client.push_gradients({0: grads()}, [0], 0.0, 0, want_parameters=True)[0].params is None
+    client.pull([-1])
+    answer = client.push_gradients({0: grads()}, [1], 0.0, 0, want_parameters=True)[0]
+    assert answer.version == 2 and answer.params is not None
+    pulled = client.pull([-1])[0]
+    assert pulled.version == 2
+    for name, value in pulled.params.items():
+        np.testing.assert_array_equal(answer.params[name], value)
+    # Not asked, or refused: no parameters.
+    assert client.push_gradients({0: grads()}, [2], 0.0, 0)[0].params is None
+    refused = client.push_gradients({0: {"nope": np.ones(2, np.float32)}}, [3], 0.0, 0, want_parameters=True)[0]
+    assert not refused.accepted and refused.params is None
+    client.close()
+
+
+def test_a_sync_push_waiting_for_others_answers_without_parameters():
+    ps = make_ps(params=model(), grads_to_wait=2)
+    encode = lambda result, params: (result, params)  # noqa: E731
+    result, params = ps.push_gradients(grads(), 0, None, encode)
+    assert result.accepted and not result.applied and params is None
+    result, params = ps.push_gradients(grads(), 0, None, encode)
+    assert result.applied and result.version == 1
+    np.testing.assert_allclose(params["dense/bias"], model()["dense/bias"] - LR * grads()["dense/bias"], rtol=1e-6)

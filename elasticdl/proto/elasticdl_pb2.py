@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0f\x65lasticdl.proto\x12\telasticdl\"U\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\x0c\x12\x0e\n\x06offset\x18\x05 \x01(\x03\"#\n\x0eGetTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\"\x9f\x01\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12!\n\x04type\x18\x02 \x01(\x0e\x32\x13.elasticdl.TaskType\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\r\n\x05start\x18\x04 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x03\x12\r\n\x05\x65poch\x18\x06 \x01(\x05\x12\x15\n\rmodel_version\x18\x07 \x01(\x03\x12\x13\n\x0bsnapshot_id\x18\x08 \x01(\x03\"\xdc\x01\n\x17ReportTaskResultRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x13\n\x0b\x65rr_message\x18\x03 \x01(\t\x12\x0f\n\x07records\x18\x04 \x01(\x03\x12\x10\n\x08loss_sum\x18\x05 \x01(\x01\x12\x0f\n\x07\x62\x61tches\x18\x06 \x01(\x03\x12\x15\n\rmodel_version\x18\x07 \x01(\x03\x12(\n\rmetric_states\x18\x08 \x03(\x0b\x32\x11.elasticdl.Tensor\x12\x13\n\x0binterrupted\x18\t \x01(\x08\"Q\n\x15ReportProgressRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x14\n\x0crecords_done\x18\x03 \x01(\x03\"#\n\x0cScaleRequest\x12\x13\n\x0bnum_workers\x18\x01 \x01(\x05\"2\n\rScaleResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t\"<\n\x18ReportTaskResultResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"O\n\x12ReportClockRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\r\n\x05\x63lock\x18\x02 \x01(\x03\x12\x17\n\x0f\x62locked_seconds\x18\x03 \x01(\x01\"R\n\x13ReportClockResponse\x12\r\n\x05\x63lock\x18\x01 \x01(\x03\x12\x15\n\rslowest_clock\x18\x02 \x01(\x03\x12\x15\n\rfastest_clock\x18\x03 \x01(\x03\"E\n\x05Model\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12+\n\x10\x64\x65nse_parameters\x18\x02 \x03(\x0b\x32\x11.elasticdl.Tensor\"6\n\x11PushModelResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\"s\n\x1aPullDenseParametersRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x16\n\x0ewait_for_newer\x18\x02 \x01(\x08\x12\x17\n\x0ftimeout_seconds\x18\x03 \x01(\x02\x12\x13\n\x0bsnapshot_id\x18\x04 \x01(\x03\"p\n\x1bPullDenseParametersResponse\x12\x13\n\x0binitialized\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12+\n\x10\x64\x65nse_parameters\x18\x03 \x03(\x0b\x32\x11.elasticdl.Tensor\"\xac\x01\n\x14PushGradientsRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x15\n\rlearning_rate\x18\x03 \x01(\x02\x12$\n\tgradients\x18\x04 \x03(\x0b\x32\x11.elasticdl.Tensor\x12\x33\n\x13\x65mbedding_gradients\x18\x05 \x03(\x0b\x32\x16.elasticdl.IndexedRows\"[\n\x15PushGradientsResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07\x61pplied\x18\x04 \x01(\x08\"0\n\x08Snapshot\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\x03\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\x1d\n\x0cLearningRate\x12\r\n\x05value\x18\x01 \x01(\x02\"\x1c\n\x0bLiveWorkers\x12\r\n\x05\x63ount\x18\x01 \x01(\x05\"\x07\n\x05\x45mpty\"2\n\x0eStalenessCount\x12\x11\n\tstaleness\x18\x01 \x01(\x03\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\"\xb8\x01\n\x07PSStats\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x17\n\x0fpushes_accepted\x18\x02 \x01(\x03\x12\x1d\n\x15pushes_rejected_stale\x18\x03 \x01(\x03\x12\x1f\n\x17pushes_rejected_invalid\x18\x04 \x01(\x03\x12,\n\tstaleness\x18\x05 \x03(\x0b\x32\x19.elasticdl.StalenessCount\x12\x15\n\rgrads_to_wait\x18\x06 \x01(\x05\"^\n\x0bIndexedRows\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1e\n\x03ids\x18\x02 \x01(\x0b\x32\x11.elasticdl.Tensor\x12!\n\x06values\x18\x03 \x01(\x0b\x32\x11.elasticdl.Tensor\"D\n\x12\x45mbeddingTableInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\x03\x12\x13\n\x0binitializer\x18\x03 \x01(\t\"D\n\x13\x45mbeddingTableInfos\x12-\n\x06tables\x18\x01 \x03(\x0b\x32\x1d.elasticdl.EmbeddingTableInfo\"p\n\x1bPullEmbeddingVectorsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1e\n\x03ids\x18\x02 \x01(\x0b\x32\x11.elasticdl.Tensor\x12\x0e\n\x06\x63reate\x18\x03 \x01(\x08\x12\x13\n\x0bsnapshot_id\x18\x04 \x01(\x03\"A\n\x19PullEmbeddingTableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0erows_per_chunk\x18\x02 \x01(\x03\"\x17\n\x15SaveCheckpointRequest\"7\n\x16SaveCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03*f\n\x08TaskType\x12\x19\n\x15TASK_TYPE_UNSPECIFIED\x10\x00\x12\x0c\n\x08TRAINING\x10\x01\x12\x0e\n\nEVALUATION\x10\x02\x12\x0e\n\nPREDICTION\x10\x03\x12\x08\n\x04WAIT\x10\x04\x12\x07\n\x03\x45ND\x10\x05\x32\xf1\x02\n\x06Master\x12\x36\n\x08get_task\x12\x19.elasticdl.GetTaskRequest\x1a\x0f.elasticdl.Task\x12]\n\x12report_task_result\x12\".elasticdl.ReportTaskResultRequest\x1a#.elasticdl.ReportTaskResultResponse\x12M\n\x0creport_clock\x12\x1d.elasticdl.ReportClockRequest\x1a\x1e.elasticdl.ReportClockResponse\x12\x45\n\x0freport_progress\x12 .elasticdl.ReportProgressRequest\x1a\x10.elasticdl.Empty\x12:\n\x05scale\x12\x17.elasticdl.ScaleRequest\x1a\x18.elasticdl.ScaleResponse2\xcc\x08\n\x07PServer\x12<\n\npush_model\x12\x10.elasticdl.Model\x1a\x1c.elasticdl.PushModelResponse\x12\x66\n\x15pull_dense_parameters\x12%.elasticdl.PullDenseParametersRequest\x1a&.elasticdl.PullDenseParametersResponse\x12S\n\x0epush_gradients\x12\x1f.elasticdl.PushGradientsRequest\x1a .elasticdl.PushGradientsResponse\x12o\n\x1cpull_dense_parameters_stream\x12%.elasticdl.PullDenseParametersRequest\x1a&.elasticdl.PullDenseParametersResponse0\x01\x12\\\n\x15push_gradients_stream\x12\x1f.elasticdl.PushGradientsRequest\x1a .elasticdl.PushGradientsResponse(\x01\x12V\n\x0fsave_checkpoint\x12 .elasticdl.SaveCheckpointRequest\x1a!.elasticdl.SaveCheckpointResponse\x12<\n\x10set_live_workers\x12\x16.elasticdl.LiveWorkers\x1a\x10.elasticdl.Empty\x12\x31\n\tget_stats\x12\x10.elasticdl.Empty\x1a\x12.elasticdl.PSStats\x12\x39\n\rtake_snapshot\x12\x13.elasticdl.Snapshot\x1a\x13.elasticdl.Snapshot\x12\x36\n\rdrop_snapshot\x12\x13.elasticdl.Snapshot\x1a\x10.elasticdl.Empty\x12>\n\x11set_learning_rate\x12\x17.elasticdl.LearningRate\x1a\x10.elasticdl.Empty\x12N\n\x1apush_embedding_table_infos\x12\x1e.elasticdl.EmbeddingTableInfos\x1a\x10.elasticdl.Empty\x12S\n\x16pull_embedding_vectors\x12&.elasticdl.PullEmbeddingVectorsRequest\x1a\x11.elasticdl.Tensor\x12V\n\x14pull_embedding_table\x12$.elasticdl.PullEmbeddingTableRequest\x1a\x16.elasticdl.IndexedRows0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0f\x65lasticdl.proto\x12\telasticdl\"U\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\x0c\x12\x0e\n\x06offset\x18\x05 \x01(\x03\"#\n\x0eGetTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\"\x9f\x01\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12!\n\x04type\x18\x02 \x01(\x0e\x32\x13.elasticdl.TaskType\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\r\n\x05start\x18\x04 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x03\x12\r\n\x05\x65poch\x18\x06 \x01(\x05\x12\x15\n\rmodel_version\x18\x07 \x01(\x03\x12\x13\n\x0bsnapshot_id\x18\x08 \x01(\x03\"\xdc\x01\n\x17ReportTaskResultRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x13\n\x0b\x65rr_message\x18\x03 \x01(\t\x12\x0f\n\x07records\x18\x04 \x01(\x03\x12\x10\n\x08loss_sum\x18\x05 \x01(\x01\x12\x0f\n\x07\x62\x61tches\x18\x06 \x01(\x03\x12\x15\n\rmodel_version\x18\x07 \x01(\x03\x12(\n\rmetric_states\x18\x08 \x03(\x0b\x32\x11.elasticdl.Tensor\x12\x13\n\x0binterrupted\x18\t \x01(\x08\"Q\n\x15ReportProgressRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\x14\n\x0crecords_done\x18\x03 \x01(\x03\"#\n\x0cScaleRequest\x12\x13\n\x0bnum_workers\x18\x01 \x01(\x05\"2\n\rScaleResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t\"<\n\x18ReportTaskResultResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"O\n\x12ReportClockRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\r\n\x05\x63lock\x18\x02 \x01(\x03\x12\x17\n\x0f\x62locked_seconds\x18\x03 \x01(\x01\"R\n\x13ReportClockResponse\x12\r\n\x05\x63lock\x18\x01 \x01(\x03\x12\x15\n\rslowest_clock\x18\x02 \x01(\x03\x12\x15\n\rfastest_clock\x18\x03 \x01(\x03\"E\n\x05Model\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12+\n\x10\x64\x65nse_parameters\x18\x02 \x03(\x0b\x32\x11.elasticdl.Tensor\"6\n\x11PushModelResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\"s\n\x1aPullDenseParametersRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x16\n\x0ewait_for_newer\x18\x02 \x01(\x08\x12\x17\n\x0ftimeout_seconds\x18\x03 \x01(\x02\x12\x13\n\x0bsnapshot_id\x18\x04 \x01(\x03\"p\n\x1bPullDenseParametersResponse\x12\x13\n\x0binitialized\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12+\n\x10\x64\x65nse_parameters\x18\x03 \x03(\x0b\x32\x11.elasticdl.Tensor\"\xc7\x01\n\x14PushGradientsRequest\x12\x11\n\tworker_id\x18\x01 \x01(\x05\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x15\n\rlearning_rate\x18\x03 \x01(\x02\x12$\n\tgradients\x18\x04 \x03(\x0b\x32\x11.elasticdl.Tensor\x12\x33\n\x13\x65mbedding_gradients\x18\x05 \x03(\x0b\x32\x16.elasticdl.IndexedRows\x12\x19\n\x11return_parameters\x18\x06 \x01(\x08\"\xa0\x01\n\x15PushGradientsResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07\x61pplied\x18\x04 \x01(\x08\x12\x16\n\x0ehas_parameters\x18\x05 \x01(\x08\x12+\n\x10\x64\x65nse_parameters\x18\x06 \x03(\x0b\x32\x11.elasticdl.Tensor\"0\n\x08Snapshot\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\x03\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\x1d\n\x0cLearningRate\x12\r\n\x05value\x18\x01 \x01(\x02\"\x1c\n\x0bLiveWorkers\x12\r\n\x05\x63ount\x18\x01 \x01(\x05\"\x07\n\x05\x45mpty\"2\n\x0eStalenessCount\x12\x11\n\tstaleness\x18\x01 \x01(\x03\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\"\xb8\x01\n\x07PSStats\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x17\n\x0fpushes_accepted\x18\x02 \x01(\x03\x12\x1d\n\x15pushes_rejected_stale\x18\x03 \x01(\x03\x12\x1f\n\x17pushes_rejected_invalid\x18\x04 \x01(\x03\x12,\n\tstaleness\x18\x05 \x03(\x0b\x32\x19.elasticdl.StalenessCount\x12\x15\n\rgrads_to_wait\x18\x06 \x01(\x05\"^\n\x0bIndexedRows\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1e\n\x03ids\x18\x02 \x01(\x0b\x32\x11.elasticdl.Tensor\x12!\n\x06values\x18\x03 \x01(\x0b\x32\x11.elasticdl.Tensor\"D\n\x12\x45mbeddingTableInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\x03\x12\x13\n\x0binitializer\x18\x03 \x01(\t\"D\n\x13\x45mbeddingTableInfos\x12-\n\x06tables\x18\x01 \x03(\x0b\x32\x1d.elasticdl.EmbeddingTableInfo\"p\n\x1bPullEmbeddingVectorsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1e\n\x03ids\x18\x02 \x01(\x0b\x32\x11.elasticdl.Tensor\x12\x0e\n\x06\x63reate\x18\x03 \x01(\x08\x12\x13\n\x0bsnapshot_id\x18\x04 \x01(\x03\"A\n\x19PullEmbeddingTableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0erows_per_chunk\x18\x02 \x01(\x03\"\x17\n\x15SaveCheckpointRequest\"7\n\x16SaveCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03*f\n\x08TaskType\x12\x19\n\x15TASK_TYPE_UNSPECIFIED\x10\x00\x12\x0c\n\x08TRAINING\x10\x01\x12\x0e\n\nEVALUATION\x10\x02\x12\x0e\n\nPREDICTION\x10\x03\x12\x08\n\x04WAIT\x10\x04\x12\x07\n\x03\x45ND\x10\x05\x32\xf1\x02\n\x06Master\x12\x36\n\x08get_task\x12\x19.elasticdl.GetTaskRequest\x1a\x0f.elasticdl.Task\x12]\n\x12report_task_result\x12\".elasticdl.ReportTaskResultRequest\x1a#.elasticdl.ReportTaskResultResponse\x12M\n\x0creport_clock\x12\x1d.elasticdl.ReportClockRequest\x1a\x1e.elasticdl.ReportClockResponse\x12\x45\n\x0freport_progress\x12 .elasticdl.ReportProgressRequest\x1a\x10.elasticdl.Empty\x12:\n\x05scale\x12\x17.elasticdl.ScaleRequest\x1a\x18.elasticdl.ScaleResponse2\xcc\x08\n\x07PServer\x12<\n\npush_model\x12\x10.elasticdl.Model\x1a\x1c.elasticdl.PushModelResponse\x12\x66\n\x15pull_dense_parameters\x12%.elasticdl.PullDenseParametersRequest\x1a&.elasticdl.PullDenseParametersResponse\x12S\n\x0epush_gradients\x12\x1f.elasticdl.PushGradientsRequest\x1a .elasticdl.PushGradientsResponse\x12o\n\x1cpull_dense_parameters_stream\x12%.elasticdl.PullDenseParametersRequest\x1a&.elasticdl.PullDenseParametersResponse0\x01\x12\\\n\x15push_gradients_stream\x12\x1f.elasticdl.PushGradientsRequest\x1a .elasticdl.PushGradientsResponse(\x01\x12V\n\x0fsave_checkpoint\x12 .elasticdl.SaveCheckpointRequest\x1a!.elasticdl.SaveCheckpointResponse\x12<\n\x10set_live_workers\x12\x16.elasticdl.LiveWorkers\x1a\x10.elasticdl.Empty\x12\x31\n\tget_stats\x12\x10.elasticdl.Empty\x1a\x12.elasticdl.PSStats\x12\x39\n\rtake_snapshot\x12\x13.elasticdl.Snapshot\x1a\x13.elasticdl.Snapshot\x12\x36\n\rdrop_snapshot\x12\x13.elasticdl.Snapshot\x1a\x10.elasticdl.Empty\x12>\n\x11set_learning_rate\x12\x17.elasticdl.LearningRate\x1a\x10.elasticdl.Empty\x12N\n\x1apush_embedding_table_infos\x12\x1e.elasticdl.EmbeddingTableInfos\x1a\x10.elasticdl.Empty\x12S\n\x16pull_embedding_vectors\x12&.elasticdl.PullEmbeddingVectorsRequest\x1a\x11.elasticdl.Tensor\x12V\n\x14pull_embedding_table\x12$.elasticdl.PullEmbeddingTableRequest\x1a\x16.elasticdl.IndexedRows0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'elasticdl_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TASKTYPE']._serialized_start=2422
-  _globals['_TASKTYPE']._serialized_end=2524
+  _globals['_TASKTYPE']._serialized_start=2519
+  _globals['_TASKTYPE']._serialized_end=2621
   _globals['_TENSOR']._serialized_start=30
   _globals['_TENSOR']._serialized_end=115
   _globals['_GETTASKREQUEST']._serialized_start=117
@@ -62,37 +62,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PULLDENSEPARAMETERSRESPONSE']._serialized_start=1182
   _globals['_PULLDENSEPARAMETERSRESPONSE']._serialized_end=1294
   _globals['_PUSHGRADIENTSREQUEST']._serialized_start=1297
-  _globals['_PUSHGRADIENTSREQUEST']._serialized_end=1469
-  _globals['_PUSHGRADIENTSRESPONSE']._serialized_start=1471
-  _globals['_PUSHGRADIENTSRESPONSE']._serialized_end=1562
-  _globals['_SNAPSHOT']._serialized_start=1564
-  _globals['_SNAPSHOT']._serialized_end=1612
-  _globals['_LEARNINGRATE']._serialized_start=1614
-  _globals['_LEARNINGRATE']._serialized_end=1643
-  _globals['_LIVEWORKERS']._serialized_start=1645
-  _globals['_LIVEWORKERS']._serialized_end=1673
-  _globals['_EMPTY']._serialized_start=1675
-  _globals['_EMPTY']._serialized_end=1682
-  _globals['_STALENESSCOUNT']._serialized_start=1684
-  _globals['_STALENESSCOUNT']._serialized_end=1734
-  _globals['_PSSTATS']._serialized_start=1737
-  _globals['_PSSTATS']._serialized_end=1921
-  _globals['_INDEXEDROWS']._serialized_start=1923
-  _globals['_INDEXEDROWS']._serialized_end=2017
-  _globals['_EMBEDDINGTABLEINFO']._serialized_start=2019
-  _globals['_EMBEDDINGTABLEINFO']._serialized_end=2087
-  _globals['_EMBEDDINGTABLEINFOS']._serialized_start=2089
-  _globals['_EMBEDDINGTABLEINFOS']._serialized_end=2157
-  _globals['_PULLEMBEDDINGVECTORSREQUEST']._serialized_start=2159
-  _globals['_PULLEMBEDDINGVECTORSREQUEST']._serialized_end=2271
-  _globals['_PULLEMBEDDINGTABLEREQUEST']._serialized_start=2273
-  _globals['_PULLEMBEDDINGTABLEREQUEST']._serialized_end=2338
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=2340
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=2363
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=2365
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=2420
-  _globals['_MASTER']._serialized_start=2527
-  _globals['_MASTER']._serialized_end=2896
-  _globals['_PSERVER']._serialized_start=2899
-  _globals['_PSERVER']._serialized_end=3999
+  _globals['_PUSHGRADIENTSREQUEST']._serialized_end=1496
+  _globals['_PUSHGRADIENTSRESPONSE']._serialized_start=1499
+  _globals['_PUSHGRADIENTSRESPONSE']._serialized_end=1659
+  _globals['_SNAPSHOT']._serialized_start=1661
+  _globals['_SNAPSHOT']._serialized_end=1709
+  _globals['_LEARNINGRATE']._serialized_start=1711
+  _globals['_LEARNINGRATE']._serialized_end=1740
+  _globals['_LIVEWORKERS']._serialized_start=1742
+  _globals['_LIVEWORKERS']._serialized_end=1770
+  _globals['_EMPTY']._serialized_start=1772
+  _globals['_EMPTY']._serialized_end=1779
+  _globals['_STALENESSCOUNT']._serialized_start=1781
+  _globals['_STALENESSCOUNT']._serialized_end=1831
+  _globals['_PSSTATS']._serialized_start=1834
+  _globals['_PSSTATS']._serialized_end=2018
+  _globals['_INDEXEDROWS']._serialized_start=2020
+  _globals['_INDEXEDROWS']._serialized_end=2114
+  _globals['_EMBEDDINGTABLEINFO']._serialized_start=2116
+  _globals['_EMBEDDINGTABLEINFO']._serialized_end=2184
+  _globals['_EMBEDDINGTABLEINFOS']._serialized_start=2186
+  _globals['_EMBEDDINGTABLEINFOS']._serialized_end=2254
+  _globals['_PULLEMBEDDINGVECTORSREQUEST']._serialized_start=2256
+  _globals['_PULLEMBEDDINGVECTORSREQUEST']._serialized_end=2368
+  _globals['_PULLEMBEDDINGTABLEREQUEST']._serialized_start=2370
+  _globals['_PULLEMBEDDINGTABLEREQUEST']._serialized_end=2435
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=2437
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=2460
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=2462
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=2517
+  _globals['_MASTER']._serialized_start=2624
+  _globals['_MASTER']._serialized_end=2993
+  _globals['_PSERVER']._serialized_start=2996
+  _globals['_PSERVER']._serialized_end=4096
 # @@protoc_insertion_point(module_scope)

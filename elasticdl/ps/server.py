@@ -174,8 +174,10 @@ class ParameterServer:
             return encode(*answer) if encode is not None else answer
 
     def push_gradients(
-        self, grads: dict[str, np.ndarray], version: int, learning_rate: float | None
-    ) -> PushResult:
+        self, grads: dict[str, np.ndarray], version: int, learning_rate: float | None, encode=None
+    ):
+        """The PushResult; with ``encode``, ``encode(result, params)`` called under the lock, where
+        ``params`` are the live parameters when this push made a new version, else None."""
         with self._lock:
             try:
                 self.shard.check_gradients(grads)
@@ -186,14 +188,17 @@ class ParameterServer:
             except GradientError as err:
                 logger.warning("rejected push: %s", err)
                 self.strategy.telemetry.pushes_rejected_invalid += 1
-                return PushResult(False, self.shard.version, str(err))
-            before = self.shard.version
-            if learning_rate is None:
-                learning_rate = self._learning_rate
-            result = self.strategy.push(self.shard, grads, version, learning_rate)
-            if self.shard.version != before:
-                self._on_new_version()
-            return result
+                result = PushResult(False, self.shard.version, str(err))
+            else:
+                before = self.shard.version
+                if learning_rate is None:
+                    learning_rate = self._learning_rate
+                result = self.strategy.push(self.shard, grads, version, learning_rate)
+                if self.shard.version != before:
+                    self._on_new_version()
+            if encode is None:
+                return result
+            return encode(result, self.shard.params if result.applied else None)
 
     def set_live_workers(self, count: int) -> None:
         """The master's count of workers holding a task (sync mode adapts grads_to_wait)."""

@@ -14,6 +14,7 @@ TABLE_CHUNK_BYTES = 4 * 1024 * 1024
 
 
 _PULL_TENSORS_FIELD = elasticdl_pb2.PullDenseParametersResponse.DESCRIPTOR.fields_by_name["dense_parameters"].number
+_PUSH_REPLY_TENSORS_FIELD = elasticdl_pb2.PushGradientsResponse.DESCRIPTOR.fields_by_name["dense_parameters"].number
 
 
 class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
@@ -66,13 +67,14 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{rows.name!r} appears twice in one push")
             grads[rows.name] = _decode_rows_or_abort(rows, context)
         lr = head.learning_rate if head.learning_rate > 0 else None
+        # Asked for (a unary push of a small model), the new parameters are written into the
+        # reply under the PS lock, as a pull would: the worker then skips its next pull.
+        encode = _encode_push_reply if head.return_parameters else None
         try:
-            result = self._server.push_gradients(grads, head.version, lr)
+            result = self._server.push_gradients(grads, head.version, lr, encode)
         except EmbeddingError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        return elasticdl_pb2.PushGradientsResponse(
-            accepted=result.accepted, version=result.version, reason=result.reason, applied=result.applied
-        )
+        return result if encode is not None else _push_reply(result)
 
     def save_checkpoint(self, request, context):
         path = self._server.save_checkpoint()
@@ -146,6 +148,20 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
 def _encode_pull(initialized: bool, version: int, params) -> bytes:
     head = elasticdl_pb2.PullDenseParametersResponse(initialized=initialized, version=version)
     return tensor_codec.serialize_with_tensors(head, _PULL_TENSORS_FIELD, params)
+
+
+def _push_reply(result) -> elasticdl_pb2.PushGradientsResponse:
+    return elasticdl_pb2.PushGradientsResponse(
+        accepted=result.accepted, version=result.version, reason=result.reason, applied=result.applied
+    )
+
+
+def _encode_push_reply(result, params) -> bytes:
+    head = _push_reply(result)
+    if params is None:
+        return head.SerializeToString()
+    head.has_parameters = True
+    return tensor_codec.serialize_with_tensors(head, _PUSH_REPLY_TENSORS_FIELD, params)
 
 
 def _encode_pull_chunks(initialized: bool, version: int, params) -> list[bytes]:

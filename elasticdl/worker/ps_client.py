@@ -35,6 +35,8 @@ class PushAnswer:
     version: int
     reason: str
     applied: bool = True
+    # The PS's parameters at `version`, when asked for and this push made that version.
+    params: dict[str, np.ndarray] | None = None
 
 
 @dataclass(frozen=True)
@@ -127,15 +129,22 @@ class PSClient:
         versions: list[int],
         learning_rate: float,
         worker_id: int,
+        want_parameters: bool = False,
     ) -> dict[int, PushAnswer]:
-        """Push each PS its part (every PS gets a push, even an empty one, so versions stay in step)."""
+        """Push each PS its part (every PS gets a push, even an empty one, so versions stay in step).
+
+        With ``want_parameters``, a PS whose part of the model is known to be small answers a
+        push that made a new version with that version's parameters (``PushAnswer.params``).
+        """
         answers = self._each([
-            functools.partial(self._push_one, ps, part, versions[ps], learning_rate, worker_id)
+            functools.partial(self._push_one, ps, part, versions[ps], learning_rate, worker_id, want_parameters)
             for ps, part in grads_by_ps.items()
         ])
         return dict(zip(grads_by_ps, answers))
 
-    def _push_one(self, ps: int, part: dict, version: int, learning_rate: float, worker_id: int) -> PushAnswer:
+    def _push_one(
+        self, ps: int, part: dict, version: int, learning_rate: float, worker_id: int, want_parameters: bool
+    ) -> PushAnswer:
         """Dense gradients larger than STREAM_ABOVE_BYTES stream in 1 MB messages."""
         dense = {n: v for n, v in part.items() if not isinstance(v, IndexedRows)}
         head = elasticdl_pb2.PushGradientsRequest(
@@ -150,8 +159,11 @@ class PSClient:
             messages = tensor_codec.serialize_chunks(head, _PUSH_TENSORS_FIELD, dense, later)
             reply = stub.push_gradients_stream(iter(messages))
         else:
+            known = self._pull_bytes[ps]
+            head.return_parameters = want_parameters and known is not None and known <= STREAM_ABOVE_BYTES
             reply = stub.push_gradients(tensor_codec.serialize_with_tensors(head, _PUSH_TENSORS_FIELD, dense))
-        return PushAnswer(reply.accepted, reply.version, reply.reason, reply.applied)
+        params = tensor_codec.decode_list(reply.dense_parameters) if reply.has_parameters else None
+        return PushAnswer(reply.accepted, reply.version, reply.reason, reply.applied, params)
 
     def _each(self, calls: list) -> list:
         """Run one call per PS in parallel (the last in this thread); their results in order.
