@@ -41,6 +41,7 @@ def test_tasks_share_one_pipeline_and_report_exact_progress():
     second = _drain(stream, _records(100, 105))
     assert second == [([100, 101, 102, 103], 4), ([104], 5)]
     assert stream._iterator is iterator  # no new pipeline for the second task
+    assert stream._one_batch_per_chunk  # a map-only dataset_fn: one element per batch, no markers
     assert _drain(stream, []) == []
 
 
@@ -51,6 +52,7 @@ def test_a_chunk_counts_only_when_its_last_batch_is_out():
 
     stream = BatchStream(_spec(twice), Mode.TRAINING, CSV, batch_size=2)
     assert _drain(stream, _records(0, 4)) == [([0, 0], 0), ([1, 1], 2), ([2, 2], 2), ([3, 3], 4)]
+    assert not stream._one_batch_per_chunk  # two examples per record: end-of-chunk markers
 
 
 def test_filtered_chunks_yield_nothing_and_do_not_block():

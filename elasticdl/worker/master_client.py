@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass
+
+import grpc
 
 from elasticdl import tensor_codec
 from elasticdl.grpc_utils import make_channel, wait_for_channel
 from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,7 @@ class MasterClient:
         self._channel = make_channel(address)
         wait_for_channel(self._channel, address, connect_timeout)
         self._stub = elasticdl_pb2_grpc.MasterStub(self._channel)
+        self._progress = _ProgressReporter(self._stub, worker_id)
 
     def get_task(self) -> TaskOrder:
         reply = self._stub.get_task(elasticdl_pb2.GetTaskRequest(worker_id=self.worker_id))
@@ -57,6 +64,7 @@ class MasterClient:
         metric_states: dict | None = None,
         interrupted: bool = False,
     ) -> bool:
+        self._progress.forget(task_id)  # the result supersedes any progress not sent yet
         reply = self._stub.report_task_result(
             elasticdl_pb2.ReportTaskResultRequest(
                 worker_id=self.worker_id,
@@ -73,6 +81,7 @@ class MasterClient:
         return reply.accepted
 
     def close(self) -> None:
+        self._progress.stop()
         self._channel.close()
 
     def report_clock(self, clock: int, blocked_seconds: float = 0.0) -> tuple[int, int]:
@@ -86,6 +95,50 @@ class MasterClient:
 
     def report_progress(self, task_id: int, records_done: int) -> None:
         """Fire and forget: how far the current task got (if we die, the master knows)."""
-        self._stub.report_progress.future(
-            elasticdl_pb2.ReportProgressRequest(worker_id=self.worker_id, task_id=task_id, records_done=records_done)
-        )
+        self._progress.post(task_id, records_done)
+
+
+class _ProgressReporter:
+    """Sends progress reports from one background thread, the latest one only.
+
+    Progress is a high-water mark, so a report that is overtaken before it is sent can be
+    dropped. A gRPC future per report would cost more than a small model's batch: each one
+    that finds no other call in flight starts a new channel thread.
+    """
+
+    def __init__(self, stub, worker_id: int):
+        self._stub = stub
+        self._worker_id = worker_id
+        self._latest: tuple[int, int] | None = None
+        self._stopped = False
+        self._wake = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="progress-reporter", daemon=True)
+        self._thread.start()
+
+    def post(self, task_id: int, records_done: int) -> None:
+        with self._wake:
+            self._latest = (task_id, records_done)
+            self._wake.notify()
+
+    def forget(self, task_id: int) -> None:
+        with self._wake:
+            if self._latest is not None and self._latest[0] == task_id:
+                self._latest = None
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                self._wake.wait_for(lambda: self._latest is not None or self._stopped)
+                if self._stopped:
+                    return
+                (task_id, records_done), self._latest = self._latest, None
+            try:
+                self._stub.report_progress(elasticdl_pb2.ReportProgressRequest(
+                    worker_id=self._worker_id, task_id=task_id, records_done=records_done), timeout=10)
+            except grpc.RpcError as err:  # the master is away for a moment: the next report catches up
+                logger.debug("progress report of task %d not delivered: %s", task_id, err.code())

@@ -186,15 +186,15 @@ class PSClient:
         message = elasticdl_pb2.EmbeddingTableInfos(
             tables=[elasticdl_pb2.EmbeddingTableInfo(name=i.name, dim=i.dim, initializer=i.to_json()) for i in infos]
         )
-        _call_each([(stub.push_embedding_table_infos, message) for stub in self._stubs])
+        self._each([functools.partial(stub.push_embedding_table_infos, message) for stub in self._stubs])
 
     def lookup(self, name: str, ids: np.ndarray, create: bool, snapshot_id: int = 0) -> np.ndarray:
         """Rows of ``ids`` (int64 [n]) in table ``name``, each from the PS holding it, in parallel."""
         ids = np.asarray(ids)
         groups = partition_ids(ids, self.num_ps)
         asked = [(ps, positions) for ps, positions in enumerate(groups) if positions.size]
-        replies = _call_each([
-            (self._stubs[ps].pull_embedding_vectors, elasticdl_pb2.PullEmbeddingVectorsRequest(
+        replies = self._each([
+            functools.partial(self._stubs[ps].pull_embedding_vectors, elasticdl_pb2.PullEmbeddingVectorsRequest(
                 name=name, ids=tensor_codec.encode("ids", ids[positions]), create=create, snapshot_id=snapshot_id,
             ))
             for ps, positions in asked
@@ -278,18 +278,3 @@ def _translate(err: grpc.RpcError) -> Exception:
     if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
         return EmbeddingError(f"the parameter server refused it: {err.details()}")
     return err
-
-
-def _call_each(calls: list) -> list:
-    """Make every (method, request) call, in parallel; their replies in order.
-
-    The last call blocks instead of being a future: with one PS (the common case) no
-    future is made at all, and a gRPC future costs as much as the call itself.
-    INVALID_ARGUMENT (bad embedding input) becomes EmbeddingError.
-    """
-    try:
-        futures = [method.future(request) for method, request in calls[:-1]]
-        last = [method(request) for method, request in calls[-1:]]
-        return [future.result() for future in futures] + last
-    except grpc.RpcError as err:
-        raise _translate(err) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,8 @@ from elasticdl.layers.swap import DEFAULT_THRESHOLD_MB, swap_large_embeddings, t
 from elasticdl.mode import Mode
 from elasticdl.model_spec import DatasetMetadata, ModelSpec, ModelSpecError
 from elasticdl.ps.embedding_table import IndexedRows
+
+logger = logging.getLogger(__name__)
 
 
 def make_dataset(
@@ -65,6 +68,7 @@ class Trainer:
         self._sample_features = None
         self._local_optimizer = None
         self._train_step = tf.function(self._train_step_eager, reduce_retracing=True)
+        self._traced = False
 
     @property
     def built(self) -> bool:
@@ -99,6 +103,7 @@ class Trainer:
         if not variables and not self.embeddings.infos:
             raise ModelSpecError(f"{self.spec.module_path}: the model has no trainable variables.")
         self.variables = variables
+        self._backend_variables = {name: _backend_variable(var) for name, var in variables.items()}
         self._sample_features = features
         self._built = True
         from elasticdl.export import record_input_signature
@@ -110,13 +115,18 @@ class Trainer:
 
     def set_params(self, params: dict[str, np.ndarray]) -> None:
         for name, value in params.items():
-            var = self.variables.get(name)
+            var = self._backend_variables.get(name)
             if var is None:
                 raise ModelSpecError(
                     f"the parameter server holds {name!r}, which this model does not have: "
                     "was the checkpoint made by a different model?"
                 )
-            var.assign(value)
+            if tuple(np.shape(value)) != tuple(var.shape):
+                raise ModelSpecError(
+                    f"the parameter server holds {name!r} with shape {tuple(np.shape(value))}, this model's "
+                    f"variable has {tuple(var.shape)}: was the checkpoint made by a different model?"
+                )
+            var.assign(np.asarray(value, dtype=var.dtype.as_numpy_dtype))
 
     def apply_locally(self, grads: dict[str, np.ndarray], learning_rate: float | None) -> None:
         """Async with --get_model_steps > 1: train on our own updates until the next pull."""
@@ -131,6 +141,8 @@ class Trainer:
     def compute_gradients(self, features: Any, labels: Any) -> tuple[float, dict[str, np.ndarray | IndexedRows]]:
         """The loss and the gradients: dense arrays by variable path, ``IndexedRows`` by table name."""
         self.embeddings.error = None
+        if not self._traced:
+            self._trace_any_batch_size(features, labels)
         try:
             loss, grads, rows = self._train_step(features, labels)
         except tf.errors.OpError as err:
@@ -144,6 +156,16 @@ class Trainer:
         for table, (ids, values) in rows.items():
             out[table] = IndexedRows(ids.numpy(), values.numpy())
         return float(loss), out
+
+    def _trace_any_batch_size(self, features: Any, labels: Any) -> None:
+        """Trace the step once for every batch size: an epoch's last, smaller batch would
+        otherwise trace it again (a few hundred ms, more than a small model's task)."""
+        self._traced = True
+        try:
+            specs = tf.nest.map_structure(_any_batch_size, (features, labels))
+            self._train_step.get_concrete_function(*specs)
+        except Exception as err:  # a model that needs its batch size: trace per shape, as before
+            logger.debug("no batch-size-independent trace (%s); tracing per batch shape", err)
 
     def serving_model(self, fetch_table):
         """The model with each embedding table pulled in whole (``fetch_table(name) -> (ids, rows)``),
@@ -165,3 +187,17 @@ class Trainer:
         grads = tape.gradient(loss, variables + recorder.sources)
         dense = [tf.convert_to_tensor(g) if g is not None else None for g in grads[: len(variables)]]
         return loss, dense, recorder.row_gradients(grads[len(variables):])
+
+
+def _backend_variable(var) -> tf.Variable:
+    """The tf.Variable under a Keras variable: assigning it skips Keras's per-call conversions
+    and checks (a third of a small model's step); set_params checks the shape itself."""
+    inner = getattr(var, "value", var)
+    return inner if isinstance(inner, tf.Variable) else var
+
+
+def _any_batch_size(value):
+    spec = tf.type_spec_from_value(value)
+    if isinstance(spec, tf.TensorSpec) and spec.shape.rank:
+        return tf.TensorSpec([None, *spec.shape[1:]], spec.dtype)
+    return spec
