@@ -85,29 +85,33 @@ def add_service(server: grpc.Server, service_name: str, servicer) -> None:
     """Serve ``servicer``'s methods for a service of elasticdl.proto.
 
     Like the generated ``add_<Service>Servicer_to_server``, except that a method may return
-    its response already serialized: the PS writes tensors straight into the reply bytes.
+    its response already serialized (the PS writes tensors straight into the reply bytes),
+    and the methods a servicer names in ``RAW_REQUESTS`` get their requests as bytes (it
+    parses them itself, see ``tensor_codec.parse_with_tensors``).
     """
     full_name, methods = _service(service_name)
+    raw = getattr(servicer, "RAW_REQUESTS", frozenset())
     handlers = {}
     for method, request_class, _ in methods:
         make = getattr(grpc, f"{_kind(method)}_rpc_method_handler")
         handlers[method.name] = make(
             getattr(servicer, method.name),
-            request_deserializer=request_class.FromString,
+            request_deserializer=None if method.name in raw else request_class.FromString,
             response_serializer=_serialize,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(full_name, handlers),))
 
 
 class ServiceStub:
-    """Like the generated ``<Service>Stub``, except that a request may be passed already serialized."""
+    """Like the generated ``<Service>Stub``, except that a request may be passed already
+    serialized, and the methods in ``raw_responses`` answer in bytes."""
 
-    def __init__(self, channel: grpc.Channel, service_name: str):
+    def __init__(self, channel: grpc.Channel, service_name: str, raw_responses: frozenset[str] = frozenset()):
         full_name, methods = _service(service_name)
         for method, _, response_class in methods:
             make = getattr(channel, _kind(method))
             setattr(self, method.name, make(
                 f"/{full_name}/{method.name}",
                 request_serializer=_serialize,
-                response_deserializer=response_class.FromString,
+                response_deserializer=None if method.name in raw_responses else response_class.FromString,
             ))

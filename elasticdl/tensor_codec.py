@@ -5,6 +5,9 @@ The gRPC edges call this; nothing below them sees protobuf.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
+
 import numpy as np
 
 from elasticdl.proto import elasticdl_pb2
@@ -87,15 +90,22 @@ def serialize_chunks(
     ``TensorAssembler`` joins again. The first message starts with ``head``, the others with
     ``later_head`` (default: ``head``). Each byte is copied once, as in serialize_with_tensors.
     """
+    return list(iter_chunks(head, field_number, arrays, later_head, chunk_bytes))
+
+
+def iter_chunks(
+    head, field_number: int, arrays: dict[str, np.ndarray], later_head=None, chunk_bytes: int = CHUNK_BYTES
+) -> Iterator[bytes]:
+    """``serialize_chunks`` one message at a time: a stream can send the first while the
+    next is being written (the arrays must not change until the last is out)."""
     heads = [head.SerializeToString(), (later_head or head).SerializeToString()]
-    messages: list[bytes] = []
     parts, filled = [heads[0]], 0
     for name, array in arrays.items():
         array = _wire_array(array)
         start = 0
         while True:
             if filled >= chunk_bytes:
-                messages.append(b"".join(parts))
+                yield b"".join(parts)
                 parts, filled = [heads[1]], 0
             stop = min(array.nbytes, start + chunk_bytes - filled)
             parts += _tensor_field(field_number, name, array, start, stop)
@@ -103,8 +113,124 @@ def serialize_chunks(
             start = stop
             if start >= array.nbytes:
                 break
-    messages.append(b"".join(parts))
-    return messages
+    yield b"".join(parts)
+
+
+@dataclass(frozen=True)
+class TensorPiece:
+    """A ``Tensor`` read straight from a message's bytes: ``content`` is a view, not a copy."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    content: memoryview
+    offset: int = 0
+
+
+def parse_with_tensors(data: bytes, message_class, field_number: int) -> tuple[object, list[TensorPiece]]:
+    """(head, tensors) of a serialized ``message_class`` whose repeated ``Tensor`` field
+    ``field_number`` is read without protobuf: the contents stay views of ``data``.
+
+    What ``parse`` would give, minus two copies of every tensor's bytes (protobuf copies
+    the message, then each ``content`` it is asked for): the streamed data plane's
+    receiving side is mostly such copies. The other fields go through protobuf. Raises
+    TensorDecodeError for bytes that are not such a message.
+    """
+    view = memoryview(data)
+    head_parts: list[memoryview] = []
+    tensors: list[TensorPiece] = []
+    pos, end = 0, len(view)
+    try:
+        while pos < end:
+            start = pos
+            key, pos = _read_varint(view, pos)
+            field, wire = key >> 3, key & 7
+            if field == field_number and wire == 2:
+                size, pos = _read_varint(view, pos)
+                tensors.append(_parse_tensor(view, pos, pos + size))
+                pos += size
+            else:
+                pos = _skip_field(view, pos, wire)
+                head_parts.append(view[start:pos])
+        if pos != end:
+            raise TensorDecodeError("the message ends inside a field")
+        head = message_class.FromString(b"".join(head_parts))
+    except (IndexError, ValueError) as err:  # truncated varints, protobuf's DecodeError
+        if isinstance(err, TensorDecodeError):
+            raise
+        raise TensorDecodeError(f"not a {message_class.DESCRIPTOR.name} message: {err}") from None
+    return head, tensors
+
+
+def _parse_tensor(view: memoryview, pos: int, end: int) -> TensorPiece:
+    if end > len(view):
+        raise TensorDecodeError("a tensor runs past the end of its message")
+    name = dtype = ""
+    shape: list[int] = []
+    content = view[0:0]
+    offset = 0
+    while pos < end:
+        key, pos = _read_varint(view, pos)
+        field, wire = key >> 3, key & 7
+        if wire == 2:
+            size, pos = _read_varint(view, pos)
+            value = view[pos:pos + size]
+            pos += size
+            if field == 1:
+                name = str(value, "utf-8")
+            elif field == 2:
+                dtype = str(value, "utf-8")
+            elif field == 3:  # packed shape
+                inner = 0
+                while inner < size:
+                    dim, inner = _read_varint(value, inner)
+                    shape.append(_signed(dim))
+            elif field == 4:
+                content = value
+        elif wire == 0 and field in (3, 5):
+            number, pos = _read_varint(view, pos)
+            if field == 3:
+                shape.append(_signed(number))
+            else:
+                offset = _signed(number)
+        else:
+            pos = _skip_field(view, pos, wire)
+    if pos != end:
+        raise TensorDecodeError("a tensor's last field runs past its end")
+    return TensorPiece(name, dtype, tuple(shape), content, offset)
+
+
+def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = view[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise TensorDecodeError("a varint longer than 10 bytes")
+
+
+def _skip_field(view: memoryview, pos: int, wire: int) -> int:
+    if wire == 0:
+        return _read_varint(view, pos)[1]
+    if wire == 1:
+        return pos + 8
+    if wire == 2:
+        size, pos = _read_varint(view, pos)
+        if pos + size > len(view):
+            raise TensorDecodeError("a field runs past the end of its message")
+        return pos + size
+    if wire == 5:
+        return pos + 4
+    raise TensorDecodeError(f"unsupported wire type {wire}")
+
+
+def _signed(number: int) -> int:
+    """int64 fields are two's complement varints."""
+    return number - (1 << 64) if number >= 1 << 63 else number
 
 
 class TensorAssembler:

@@ -200,3 +200,57 @@ def test_decode_refuses_a_piece():
     piece = _pieces(np.arange(10, dtype=np.float32), 16)[1]
     with pytest.raises(TensorDecodeError, match="from byte 16"):
         tensor_codec.decode(piece)
+
+
+_PUSH_FIELD = elasticdl_pb2.PushGradientsRequest.DESCRIPTOR.fields_by_name["gradients"].number
+
+
+def _parse_push(data: bytes):
+    return tensor_codec.parse_with_tensors(data, elasticdl_pb2.PushGradientsRequest, _PUSH_FIELD)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 100, 1 << 20])
+def test_parse_with_tensors_reads_what_protobuf_reads(chunk_bytes):
+    arrays = {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.array(7, np.int64),
+              "c": np.zeros((0, 5), np.float16), "big/w": np.random.default_rng(0).random((40, 50))}
+    rows = elasticdl_pb2.IndexedRows(name="t", ids=tensor_codec.encode("ids", np.arange(3)))
+    head = elasticdl_pb2.PushGradientsRequest(worker_id=3, version=-2, learning_rate=0.5,
+                                              embedding_gradients=[rows], return_parameters=True)
+    for message in tensor_codec.serialize_chunks(head, _PUSH_FIELD, arrays, chunk_bytes=chunk_bytes):
+        parsed_head, tensors = _parse_push(message)
+        reference = elasticdl_pb2.PushGradientsRequest.FromString(message)
+        assert [(t.name, t.dtype, tuple(t.shape), t.offset, bytes(t.content)) for t in tensors] == [
+            (t.name, t.dtype, tuple(t.shape), t.offset, t.content) for t in reference.gradients]
+        del reference.gradients[:]
+        assert parsed_head == reference
+    assembler = tensor_codec.TensorAssembler()
+    for message in tensor_codec.serialize_chunks(head, _PUSH_FIELD, arrays, chunk_bytes=chunk_bytes):
+        assembler.add(_parse_push(message)[1])
+    for name, value in assembler.result().items():
+        np.testing.assert_array_equal(value, arrays[name])
+
+
+def test_parse_with_tensors_takes_unpacked_shapes_and_skips_unknown_fields():
+    tensor = elasticdl_pb2.Tensor(name="x", dtype="float32", shape=[2, 3], content=bytes(24), offset=5)
+    inner = tensor.SerializeToString()
+    # The same tensor with its shape unpacked (field 3 as two varints) and an unknown field 9.
+    unpacked = (b"\x0a\x01x" b"\x12\x07float32" b"\x18\x02\x18\x03" b"\x22\x18" + bytes(24) + b"\x28\x05"
+                b"\x48\x01")
+    for body in (inner, unpacked):
+        data = b"\x10\x04" + b"\x22" + bytes([len(body)]) + body + b"\x7a\x00"  # version=4, unknown field 15
+        head, tensors = _parse_push(data)
+        assert head.version == 4
+        assert [(t.name, t.dtype, t.shape, len(t.content), t.offset) for t in tensors] == [("x", "float32", (2, 3), 24, 5)]
+
+
+@pytest.mark.parametrize("data, words", [
+    (b"\x22\x10\x0a\x01x", "past"),  # a tensor longer than the message
+    (b"\x22\x02\x0a\x05", "past"),  # a field inside the tensor runs past it
+    (b"\x10", "not a PushGradientsRequest"),  # a truncated varint
+    (b"\x10" + b"\xff" * 11, "longer than 10 bytes"),
+    (b"\x0f", "unsupported wire type"),
+    (b"\x1a\x02\x01", "past the end"),  # a length-delimited field past the end
+])
+def test_parse_with_tensors_refuses_broken_bytes(data, words):
+    with pytest.raises(TensorDecodeError, match=words):
+        _parse_push(data)

@@ -14,11 +14,15 @@ TABLE_CHUNK_BYTES = 4 * 1024 * 1024
 
 
 _PULL_TENSORS_FIELD = elasticdl_pb2.PullDenseParametersResponse.DESCRIPTOR.fields_by_name["dense_parameters"].number
+_PUSH_TENSORS_FIELD = elasticdl_pb2.PushGradientsRequest.DESCRIPTOR.fields_by_name["gradients"].number
 _PUSH_REPLY_TENSORS_FIELD = elasticdl_pb2.PushGradientsResponse.DESCRIPTOR.fields_by_name["dense_parameters"].number
 
 
 class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
     """Serve with ``grpc_utils.add_service(server, "PServer", servicer)``: a pull answers in bytes."""
+
+    # Streamed gradients arrive as bytes: their tensors are read as views, not copied twice.
+    RAW_REQUESTS = frozenset({"push_gradients_stream"})
 
     def __init__(self, server: ParameterServer):
         self._server = server
@@ -50,10 +54,13 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         """The first request carries the header and the embedding rows; every one, tensor pieces."""
         head, assembler = None, tensor_codec.TensorAssembler()
         try:
-            for request in request_iterator:
+            for data in request_iterator:
+                request, gradients = tensor_codec.parse_with_tensors(
+                    data, elasticdl_pb2.PushGradientsRequest, _PUSH_TENSORS_FIELD
+                )
                 if head is None:
                     head = request
-                assembler.add(request.gradients)
+                assembler.add(gradients)
             grads = dict(assembler.result())
         except tensor_codec.TensorDecodeError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))

@@ -16,6 +16,8 @@ from elasticdl.ps.embedding_table import EmbeddingError, IndexedRows, TableInfo
 from elasticdl.sharding import partition_ids, ps_for_variable
 
 _MODEL_TENSORS_FIELD = elasticdl_pb2.Model.DESCRIPTOR.fields_by_name["dense_parameters"].number
+_PULL_TENSORS_FIELD = elasticdl_pb2.PullDenseParametersResponse.DESCRIPTOR.fields_by_name["dense_parameters"].number
+_RAW_RESPONSES = frozenset({"pull_dense_parameters_stream"})
 _PUSH_TENSORS_FIELD = elasticdl_pb2.PushGradientsRequest.DESCRIPTOR.fields_by_name["gradients"].number
 # A PS's part of the model larger than this travels in 1 MB streamed messages; a smaller one
 # in one message (a streamed call costs 1-3 ms more than a unary one in Python gRPC).
@@ -57,7 +59,8 @@ class PSClient:
         self._channels = [make_channel(a) for a in addresses]
         for channel, address in zip(self._channels, addresses):
             wait_for_channel(channel, address, connect_timeout)
-        self._stubs = [ServiceStub(c, "PServer") for c in self._channels]
+        # Streamed pulls answer in bytes: their tensors are read as views, not copied twice.
+        self._stubs = [ServiceStub(c, "PServer", raw_responses=_RAW_RESPONSES) for c in self._channels]
         # Bytes of each PS's last pull of the whole model (None: not known yet, so it streams).
         self._pull_bytes: list[int | None] = [None] * len(addresses)
         self._pool: ThreadPoolExecutor | None = None  # made when a call goes to several PS
@@ -103,10 +106,13 @@ class PSClient:
             params = tensor_codec.decode_list(head.dense_parameters)
         else:
             head, assembler = None, tensor_codec.TensorAssembler()
-            for reply in stub.pull_dense_parameters_stream(request):
+            for data in stub.pull_dense_parameters_stream(request):
+                reply, tensors = tensor_codec.parse_with_tensors(
+                    data, elasticdl_pb2.PullDenseParametersResponse, _PULL_TENSORS_FIELD
+                )
                 if head is None:
                     head = reply
-                assembler.add(reply.dense_parameters)
+                assembler.add(tensors)
             if head is None:
                 raise ConnectionError(f"PS {ps} at {self.addresses[ps]} ended a pull without an answer")
             params = assembler.result()
@@ -156,8 +162,8 @@ class PSClient:
         stub = self._stubs[ps]
         if sum(np.asarray(v).nbytes for v in dense.values()) > STREAM_ABOVE_BYTES:
             later = elasticdl_pb2.PushGradientsRequest(worker_id=worker_id, version=version)
-            messages = tensor_codec.serialize_chunks(head, _PUSH_TENSORS_FIELD, dense, later)
-            reply = stub.push_gradients_stream(iter(messages))
+            # Written as they are sent: the gradients are ours and do not change meanwhile.
+            reply = stub.push_gradients_stream(tensor_codec.iter_chunks(head, _PUSH_TENSORS_FIELD, dense, later))
         else:
             known = self._pull_bytes[ps]
             head.return_parameters = want_parameters and known is not None and known <= STREAM_ABOVE_BYTES
