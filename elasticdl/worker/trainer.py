@@ -150,8 +150,9 @@ class Trainer:
                 raise self.embeddings.error from err
             raise
         names = list(self.variables)
+        # Read-only views of the gradient tensors: `.numpy()` would copy them (5 ms for 20 MB).
         out: dict[str, np.ndarray | IndexedRows] = {
-            name: grad.numpy() for name, grad in zip(names, grads) if grad is not None
+            name: np.asarray(grad) for name, grad in zip(names, grads) if grad is not None
         }
         for table, (ids, values) in rows.items():
             out[table] = IndexedRows(ids.numpy(), values.numpy())
