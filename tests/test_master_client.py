@@ -1,0 +1,70 @@
+"""The worker's progress reports: one background thread, only the latest count is sent."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+
+from elasticdl.worker.master_client import _ProgressReporter
+
+
+class _SlowStub:
+    """Records report_progress calls; the first one blocks until released."""
+
+    def __init__(self, fail_first: bool = False):
+        self.sent: list[tuple[int, int]] = []
+        self.release = threading.Event()
+        self.fail_first = fail_first
+
+    def report_progress(self, request, timeout):
+        first = not self.sent
+        self.sent.append((request.task_id, request.records_done))
+        if first:
+            self.release.wait(5)
+            if self.fail_first:
+                raise _Unavailable()
+
+
+class _Unavailable(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+
+def _wait_for(predicate, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_reports_overtaken_while_one_is_in_flight_collapse_to_the_latest():
+    stub = _SlowStub()
+    reporter = _ProgressReporter(stub, worker_id=4)
+    reporter.post(7, 64)
+    _wait_for(lambda: stub.sent == [(7, 64)])
+    for done in (128, 192, 256):  # the first call is still in flight
+        reporter.post(7, done)
+    stub.release.set()
+    _wait_for(lambda: len(stub.sent) == 2)
+    time.sleep(0.05)
+    assert stub.sent == [(7, 64), (7, 256)]
+    reporter.stop()
+
+
+def test_a_task_result_drops_its_unsent_progress_and_errors_are_not_fatal():
+    stub = _SlowStub(fail_first=True)
+    reporter = _ProgressReporter(stub, worker_id=0)
+    reporter.post(1, 10)
+    _wait_for(lambda: len(stub.sent) == 1)
+    reporter.post(1, 20)
+    reporter.forget(1)  # the task's result is being reported: its progress is moot
+    reporter.post(2, 5)
+    stub.release.set()  # the first call fails (the master is away): the thread goes on
+    _wait_for(lambda: len(stub.sent) == 2)
+    time.sleep(0.05)
+    assert stub.sent == [(1, 10), (2, 5)]
+    reporter.stop()
+    reporter._thread.join(2)
+    assert not reporter._thread.is_alive()
