@@ -100,3 +100,21 @@ def test_ragged_and_sparse_features_are_batched_too():
     features, _ = out[0][0]
     assert features["ragged"].to_list() == [[[1, 2]], [[3]]]
     assert tf.sparse.to_dense(features["sparse"]).numpy().tolist() == [[1, 2], [3, 0]]
+
+
+def test_a_record_the_parse_refuses_fails_its_task_only():
+    stream = BatchStream(_spec(_parse), Mode.TRAINING, CSV, batch_size=2)
+    assert _drain(stream, _records(0, 2)) == [([0, 1], 2)]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="StringToNumber"):
+        _drain(stream, [b"3", b"not a number", b"5"])  # the error reaches the worker's thread
+    assert _drain(stream, _records(7, 10)) == [([7, 8], 2), ([9], 3)]
+
+
+def test_closing_a_stream_whose_reader_waits_for_the_next_task():
+    stream = BatchStream(_spec(_parse), Mode.TRAINING, CSV, batch_size=2)
+    assert _drain(stream, _records(0, 3)) == [([0, 1], 2), ([2], 3)]
+    reader = stream._reader
+    stream.close()  # the reader thread was waiting for chunks that will never come
+    reader._thread.join(5)
+    assert not reader._thread.is_alive()
+    assert _drain(stream, _records(4, 6)) == [([4, 5], 2)]

@@ -82,6 +82,13 @@ class Worker:
         self._fresh_from_push = False
 
     def run(self) -> None:
+        try:
+            self._run_tasks()
+        finally:
+            for stream in self._streams.values():
+                stream.close()  # its reader thread waits for the next task: let it go
+
+    def _run_tasks(self) -> None:
         handlers = {
             "training": self.train_task,
             "evaluation": self.evaluate_task,
