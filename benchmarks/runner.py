@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -392,6 +393,10 @@ def render_table(rows: list[dict], targets: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# Rows that are not ElasticDL: the competitors, the physical limit, the PS code without gRPC.
+BASELINES = ("keras_fit", "pss_", "raw_grpc", "ps_core")
+
+
 def write_chart(rows: list[dict], path: str) -> str:
     try:
         import matplotlib
@@ -404,9 +409,15 @@ def write_chart(rows: list[dict], path: str) -> str:
     for r in rows:
         if r.get("median") is not None:
             groups.setdefault((r["case"], r["model"], r["metric"]), []).append(r)
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * max(1, len(groups)), 4.5), squeeze=False)
-    for ax, ((case, model, metric), rs) in zip(axes[0], groups.items()):
-        ax.bar(range(len(rs)), [r["median"] for r in rs], color="tab:blue")
+    columns = min(3, max(1, len(groups)))
+    rows_of_plots = max(1, math.ceil(len(groups) / columns))
+    fig, axes = plt.subplots(rows_of_plots, columns, figsize=(5 * columns, 4.2 * rows_of_plots), squeeze=False)
+    for ax in axes.flat[len(groups):]:
+        ax.set_visible(False)
+    for ax, ((case, model, metric), rs) in zip(axes.flat, groups.items()):
+        # ElasticDL in blue, what it is measured against in grey; dots are the repetitions.
+        colors = ["tab:gray" if r["competitor"].startswith(BASELINES) else "tab:blue" for r in rs]
+        ax.bar(range(len(rs)), [r["median"] for r in rs], color=colors)
         for i, r in enumerate(rs):
             ax.plot([i] * len(r["runs"]), [v for v in r["runs"]], "k.", markersize=4)
         ax.set_xticks(range(len(rs)))
