@@ -240,7 +240,10 @@ class Worker:
             self.trainer.ensure_built(features)
             self._initialize_ps()
         if self.staleness.bounded:
-            self._wait_within_staleness_bound()
+            if self._wait_within_staleness_bound():
+                # The others moved the model while we waited: pull it before computing.
+                self._fresh_from_push = False
+                self.steps_since_pull = self.staleness.get_model_steps
         pending = set(range(self.ps.num_ps))
         loss = 0.0
         for attempt in range(MAX_PUSH_TRIES):
@@ -278,14 +281,16 @@ class Worker:
         logger.warning("skipped a batch: its gradients were stale %d times in a row", MAX_PUSH_TRIES)
         return loss
 
-    def _wait_within_staleness_bound(self) -> None:
-        """SSP: block while this worker is too far ahead of the slowest worker holding a task."""
+    def _wait_within_staleness_bound(self) -> bool:
+        """SSP: block while this worker is too far ahead of the slowest worker holding a task.
+
+        True if it had to wait."""
         blocked, pause = 0.0, 0.005
         while True:
             clock, slowest = self.master.report_clock(self.clock, blocked)
             self.blocked_seconds += blocked
             if not self.staleness.must_wait(clock, slowest):
-                return
+                return blocked > 0
             time.sleep(pause)
             blocked, pause = pause, min(pause * 2, 0.2)
 

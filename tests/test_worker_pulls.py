@@ -1,0 +1,89 @@
+"""When a worker pulls: never needlessly after a push that answered with the parameters,
+always after it waited for slower workers (SSP), since they moved the model meanwhile."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from elasticdl.worker.ps_client import PullResult, PushAnswer
+from elasticdl.worker.staleness import StalenessStrategy
+from elasticdl.worker.worker import Worker
+
+
+class _Trainer:
+    built = True
+
+    def __init__(self):
+        self.embeddings = type("Tables", (), {"snapshot_id": 0, "infos": {}})()
+        self.params = None
+
+    def connect(self, ps):
+        pass
+
+    def compute_gradients(self, features, labels):
+        return 0.5, {"w": np.ones(2, np.float32)}
+
+    def set_params(self, params):
+        self.params = params
+
+
+class _PS:
+    """One PS whose version moves with every push (async); it answers pushes with parameters."""
+
+    num_ps = 1
+
+    def __init__(self):
+        self.version = 0
+        self.pulls = 0
+
+    def split(self, grads):
+        return [grads]
+
+    def pull(self, versions, wait_for_newer=None, timeout=30.0):
+        self.pulls += 1
+        return [PullResult(True, self.version, {"w": np.full(2, self.version, np.float32)})]
+
+    def push_gradients(self, grads_by_ps, versions, lr, worker_id, want_parameters=False):
+        self.version += 1
+        params = {"w": np.full(2, self.version, np.float32)} if want_parameters else None
+        return {0: PushAnswer(True, self.version, "", True, params)}
+
+
+class _Master:
+    """Clocks: the slowest worker is 10 batches back for the next `waits` calls."""
+
+    def __init__(self):
+        self.waits = 0
+
+    def report_clock(self, clock, blocked_seconds):
+        if self.waits:
+            self.waits -= 1
+            return clock, clock - 10
+        return clock, clock
+
+
+def _worker(staleness: StalenessStrategy):
+    ps, master = _PS(), _Master()
+    spec = type("Spec", (), {"learning_rate_scheduler": None})()
+    worker = Worker(0, spec=spec, trainer=_Trainer(), master=master, ps=ps, minibatch_size=2, staleness=staleness)
+    return worker, ps, master
+
+
+def test_async_pushes_that_answer_with_parameters_replace_the_pull():
+    worker, ps, _ = _worker(StalenessStrategy(use_async=True))
+    for _ in range(4):
+        worker.train_batch(None, None)
+    assert ps.pulls == 0  # each push's answer was as fresh as a pull (without it: 3 pulls)
+    assert worker.versions == [4] and worker.trainer.params["w"][0] == 4
+
+
+def test_ssp_pulls_after_waiting_for_slower_workers():
+    worker, ps, master = _worker(StalenessStrategy(use_async=True, staleness_bound=2))
+    worker.train_batch(None, None)
+    worker.train_batch(None, None)
+    assert ps.pulls == 0
+    ps.version += 5  # the slower workers push while this one waits
+    master.waits = 1
+    worker.train_batch(None, None)
+    assert ps.pulls == 1  # it computed on version 7, not on the answer of its last push (2)
+    assert worker.blocked_seconds > 0
