@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from elasticdl.proto import elasticdl_pb2
 
@@ -155,9 +156,9 @@ def parse_with_tensors(data: bytes, message_class, field_number: int) -> tuple[o
         if pos != end:
             raise TensorDecodeError("the message ends inside a field")
         head = message_class.FromString(b"".join(head_parts))
-    except (IndexError, ValueError) as err:  # truncated varints, protobuf's DecodeError
-        if isinstance(err, TensorDecodeError):
-            raise
+    except TensorDecodeError:
+        raise
+    except (IndexError, ValueError, DecodeError) as err:  # truncated varints, a head protobuf refuses
         raise TensorDecodeError(f"not a {message_class.DESCRIPTOR.name} message: {err}") from None
     return head, tensors
 

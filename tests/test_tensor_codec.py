@@ -250,6 +250,7 @@ def test_parse_with_tensors_takes_unpacked_shapes_and_skips_unknown_fields():
     (b"\x10" + b"\xff" * 11, "longer than 10 bytes"),
     (b"\x0f", "unsupported wire type"),
     (b"\x1a\x02\x01", "past the end"),  # a length-delimited field past the end
+    (b"\x2a\x03\x0a\x01\xff", "not a PushGradientsRequest"),  # a head protobuf refuses (bad UTF-8)
 ])
 def test_parse_with_tensors_refuses_broken_bytes(data, words):
     with pytest.raises(TensorDecodeError, match=words):
