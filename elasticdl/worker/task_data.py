@@ -47,8 +47,11 @@ class BatchStream:
         self.batch_size = batch_size
         self._chunks: tf.queue.FIFOQueue | None = None
         self._iterator = None
-        self._reader: _Reader | None = None
-        self._one_batch_per_chunk = False
+        self._reader: _Reader | None = None  # only when each chunk is one batch
+
+    @property
+    def _one_batch_per_chunk(self) -> bool:
+        return self._reader is not None
 
     def batches(self, records: Sequence[bytes]) -> Iterator[tuple[object, int]]:
         """Yield (batch, records of this task done once this batch is trained).
@@ -113,11 +116,11 @@ class BatchStream:
         # A TensorFlow queue, not a Python generator: the pipeline's thread then waits for the
         # next task without the GIL, and a dropped pipeline never deadlocks the interpreter.
         self._chunks = tf.queue.FIFOQueue(_QUEUE_CAPACITY, [tf.int64, tf.string])
-        self._one_batch_per_chunk = _one_example_per_record(self.spec, self.mode, self.metadata)
+        one_batch_per_chunk = _one_example_per_record(self.spec, self.mode, self.metadata)
         pipeline = _pipeline(self._chunks, self.spec, self.mode, self.metadata, self.batch_size,
-                             self._one_batch_per_chunk)
+                             one_batch_per_chunk)
         self._iterator = iter(pipeline)
-        if self._one_batch_per_chunk:
+        if one_batch_per_chunk:
             self._reader = _Reader(self._iterator)
 
 
@@ -127,8 +130,6 @@ class _Reader:
     Taking an element costs about 0.7 ms of Python (TensorFlow's structure handling);
     the thread does it while the worker's own thread waits for the parameter servers.
     """
-
-    _END = object()
 
     def __init__(self, iterator):
         self._iterator = iterator

@@ -121,9 +121,10 @@ class Trainer:
                     f"the parameter server holds {name!r}, which this model does not have: "
                     "was the checkpoint made by a different model?"
                 )
-            if tuple(np.shape(value)) != tuple(var.shape):
+            shape = tuple(np.shape(value))
+            if shape != tuple(var.shape):
                 raise ModelSpecError(
-                    f"the parameter server holds {name!r} with shape {tuple(np.shape(value))}, this model's "
+                    f"the parameter server holds {name!r} with shape {shape}, this model's "
                     f"variable has {tuple(var.shape)}: was the checkpoint made by a different model?"
                 )
             var.assign(np.asarray(value, dtype=var.dtype.as_numpy_dtype))

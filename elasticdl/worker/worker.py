@@ -241,9 +241,7 @@ class Worker:
             self._initialize_ps()
         if self.staleness.bounded:
             if self._wait_within_staleness_bound():
-                # The others moved the model while we waited: pull it before computing.
-                self._fresh_from_push = False
-                self.steps_since_pull = self.staleness.get_model_steps
+                self._fresh_from_push = False  # the others moved the model while we waited
         pending = set(range(self.ps.num_ps))
         loss = 0.0
         for attempt in range(MAX_PUSH_TRIES):
@@ -274,7 +272,7 @@ class Worker:
                     logger.info("first gradient pushed (model version %d)", self.model_version)
                 self.batches_trained += 1
                 self.clock += 1
-                self.steps_since_pull = 0 if self._fresh_from_push else self.steps_since_pull + 1
+                self.steps_since_pull += 1
                 if self.staleness.applies_locally:
                     self.trainer.apply_locally(grads, lr or None)
                 return loss
