@@ -1,5 +1,5 @@
-"""When a worker pulls: never needlessly after a push that answered with the parameters,
-always after it waited for slower workers (SSP), since they moved the model meanwhile."""
+"""When a worker pulls: in sync mode a push that answered with the parameters replaces the
+pull; async and SSP workers pull, so they see the other workers' latest pushes."""
 
 from __future__ import annotations
 
@@ -69,21 +69,30 @@ def _worker(staleness: StalenessStrategy):
     return worker, ps, master
 
 
-def test_async_pushes_that_answer_with_parameters_replace_the_pull():
+def test_sync_pushes_that_answer_with_parameters_replace_the_pull():
+    worker, ps, _ = _worker(StalenessStrategy())
+    for _ in range(4):
+        worker.train_batch(None, None)
+    assert ps.pulls == 1  # before the first batch only: each push's answer was the model it made
+    assert worker.versions == [4] and worker.trainer.params["w"][0] == 4
+
+
+def test_async_pulls_before_every_batch_to_see_the_others_pushes():
     worker, ps, _ = _worker(StalenessStrategy(use_async=True))
     for _ in range(4):
         worker.train_batch(None, None)
-    assert ps.pulls == 0  # each push's answer was as fresh as a pull (without it: 3 pulls)
-    assert worker.versions == [4] and worker.trainer.params["w"][0] == 4
+        ps.version += 1  # another worker pushes
+    assert ps.pulls == 3  # a push's answer would have missed the other worker's update
+    assert worker.trainer.params["w"][0] == 6
 
 
 def test_ssp_pulls_after_waiting_for_slower_workers():
     worker, ps, master = _worker(StalenessStrategy(use_async=True, staleness_bound=2))
     worker.train_batch(None, None)
     worker.train_batch(None, None)
-    assert ps.pulls == 0
     ps.version += 5  # the slower workers push while this one waits
     master.waits = 1
+    pulls = ps.pulls
     worker.train_batch(None, None)
-    assert ps.pulls == 1  # it computed on version 7, not on the answer of its last push (2)
+    assert ps.pulls == pulls + 1 and worker.trainer.params["w"][0] == 7  # computed on version 7
     assert worker.blocked_seconds > 0
