@@ -1,10 +1,11 @@
 """When a worker pulls: in sync mode a push that answered with the parameters replaces the
-pull; async and SSP workers pull, so they see the other workers' latest pushes."""
+pull of the next batch of the same task; async and SSP workers pull before every batch."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from elasticdl.worker.master_client import TaskOrder
 from elasticdl.worker.ps_client import PullResult, PushAnswer
 from elasticdl.worker.staleness import StalenessStrategy
 from elasticdl.worker.worker import Worker
@@ -54,6 +55,14 @@ class _Master:
 
     def __init__(self):
         self.waits = 0
+        self.orders = []
+        self.reports = []
+
+    def get_task(self):
+        return self.orders.pop(0) if self.orders else TaskOrder("end")
+
+    def report(self, task_id, records, err_message="", *rest, **kwargs):
+        self.reports.append((task_id, err_message))
 
     def report_clock(self, clock, blocked_seconds):
         if self.waits:
@@ -96,3 +105,25 @@ def test_ssp_pulls_after_waiting_for_slower_workers():
     worker.train_batch(None, None)
     assert ps.pulls == pulls + 1 and worker.trainer.params["w"][0] == 7  # computed on version 7
     assert worker.blocked_seconds > 0
+
+
+def test_sync_pulls_at_the_start_of_each_task():
+    """Between two tasks the others may push many versions: the last answer is no longer fresh."""
+    from elasticdl.worker.worker import TaskResult
+
+    worker, ps, master = _worker(StalenessStrategy())
+    pulls_before_batch = []
+
+    def train_task(order):
+        for _ in range(3):
+            pulls_before_batch.append(ps.pulls)
+            worker.train_batch(None, None)
+        ps.version += 7  # other workers push while this one fetches its next task
+        return TaskResult(records=6, batches=3)
+
+    worker.train_task = train_task
+    master.orders = [TaskOrder("training", task_id=1), TaskOrder("training", task_id=2)]
+    worker.run()
+    assert master.reports == [(1, ""), (2, "")]
+    assert pulls_before_batch == [0, 1, 1, 1, 2, 2]  # one pull at each task's first batch
+    assert worker.versions == [ps.version - 7]
