@@ -91,7 +91,7 @@ def test_async_pulls_before_every_batch_to_see_the_others_pushes():
     for _ in range(4):
         worker.train_batch(None, None)
         ps.version += 1  # another worker pushes
-    assert ps.pulls == 3  # a push's answer would have missed the other worker's update
+    assert ps.pulls == 3  # pulled right before each batch, so it saw the other worker's update
     assert worker.trainer.params["w"][0] == 6
 
 
