@@ -96,8 +96,8 @@ class EvaluationService:
         if self.current is not None:
             raise RuntimeError("an evaluation round is already running")
         round_id = self._next_round
+        version = self._snapshot(round_id)  # may raise (a PS restarting): the id is not used up
         self._next_round += 1
-        version = self._snapshot(round_id)
         tasks = TaskManager(
             self._shards,
             num_epochs=1,

@@ -1,0 +1,451 @@
+"""The master's decisions as a pure step function: events in, decisions out.
+
+``Controller.step(event)`` takes one typed event (a role exited, a task was reported,
+the model version moved, a timer fired, a scale or stop request, the state store was
+lost, or the outcome of a decision the job carried out) and returns the decisions it
+leads to (start or stop a worker, relaunch a PS, end an epoch, fire callbacks, record
+an evaluation, save the ledger, finish, fail). It does no I/O of its own: it calls the
+pure cores (task ledger, instance manager, evaluation scheduler, worker clocks) and the
+``Job`` carries out what it returns. Tests drive it event by event with a fake clock.
+
+Example::
+
+    controller = Controller(command="train", dispatcher=dispatcher, instances=instances)
+    decisions = controller.start()             # [Launch(0, HIGH), Launch(1, HIGH)]
+    decisions = controller.step(TaskReported(task_id=3, worker_id=0, accepted=True))
+    decisions = controller.step(EpochEnded(0))  # the job ended epoch 0 as asked
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from elasticdl.backends.api import ProcessExit
+from elasticdl.master.clocks import WorkerClocks
+from elasticdl.master.evaluation_service import EvaluationResult, EvaluationService, TaskDispatcher
+from elasticdl.master.instance_manager import GiveUp, InstanceManager, Launch, Stop
+
+logger = logging.getLogger(__name__)
+
+# A parameter server is relaunched (from the latest checkpoint) at most this many times.
+MAX_PS_RELAUNCHES = 3
+
+
+class PSUnavailable(Exception):
+    """A parameter server does not answer (it is being relaunched): try again at a later event.
+
+    Raised by the PS calls the job injects into the cores (the evaluation snapshot); it never
+    reaches the user, so it stays outside the error tree on purpose."""
+
+
+# ---------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed (the job's poll interval): re-check what is due."""
+
+
+@dataclass(frozen=True)
+class RoleExited:
+    exit: ProcessExit
+
+
+@dataclass(frozen=True)
+class TaskReported:
+    task_id: int
+    worker_id: int
+    accepted: bool
+
+
+@dataclass(frozen=True)
+class VersionReported:
+    """A worker's progress report or the job's PS poll saw this model version."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class ScaleRequested:
+    num_workers: int
+
+
+@dataclass(frozen=True)
+class StopRequested:
+    """A callback asked to end training early (``stop_training`` or ``model.stop_training``)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class StoreLost:
+    """The state store cannot be trusted any more (the leader lock or the ledger is lost)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class EpochEnded:
+    """The job carried out ``EndEpoch``."""
+
+    epoch: int
+
+
+@dataclass(frozen=True)
+class EpochEndDeferred:
+    """``EndEpoch`` found a PS unreachable (relaunching): nothing was done, ask again later."""
+
+    epoch: int
+
+
+@dataclass(frozen=True)
+class LiveWorkersNotTold:
+    """``TellLiveWorkers`` found a PS unreachable: tell it again later."""
+
+
+Event = (
+    Tick | RoleExited | TaskReported | VersionReported | ScaleRequested | StopRequested | StoreLost
+    | EpochEnded | EpochEndDeferred | LiveWorkersNotTold
+)
+
+
+# ---------------------------------------------------------------- decisions
+# Launch(index, priority) and Stop(index) come from the instance manager as they are.
+
+
+@dataclass(frozen=True)
+class RelaunchPS:
+    """Start the PS that exited again, on its address (from the latest checkpoint, if any)."""
+
+    exit: ProcessExit
+
+
+@dataclass(frozen=True)
+class TellLiveWorkers:
+    """Sync mode: the PS average over the workers holding a task, never wait for absent ones."""
+
+    count: int
+
+
+@dataclass(frozen=True)
+class EndEpoch:
+    """Log the epoch's consistency telemetry; with ``sync_model``, pull the model for the callbacks.
+
+    Answered by ``EpochEnded`` or ``EpochEndDeferred``."""
+
+    epoch: int
+    final: bool
+    sync_model: bool
+
+
+@dataclass(frozen=True)
+class FireEpochBegin:
+    epoch: int
+
+
+@dataclass(frozen=True)
+class FireEpochEnd:
+    """``callbacks.on_epoch_end`` with the epoch's loss and ``metrics``, on the parameters of
+    evaluation round ``snapshot`` (0: the model as pulled by ``EndEpoch``)."""
+
+    epoch: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    snapshot: int = 0
+
+
+@dataclass(frozen=True)
+class VersionChanged:
+    """Tell callbacks (``on_model_version``) and TensorBoard about a new model version."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class RecordEvaluation:
+    """An evaluation round finished: TensorBoard scalars."""
+
+    result: EvaluationResult
+
+
+@dataclass(frozen=True)
+class DropSnapshot:
+    """Free an evaluation round's snapshot on the PS (``best_effort``: one may be gone already)."""
+
+    round_id: int
+    best_effort: bool = False
+
+
+@dataclass(frozen=True)
+class SaveLedger:
+    """The task ledger moved: write it to the state store."""
+
+
+@dataclass(frozen=True)
+class Finish:
+    """Every task and evaluation is done and every worker has left."""
+
+
+@dataclass(frozen=True)
+class Fail:
+    error: str
+
+
+Decision = (
+    Launch | Stop | RelaunchPS | TellLiveWorkers | EndEpoch | FireEpochBegin | FireEpochEnd | VersionChanged
+    | RecordEvaluation | DropSnapshot | SaveLedger | Finish | Fail
+)
+
+
+def describe_exit(exit_: ProcessExit, what: str) -> str:
+    tail = "\n".join("    " + line for line in exit_.log_tail.rstrip().splitlines()[-12:])
+    return f"{exit_.role}-{exit_.index} {what} (exit code {exit_.returncode}); its last lines:\n{tail}"
+
+
+class Controller:
+    """The job's decisions for ``train``, ``evaluate`` and ``predict``.
+
+    ``dispatcher`` holds the main task ledger (training or prediction; none for
+    ``evaluate``) and the evaluation service. The controller tracks the workers it
+    launched itself, so it needs no backend to know when all of them are gone.
+    """
+
+    def __init__(
+        self,
+        command: str,
+        dispatcher: TaskDispatcher,
+        instances: InstanceManager,
+        clocks: WorkerClocks | None = None,
+        sync_mode: bool = False,
+        evaluation_steps: int = 0,
+        max_ps_relaunches: int = MAX_PS_RELAUNCHES,
+        keeps_ledger: bool = True,
+    ):
+        self.command = command
+        self.dispatcher = dispatcher
+        self.tasks = dispatcher.main
+        self.evaluation: EvaluationService | None = dispatcher.evaluation
+        self.instances = instances
+        self.clocks = clocks or WorkerClocks()
+        self.sync_mode = sync_mode and command == "train"
+        self.evaluation_steps = evaluation_steps
+        self.max_ps_relaunches = max_ps_relaunches
+        self.keeps_ledger = keeps_ledger and command == "train"
+
+        self.workers: set[int] = set()  # launched and not exited yet
+        self.failures: list[ProcessExit] = []  # workers that exited non-zero
+        self.model_version = 0
+        self.ps_relaunches = 0
+        self.stop_reason = ""
+        self.epoch_done = -1  # the last training epoch whose end was handled
+        self._ending: EndEpoch | None = None  # issued, its outcome not back yet
+        self._eval_queue: list[tuple[str, int | None]] = []  # (reason, epoch) waiting to start
+        self._round_epochs: dict[int, int | None] = {}
+        self._live_workers_told = -1
+        self._saved_seq = -1
+        self.outcome: Finish | Fail | None = None
+        if command == "evaluate":
+            self._eval_queue.append(("evaluate", None))
+
+    # ------------------------------------------------------------ entry points
+
+    def start(self) -> list[Decision]:
+        """The first decisions: the initial workers."""
+        return self._carry(self.instances.initial())
+
+    def step(self, event: Event) -> list[Decision]:
+        if self.outcome is not None:
+            return []
+        decisions = self._on(event)
+        if self.outcome is None:
+            decisions += self._advance()
+        for decision in decisions:
+            if isinstance(decision, Finish | Fail):
+                self.outcome = decision
+                return decisions[: decisions.index(decision) + 1]
+        return decisions
+
+    @property
+    def all_done(self) -> bool:
+        """Training (or prediction) finished, its last epoch's end handled, no evaluation left.
+
+        The epoch check matters: the last task may be reported between two events, and the
+        final evaluation is only queued when the epoch end is handled.
+        """
+        if not self.dispatcher.main_finished or self._ending is not None:
+            return False
+        if self.command == "train" and self.epoch_done < self.tasks.epoch:
+            return False
+        return not self._eval_queue and not (self.evaluation is not None and self.evaluation.busy)
+
+    # ------------------------------------------------------------ events
+
+    def _on(self, event: Event) -> list[Decision]:
+        match event:
+            case RoleExited(exit=exit_) if exit_.role == "ps":
+                return self._on_ps_exit(exit_)
+            case RoleExited(exit=exit_):
+                return self._on_worker_exit(exit_)
+            case ScaleRequested(num_workers=n):
+                logger.info("scaling to %d workers (from %d)", n, self.instances.desired)
+                return self._carry(self.instances.scale(n))
+            case VersionReported(version=version):
+                return self._on_version(version)
+            case StopRequested(reason=reason):
+                self._stop_training(reason)
+            case StoreLost(reason=reason):
+                return [Fail(f"the job state in etcd cannot be trusted any more: {reason}")]
+            case EpochEnded(epoch=epoch):
+                return self._on_epoch_ended(epoch)
+            case EpochEndDeferred(epoch=epoch):
+                logger.info("end of epoch %d waits for a restarting PS", epoch + 1)
+                self._ending = None
+            case LiveWorkersNotTold():
+                self._live_workers_told = -1
+        return []
+
+    def _on_worker_exit(self, exit_: ProcessExit) -> list[Decision]:
+        self.workers.discard(exit_.index)
+        if exit_.returncode != 0:
+            self.failures.append(exit_)
+            logger.error(describe_exit(exit_, "exited"))
+        self.dispatcher.recover_worker_tasks(exit_.index)
+        self.clocks.forget(exit_.index)
+        return self._carry(self.instances.on_exit(
+            exit_.index, exit_.returncode, exit_.log_tail, job_done=self.dispatcher.finished
+        ))
+
+    def _on_ps_exit(self, exit_: ProcessExit) -> list[Decision]:
+        if self.dispatcher.finished:
+            return []  # the job is ending: the PS is no longer needed
+        self.ps_relaunches += 1
+        if self.ps_relaunches > self.max_ps_relaunches or self.command != "train":
+            return [Fail(describe_exit(exit_, "died"))]
+        if self.evaluation is not None and self.evaluation.busy:
+            self.evaluation.suspend()  # its snapshot died with the PS: run the round again once it is back
+        self._live_workers_told = -1  # the new PS knows nothing yet
+        return [RelaunchPS(exit_)]
+
+    def _on_version(self, version: int) -> list[Decision]:
+        # Monotone: worker reports and PS polls arrive out of order; a PS restored from a
+        # checkpoint moves on from its lower version without the callbacks seeing it go back.
+        if version <= self.model_version:
+            return []
+        self.model_version = version
+        return [VersionChanged(version)]
+
+    def _on_epoch_ended(self, epoch: int) -> list[Decision]:
+        ending, self._ending = self._ending, None
+        if ending is None or ending.epoch != epoch:
+            return []  # not the end this controller asked for
+        self.epoch_done = epoch
+        decisions: list[Decision] = []
+        if self.evaluation is not None:
+            self._eval_queue.append(("final" if ending.final else f"epoch {epoch + 1}", epoch))
+        else:
+            decisions.append(FireEpochEnd(epoch))
+        if epoch < self.tasks.epoch:
+            decisions.append(FireEpochBegin(epoch + 1))
+        return decisions
+
+    def _stop_training(self, reason: str) -> None:
+        if self.command == "train" and not self.stop_reason:
+            self.stop_reason = reason
+            dropped = self.tasks.stop()
+            logger.info("%s: stopping training (%d tasks not started are dropped)", reason, dropped)
+
+    # ------------------------------------------------------------ what is due
+
+    def _advance(self) -> list[Decision]:
+        decisions: list[Decision] = []
+        if self.command == "train":
+            decisions += self._ledger_and_live_workers()
+            end = self._next_epoch_end()
+            if end is not None:
+                return decisions + [end]  # its outcome comes back as an event before anything else
+            if self._ending is not None:
+                return decisions
+        if self.evaluation is not None:
+            decisions += self._advance_evaluation()
+        if self.all_done:
+            self.dispatcher.finish()  # workers get END and exit
+        if not self.workers:
+            if self.all_done:
+                decisions.append(Finish())
+            elif self.instances.desired > 0:
+                first = self.failures[0] if self.failures else None
+                decisions.append(Fail(
+                    "every worker exited before the job was done"
+                    + (f"; the first failure: {describe_exit(first, 'died')}" if first else "")
+                ))
+            # scaled to zero: wait for `elasticdl scale`
+        return decisions
+
+    def _ledger_and_live_workers(self) -> list[Decision]:
+        decisions: list[Decision] = []
+        if self.keeps_ledger and self.tasks.seq != self._saved_seq:
+            self._saved_seq = self.tasks.seq
+            decisions.append(SaveLedger())
+        if self.sync_mode:
+            count = len(self.dispatcher.active_workers())
+            if count and count != self._live_workers_told:
+                self._live_workers_told = count
+                decisions.append(TellLiveWorkers(count))
+        return decisions
+
+    def _next_epoch_end(self) -> EndEpoch | None:
+        if self._ending is not None:
+            return None
+        finished = self.tasks.finished
+        last_complete = self.tasks.epoch if finished else self.tasks.epoch - 1
+        if self.epoch_done >= last_complete:
+            return None
+        epoch = self.epoch_done + 1
+        self._ending = EndEpoch(epoch, final=finished and epoch == self.tasks.epoch,
+                                sync_model=self.evaluation is None)
+        return self._ending
+
+    def _advance_evaluation(self) -> list[Decision]:
+        evaluation = self.evaluation
+        decisions: list[Decision] = []
+        if evaluation.busy and evaluation.current.suspended:
+            try:
+                lost = evaluation.restart()
+            except PSUnavailable:
+                return decisions  # the relaunched PS is not serving yet
+            self._round_epochs[evaluation.current.round_id] = self._round_epochs.pop(lost, None)
+            logger.warning("a PS restarted during evaluation round %d: evaluating again", lost)
+            decisions.append(DropSnapshot(lost, best_effort=True))  # still held by the PS that did not restart
+        result = evaluation.poll()
+        if result is not None:
+            decisions.append(RecordEvaluation(result))
+            epoch = self._round_epochs.pop(result.round_id, None)
+            if epoch is not None and self.command == "train":
+                # The callbacks see the parameters that were evaluated, not newer ones.
+                decisions.append(FireEpochEnd(epoch, dict(result.metrics), snapshot=result.round_id))
+            decisions.append(DropSnapshot(result.round_id))
+        try:
+            if not evaluation.busy and self._eval_queue:
+                reason, epoch = self._eval_queue[0]
+                self._round_epochs[evaluation.start(reason).round_id] = epoch
+                self._eval_queue.pop(0)
+            elif evaluation.due(self.model_version):
+                self._round_epochs[evaluation.start(f"every {self.evaluation_steps} versions").round_id] = None
+        except PSUnavailable:
+            pass  # a PS is restarting: start the round at a later event
+        return decisions
+
+    # ------------------------------------------------------------ helpers
+
+    def _carry(self, decisions) -> list[Decision]:
+        """Instance-manager decisions: track launched workers, turn GiveUp into Fail."""
+        out: list[Decision] = []
+        for decision in decisions:
+            if isinstance(decision, Launch):
+                self.workers.add(decision.index)
+                out.append(decision)
+            elif isinstance(decision, Stop):
+                out.append(decision)
+            elif isinstance(decision, GiveUp):
+                out.append(Fail(decision.error))
+        return out

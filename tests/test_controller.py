@@ -1,0 +1,448 @@
+"""The master's controller, driven event by event: no processes, no sleeps, a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from elasticdl.backends.api import ProcessExit
+from elasticdl.data.sources import Shard
+from elasticdl.master import controller as c
+from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
+from elasticdl.master.instance_manager import InstanceManager, Launch, Priority, Stop
+from elasticdl.master.task_manager import Task, TaskManager, TaskType
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakePS:
+    """The snapshot call the job injects: the version it froze, or PSUnavailable while restarting."""
+
+    def __init__(self):
+        self.version = 0
+        self.down = False
+        self.snapshots: list[int] = []
+
+    def take_snapshot(self, round_id: int) -> int:
+        if self.down:
+            raise c.PSUnavailable("connection refused")
+        self.snapshots.append(round_id)
+        return self.version
+
+
+def shards(tasks: int, records: int = 10) -> list[Shard]:
+    return [Shard("data.rec", i * records, (i + 1) * records) for i in range(tasks)]
+
+
+def make(command="train", workers=2, epochs=2, tasks=2, evaluation_steps=0, with_eval=False, sync=False,
+         relaunch_limit=3, max_ps_relaunches=3):
+    clock = FakeClock()
+    ps = FakePS()
+    main = None
+    if command in ("train", "predict"):
+        main = TaskManager(shards(tasks), num_epochs=epochs if command == "train" else 1, clock=clock,
+                           shuffle=False, task_type=TaskType.TRAINING if command == "train" else TaskType.PREDICTION)
+    evaluation = None
+    if with_eval or command == "evaluate":
+        evaluation = EvaluationService(shards(1), metrics_fn=dict, snapshot=ps.take_snapshot,
+                                       evaluation_steps=evaluation_steps, clock=clock)
+    dispatcher = TaskDispatcher(main, evaluation)
+    ctl = c.Controller(command, dispatcher, InstanceManager(workers, relaunch_limit=relaunch_limit),
+                       sync_mode=sync, evaluation_steps=evaluation_steps, max_ps_relaunches=max_ps_relaunches)
+    return ctl, dispatcher, ps, clock
+
+
+def kinds(decisions) -> list[str]:
+    return [type(d).__name__ for d in decisions]
+
+
+def of(decisions, kind) -> list:
+    return [d for d in decisions if isinstance(d, kind)]
+
+
+def take(dispatcher: TaskDispatcher, worker: int) -> Task:
+    task = dispatcher.get_task(worker)
+    assert isinstance(task, Task), task
+    return task
+
+
+def report(ctl: c.Controller, dispatcher: TaskDispatcher, task: Task, worker: int, err: str = "") -> list:
+    outcome = dispatcher.report(task.task_id, worker, err, 0 if err else task.shard.end - task.shard.start, {})
+    return ctl.step(c.TaskReported(task.task_id, worker, outcome.accepted))
+
+
+def exit_of(index: int, code: int = 0, role: str = "worker", tail: str = "") -> c.RoleExited:
+    return c.RoleExited(ProcessExit(role, index, code, tail))
+
+
+def answer(ctl: c.Controller, decisions) -> list:
+    """Carry out the decisions the way the job does: EndEpoch is answered by EpochEnded."""
+    out = []
+    for decision in decisions:
+        if isinstance(decision, c.EndEpoch):
+            out += answer(ctl, ctl.step(c.EpochEnded(decision.epoch)))
+    return list(decisions) + out
+
+
+def train_epoch(ctl, dispatcher, worker=0) -> list:
+    decisions = []
+    while True:
+        task = dispatcher.get_task(worker)
+        if not isinstance(task, Task) or task.type != TaskType.TRAINING:
+            return decisions
+        decisions += answer(ctl, report(ctl, dispatcher, task, worker))
+        if of(decisions, c.EndEpoch):
+            return decisions
+
+
+# ---------------------------------------------------------------- training, no evaluation
+
+
+def test_start_launches_the_initial_workers():
+    ctl, _, _, _ = make(workers=3)
+    assert ctl.start() == [Launch(0, Priority.HIGH), Launch(1, Priority.HIGH), Launch(2, Priority.HIGH)]
+    assert ctl.workers == {0, 1, 2}
+
+
+def test_an_epoch_end_fires_callbacks_then_the_next_epoch_begins():
+    ctl, dispatcher, _, _ = make(workers=1, epochs=2)
+    ctl.start()
+    first = take(dispatcher, 0)
+    assert of(report(ctl, dispatcher, first, 0), c.EndEpoch) == []  # one task of two: no epoch end yet
+    second = take(dispatcher, 0)
+    decisions = report(ctl, dispatcher, second, 0)
+    # Epoch 0 ends only once epoch 1 has started (its first task handed out).
+    assert of(decisions, c.EndEpoch) == []
+    take(dispatcher, 0)
+    decisions = ctl.step(c.Tick())
+    assert of(decisions, c.EndEpoch) == [c.EndEpoch(0, final=False, sync_model=True)]
+    assert of(ctl.step(c.Tick()), c.EndEpoch) == []  # not asked twice
+    assert ctl.step(c.EpochEnded(0)) == [c.FireEpochEnd(0), c.FireEpochBegin(1)]
+    assert ctl.epoch_done == 0
+
+
+def test_the_job_finishes_when_the_last_epoch_ended_and_every_worker_left():
+    ctl, dispatcher, _, _ = make(workers=2, epochs=1)
+    ctl.start()
+    decisions = []
+    for worker in (0, 1):
+        decisions += answer(ctl, report(ctl, dispatcher, take(dispatcher, worker), worker))
+    assert of(decisions, c.EndEpoch) == [c.EndEpoch(0, final=True, sync_model=True)]
+    assert of(decisions, c.FireEpochEnd) == [c.FireEpochEnd(0)]
+    assert of(decisions, c.FireEpochBegin) == []  # no epoch after the last
+    assert dispatcher.finished  # workers now get END
+    assert of(ctl.step(exit_of(0)), c.Finish) == []  # one worker still running
+    assert ctl.step(exit_of(1)) == [c.Finish()]
+    assert ctl.step(c.Tick()) == []  # decided: nothing more
+    assert ctl.instances.relaunches == 0 and ctl.instances.preemptions == 0
+
+
+def test_a_deferred_epoch_end_is_asked_again_at_the_next_event():
+    ctl, dispatcher, _, _ = make(workers=1, epochs=1, tasks=1)
+    ctl.start()
+    end = of(report(ctl, dispatcher, take(dispatcher, 0), 0), c.EndEpoch)
+    assert end == [c.EndEpoch(0, final=True, sync_model=True)]
+    assert of(ctl.step(c.EpochEndDeferred(0)), c.EndEpoch) == end  # asked again at once
+    assert ctl.epoch_done == -1 and not dispatcher.finished
+    ctl.step(c.EpochEndDeferred(0))
+    assert of(ctl.step(c.EpochEnded(0)), c.FireEpochEnd) == [c.FireEpochEnd(0)]
+    assert dispatcher.finished
+
+
+def test_a_stray_epoch_ended_does_not_skip_an_epoch():
+    ctl, dispatcher, _, _ = make(workers=1, epochs=2, tasks=1)
+    ctl.start()
+    assert of(ctl.step(c.EpochEnded(1)), c.FireEpochEnd) == []
+    assert ctl.epoch_done == -1
+
+
+def test_save_ledger_only_when_the_ledger_moved():
+    ctl, dispatcher, _, _ = make(workers=1)
+    ctl.start()
+    assert of(ctl.step(c.Tick()), c.SaveLedger) == [c.SaveLedger()]
+    assert of(ctl.step(c.Tick()), c.SaveLedger) == []
+    take(dispatcher, 0)
+    assert of(ctl.step(c.Tick()), c.SaveLedger) == [c.SaveLedger()]
+
+
+def test_sync_mode_tells_the_ps_how_many_workers_hold_a_task():
+    ctl, dispatcher, _, _ = make(workers=2, sync=True, tasks=4)
+    ctl.start()
+    assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == []  # nobody holds a task yet
+    take(dispatcher, 0)
+    assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == [c.TellLiveWorkers(1)]
+    take(dispatcher, 1)
+    assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == [c.TellLiveWorkers(2)]
+    assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == []
+    assert of(ctl.step(c.LiveWorkersNotTold()), c.TellLiveWorkers) == [c.TellLiveWorkers(2)]
+
+
+def test_async_mode_never_tells_live_workers():
+    ctl, dispatcher, _, _ = make(workers=1, sync=False)
+    ctl.start()
+    take(dispatcher, 0)
+    assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == []
+
+
+def test_versions_are_monotone_and_each_new_one_is_announced():
+    ctl, _, _, _ = make()
+    ctl.start()
+    assert of(ctl.step(c.VersionReported(5)), c.VersionChanged) == [c.VersionChanged(5)]
+    assert of(ctl.step(c.VersionReported(5)), c.VersionChanged) == []
+    assert of(ctl.step(c.VersionReported(3)), c.VersionChanged) == []  # a PS restored from a checkpoint
+    assert ctl.model_version == 5
+
+
+def test_stop_requested_drops_the_tasks_not_started():
+    ctl, dispatcher, _, _ = make(workers=1, epochs=3, tasks=3)
+    ctl.start()
+    task = take(dispatcher, 0)
+    ctl.step(c.StopRequested("EarlyStopping: accuracy did not improve"))
+    ctl.step(c.StopRequested("another reason"))
+    assert ctl.stop_reason == "EarlyStopping: accuracy did not improve"
+    decisions = answer(ctl, report(ctl, dispatcher, task, 0))
+    assert of(decisions, c.EndEpoch) == [c.EndEpoch(0, final=True, sync_model=True)]
+    assert dispatcher.finished
+    assert ctl.step(exit_of(0)) == [c.Finish()]
+
+
+# ---------------------------------------------------------------- workers come and go
+
+
+def test_a_crashed_worker_is_relaunched_with_a_new_index_and_its_task_requeued():
+    ctl, dispatcher, _, _ = make(workers=1)
+    ctl.start()
+    task = take(dispatcher, 0)
+    decisions = ctl.step(exit_of(0, code=1, tail="Traceback\nValueError: boom"))
+    assert of(decisions, Launch) == [Launch(1, Priority.HIGH)]
+    assert ctl.workers == {1}
+    assert take(dispatcher, 1).task_id == task.task_id
+    assert ctl.instances.relaunches == 1
+
+
+def test_a_worker_crashing_past_the_relaunch_limit_fails_the_job_with_its_log():
+    ctl, _, _, _ = make(workers=1, relaunch_limit=1)
+    ctl.start()
+    ctl.step(exit_of(0, code=1))
+    decisions = ctl.step(exit_of(1, code=1, tail="ValueError: boom"))
+    assert kinds(decisions) == ["Fail"]
+    assert "crashed 2 times" in decisions[0].error and "ValueError: boom" in decisions[0].error
+    assert ctl.outcome == decisions[0]
+
+
+def test_a_preempted_worker_is_replaced_without_counting_a_crash():
+    ctl, _, _, _ = make(workers=2)
+    ctl.start()
+    assert of(ctl.step(exit_of(1, code=-9)), Launch) == [Launch(2, Priority.HIGH)]
+    assert ctl.instances.preemptions == 1 and ctl.instances.relaunches == 0
+
+
+def test_every_worker_gone_before_the_job_is_done_fails_with_the_first_failure():
+    ctl, _, _, _ = make(workers=1, relaunch_limit=0)
+    ctl.start()
+    decisions = ctl.step(exit_of(0, code=2, tail="ImportError: no module named zoo"))
+    assert kinds(decisions) == ["Fail"]
+
+
+def test_scaled_to_zero_the_job_waits_then_grows_again():
+    ctl, dispatcher, _, _ = make(workers=2)
+    ctl.start()
+    assert of(ctl.step(c.ScaleRequested(0)), Stop) == [Stop(1), Stop(0)]
+    assert of(ctl.step(exit_of(0)), c.Fail) == []
+    assert of(ctl.step(exit_of(1)), c.Fail) == []  # desired 0: not a failure
+    assert ctl.workers == set() and ctl.outcome is None
+    assert of(ctl.step(c.ScaleRequested(1)), Launch) == [Launch(2, Priority.HIGH)]
+    assert ctl.workers == {2}
+
+
+# ---------------------------------------------------------------- parameter servers and the store
+
+
+def test_a_dead_ps_is_relaunched_up_to_the_limit():
+    ctl, _, _, _ = make(max_ps_relaunches=2)
+    ctl.start()
+    ps_exit = exit_of(0, code=-9, role="ps")
+    assert ctl.step(ps_exit)[:1] == [c.RelaunchPS(ps_exit.exit)]
+    assert ctl.step(ps_exit)[:1] == [c.RelaunchPS(ps_exit.exit)]
+    decisions = ctl.step(ps_exit)
+    assert kinds(decisions) == ["Fail"] and "ps-0 died" in decisions[0].error
+    assert ctl.ps_relaunches == 3
+
+
+def test_a_ps_exit_after_the_job_is_done_is_not_relaunched():
+    ctl, dispatcher, _, _ = make(workers=1, epochs=1, tasks=1)
+    ctl.start()
+    answer(ctl, report(ctl, dispatcher, take(dispatcher, 0), 0))
+    assert dispatcher.finished
+    assert of(ctl.step(exit_of(0, code=0, role="ps")), c.RelaunchPS) == []
+    assert ctl.ps_relaunches == 0
+
+
+def test_evaluate_and_predict_never_relaunch_a_ps():
+    ctl, _, _, _ = make(command="predict", workers=1)
+    ctl.start()
+    assert kinds(ctl.step(exit_of(0, code=-9, role="ps"))) == ["Fail"]
+
+
+def test_a_lost_store_fails_the_job_and_nothing_follows():
+    ctl, _, _, _ = make()
+    ctl.start()
+    decisions = ctl.step(c.StoreLost("lost the leader lock: lease expired"))
+    assert kinds(decisions) == ["Fail"] and "lease expired" in decisions[0].error
+    assert ctl.step(c.Tick()) == [] and ctl.step(exit_of(0)) == []
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+def run_round(ctl, dispatcher, worker=0) -> list:
+    """Run every task of the current evaluation round on ``worker``."""
+    decisions = []
+    while True:
+        task = dispatcher.get_task(worker)
+        if not isinstance(task, Task) or task.type != TaskType.EVALUATION:
+            return decisions
+        decisions += answer(ctl, report(ctl, dispatcher, task, worker))
+
+
+def test_a_version_report_starts_a_round_every_n_versions_without_waiting_for_a_poll():
+    ctl, dispatcher, ps, _ = make(workers=1, epochs=2, tasks=4, evaluation_steps=15, with_eval=True)
+    ctl.start()
+    ps.version = 14
+    ctl.step(c.VersionReported(14))
+    assert not ctl.evaluation.busy
+    ps.version = 15
+    ctl.step(c.VersionReported(15))
+    assert ctl.evaluation.busy and ctl.evaluation.current.reason == "every 15 versions"
+    assert ctl.evaluation.current.model_version == 15
+    decisions = run_round(ctl, dispatcher)
+    assert kinds(decisions).count("RecordEvaluation") == 1
+    assert of(decisions, c.FireEpochEnd) == []  # not an epoch's round: no callbacks
+    assert of(decisions, c.DropSnapshot) == [c.DropSnapshot(1)]
+
+
+def test_epoch_end_rounds_queue_behind_a_running_round_and_fire_callbacks_on_their_snapshot():
+    ctl, dispatcher, ps, _ = make(workers=2, epochs=2, tasks=1, evaluation_steps=5, with_eval=True)
+    ctl.start()
+    training = take(dispatcher, 0)
+    ps.version = 5
+    ctl.step(c.VersionReported(5))  # a versions round takes the evaluator
+    assert ctl.evaluation.current.reason == "every 5 versions"
+    report(ctl, dispatcher, training, 0)
+    evaluation_task = take(dispatcher, 1)
+    assert evaluation_task.type == TaskType.EVALUATION
+    take(dispatcher, 0)  # epoch 1 starts: epoch 0 is complete
+    decisions = answer(ctl, ctl.step(c.Tick()))
+    assert of(decisions, c.EndEpoch) == [c.EndEpoch(0, final=False, sync_model=False)]
+    assert of(decisions, c.FireEpochBegin) == [c.FireEpochBegin(1)]
+    assert of(decisions, c.FireEpochEnd) == []  # after its round
+    assert ctl.evaluation.current.round_id == 1  # the epoch's round waits
+    ps.version = 7
+    decisions = report(ctl, dispatcher, evaluation_task, 1)
+    assert of(decisions, c.DropSnapshot) == [c.DropSnapshot(1)]
+    assert ctl.evaluation.current.reason == "epoch 1" and ctl.evaluation.current.model_version == 7
+    decisions = run_round(ctl, dispatcher, worker=1)
+    assert of(decisions, c.FireEpochEnd) == [c.FireEpochEnd(0, {}, snapshot=2)]
+    assert of(decisions, c.DropSnapshot) == [c.DropSnapshot(2)]
+
+
+def test_the_job_waits_for_the_final_round_before_workers_get_end():
+    ctl, dispatcher, _, _ = make(workers=1, epochs=1, tasks=1, with_eval=True)
+    ctl.start()
+    decisions = answer(ctl, report(ctl, dispatcher, take(dispatcher, 0), 0))
+    assert of(decisions, c.EndEpoch) == [c.EndEpoch(0, final=True, sync_model=False)]
+    assert ctl.evaluation.current.reason == "final"
+    assert not dispatcher.finished  # the final round still needs the workers
+    decisions = run_round(ctl, dispatcher)
+    assert of(decisions, c.FireEpochEnd) == [c.FireEpochEnd(0, {}, snapshot=1)]
+    assert dispatcher.finished
+    assert ctl.step(exit_of(0)) == [c.Finish()]
+
+
+def test_a_ps_restart_during_a_round_runs_it_again_on_a_fresh_snapshot():
+    ctl, dispatcher, ps, _ = make(workers=1, epochs=1, tasks=1, with_eval=True)
+    ctl.start()
+    answer(ctl, report(ctl, dispatcher, take(dispatcher, 0), 0))
+    assert ctl.evaluation.current.round_id == 1
+    ps.down = True
+    assert ctl.step(exit_of(0, code=-9, role="ps"))[:1] == [c.RelaunchPS(ProcessExit("ps", 0, -9, ""))]
+    assert ctl.evaluation.current.suspended
+    assert dispatcher.get_task(0).__class__ is not Task  # no tasks of a suspended round
+    assert of(ctl.step(c.Tick()), c.DropSnapshot) == []  # the PS is not serving yet
+    ps.down = False
+    decisions = ctl.step(c.Tick())
+    assert of(decisions, c.DropSnapshot) == [c.DropSnapshot(1, best_effort=True)]
+    assert ctl.evaluation.current.round_id == 2
+    assert ctl.evaluation.current.reason == "final, again after a PS restart"
+    decisions = run_round(ctl, dispatcher)
+    assert of(decisions, c.FireEpochEnd) == [c.FireEpochEnd(0, {}, snapshot=2)]  # the epoch follows the round
+
+
+def test_a_round_that_cannot_start_while_a_ps_restarts_starts_later():
+    ctl, dispatcher, ps, _ = make(workers=1, epochs=1, tasks=1, with_eval=True)
+    ctl.start()
+    ps.down = True
+    answer(ctl, report(ctl, dispatcher, take(dispatcher, 0), 0))
+    assert not ctl.evaluation.busy and not dispatcher.finished
+    ps.down = False
+    ctl.step(c.Tick())
+    assert ctl.evaluation.current.reason == "final"
+
+
+def test_evaluation_start_delay_and_throttle_follow_the_injected_clock():
+    clock = FakeClock()
+    ps = FakePS()
+    main = TaskManager(shards(2), num_epochs=1, clock=clock, shuffle=False)
+    evaluation = EvaluationService(shards(1), metrics_fn=dict, snapshot=ps.take_snapshot, evaluation_steps=10,
+                                   start_delay_secs=30, throttle_secs=60, clock=clock)
+    dispatcher = TaskDispatcher(main, evaluation)
+    ctl = c.Controller("train", dispatcher, InstanceManager(1), evaluation_steps=10)
+    ctl.start()
+    ctl.step(c.VersionReported(10))
+    assert not evaluation.busy  # within the start delay
+    clock.now += 30
+    ctl.step(c.Tick())
+    assert evaluation.busy
+    run_round(ctl, dispatcher)
+    ctl.step(c.VersionReported(25))
+    assert not evaluation.busy  # throttled
+    clock.now += 60
+    ctl.step(c.Tick())
+    assert evaluation.busy and evaluation.current.reason == "every 10 versions"
+
+
+def test_the_evaluate_command_runs_one_round_and_finishes():
+    ctl, dispatcher, ps, _ = make(command="evaluate", workers=1)
+    ps.version = 300
+    ctl.start()
+    ctl.step(c.Tick())
+    assert ctl.evaluation.current.reason == "evaluate" and ctl.evaluation.current.model_version == 300
+    decisions = run_round(ctl, dispatcher)
+    assert kinds(decisions).count("RecordEvaluation") == 1
+    assert of(decisions, c.FireEpochEnd) == []  # no callbacks outside training
+    assert dispatcher.finished
+    assert ctl.step(exit_of(0)) == [c.Finish()]
+
+
+def test_predict_finishes_when_every_task_is_done():
+    ctl, dispatcher, _, _ = make(command="predict", workers=1, tasks=2)
+    ctl.start()
+    for _ in range(2):
+        decisions = report(ctl, dispatcher, take(dispatcher, 0), 0)
+        assert of(decisions, c.EndEpoch) == [] and of(decisions, c.SaveLedger) == []
+    assert dispatcher.finished
+    assert ctl.step(exit_of(0)) == [c.Finish()]
+
+
+@pytest.mark.parametrize("code", [0, -15])
+def test_workers_leaving_after_end_are_not_refilled(code):
+    ctl, dispatcher, _, _ = make(workers=1, epochs=1, tasks=1)
+    ctl.start()
+    answer(ctl, report(ctl, dispatcher, take(dispatcher, 0), 0))
+    assert ctl.step(exit_of(0, code=code)) == [c.Finish()]
+    assert ctl.instances.preemptions == 0
