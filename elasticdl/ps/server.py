@@ -24,6 +24,7 @@ from elasticdl.ps.strategies import (
     PushResult,
     UpdateTelemetry,
 )
+from elasticdl.push_outcome import PushOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -188,7 +189,7 @@ class ParameterServer:
             except GradientError as err:
                 logger.warning("rejected push: %s", err)
                 self.strategy.telemetry.pushes_rejected_invalid += 1
-                result = PushResult(False, self.shard.version, str(err))
+                result = PushResult(PushOutcome.REJECTED_INVALID, self.shard.version, str(err))
             else:
                 before = self.shard.version
                 if learning_rate is None:

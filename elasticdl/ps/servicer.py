@@ -8,6 +8,7 @@ from elasticdl import tensor_codec
 from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
 from elasticdl.ps.embedding_table import EmbeddingError, IndexedRows, TableInfo
 from elasticdl.ps.server import ParameterServer
+from elasticdl.push_outcome import PushOutcome
 
 # Exported tables stream in chunks of about this many bytes (gRPC moves small messages faster).
 TABLE_CHUNK_BYTES = 4 * 1024 * 1024
@@ -16,6 +17,8 @@ TABLE_CHUNK_BYTES = 4 * 1024 * 1024
 _PULL_TENSORS_FIELD = elasticdl_pb2.PullDenseParametersResponse.DESCRIPTOR.fields_by_name["dense_parameters"].number
 _PUSH_TENSORS_FIELD = elasticdl_pb2.PushGradientsRequest.DESCRIPTOR.fields_by_name["gradients"].number
 _PUSH_REPLY_TENSORS_FIELD = elasticdl_pb2.PushGradientsResponse.DESCRIPTOR.fields_by_name["dense_parameters"].number
+# The protocol's enum, member for member by name (a missing member fails here, at import).
+_OUTCOME_NUMBERS = {outcome: elasticdl_pb2.PushOutcome.Value(outcome.name) for outcome in PushOutcome}
 
 
 class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
@@ -159,7 +162,8 @@ def _encode_pull(initialized: bool, version: int, params) -> bytes:
 
 def _push_reply(result) -> elasticdl_pb2.PushGradientsResponse:
     return elasticdl_pb2.PushGradientsResponse(
-        accepted=result.accepted, version=result.version, reason=result.reason, applied=result.applied
+        accepted=result.accepted, version=result.version, reason=result.reason, applied=result.applied,
+        outcome=_OUTCOME_NUMBERS[result.outcome],
     )
 
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from elasticdl.ps.embedding_table import IndexedRows, RowGradientSum
 from elasticdl.ps.parameters import ParameterShard
+from elasticdl.push_outcome import PushOutcome
 
 # Per-version telemetry kept for this many recent versions (totals are kept for all).
 TELEMETRY_VERSIONS = 10_000
@@ -31,10 +32,17 @@ TELEMETRY_VERSIONS = 10_000
 
 @dataclass(frozen=True)
 class PushResult:
-    accepted: bool
+    outcome: PushOutcome
     version: int  # the shard's version after the push
-    reason: str = ""
-    applied: bool = False  # False and accepted: waiting for more gradients (sync)
+    reason: str = ""  # for people (logs, errors); decisions go by `outcome`
+
+    @property
+    def accepted(self) -> bool:
+        return self.outcome.accepted
+
+    @property
+    def applied(self) -> bool:
+        return self.outcome.applied
 
 
 @dataclass
@@ -107,7 +115,7 @@ class DirectUpdatingStrategy(GradientUpdatingStrategy):
             learning_rate = (learning_rate or shard.optimizer.learning_rate) * scale
         self.telemetry.accepted(shard.version, staleness)
         shard.apply(grads, learning_rate)
-        return PushResult(True, shard.version, applied=True)
+        return PushResult(PushOutcome.APPLIED, shard.version)
 
 
 class AverageUpdatingStrategy(GradientUpdatingStrategy):
@@ -131,7 +139,7 @@ class AverageUpdatingStrategy(GradientUpdatingStrategy):
         if staleness > self.version_tolerance or staleness < 0:
             self.telemetry.rejected_stale(shard.version)
             return PushResult(
-                False,
+                PushOutcome.REJECTED_STALE,
                 shard.version,
                 f"stale gradient: computed on version {version}, the model is at {shard.version} "
                 f"(--sync_version_tolerance={self.version_tolerance})",
@@ -141,7 +149,7 @@ class AverageUpdatingStrategy(GradientUpdatingStrategy):
             # One gradient per version: nothing to average, so no copy to sum into.
             self.telemetry.accepted(shard.version, staleness)
             shard.apply(grads, learning_rate)
-            return PushResult(True, shard.version, applied=True)
+            return PushResult(PushOutcome.APPLIED, shard.version)
         for name, grad in grads.items():
             if isinstance(grad, IndexedRows):
                 self._sums.setdefault(name, RowGradientSum()).add(grad, scale)
@@ -158,7 +166,7 @@ class AverageUpdatingStrategy(GradientUpdatingStrategy):
             self._learning_rate = learning_rate
         self.telemetry.accepted(shard.version, staleness)
         applied = self._apply_if_ready(shard)
-        return PushResult(True, shard.version, applied=applied)
+        return PushResult(PushOutcome.APPLIED if applied else PushOutcome.ACCEPTED_PENDING, shard.version)
 
     def set_live_workers(self, shard, count):
         effective = max(1, min(self.configured_grads_to_wait, count))
