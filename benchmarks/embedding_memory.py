@@ -133,8 +133,8 @@ def worker_main(spec: dict) -> dict:
     configure_tensorflow(1)
     import tensorflow as tf
 
+    from elasticdl.worker.consistency import ConsistencyPolicy
     from elasticdl.worker.ps_client import PSClient
-    from elasticdl.worker.staleness import StalenessStrategy
     from elasticdl.worker.trainer import Trainer
     from elasticdl.worker.worker import Worker
 
@@ -144,7 +144,7 @@ def worker_main(spec: dict) -> dict:
     trainer = Trainer(model_spec, {}, embedding_swap_threshold_mb=threshold)
     ps = PSClient(spec["ps"])
     worker = Worker(0, model_spec, trainer, master=None, ps=ps, minibatch_size=spec["batch"],
-                    staleness=StalenessStrategy(use_async=True))
+                    consistency=ConsistencyPolicy(use_async=True, num_ps=ps.num_ps))
     rng = np.random.default_rng(0)
     touched = np.zeros(spec["vocabulary"], bool)
     started = time.perf_counter()

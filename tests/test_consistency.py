@@ -14,7 +14,7 @@ from elasticdl.master.clocks import WorkerClocks
 from elasticdl.master.telemetry import StalenessSummary, summarize
 from elasticdl.ps.optimizers import OptimizerSpec, make_optimizer
 from elasticdl.ps.server import ParameterServer, PSSettings
-from elasticdl.worker.staleness import StalenessStrategy
+from elasticdl.worker.consistency import ConsistencyPolicy
 
 SGD = OptimizerSpec("SGD", {"learning_rate": 0.5})
 
@@ -122,7 +122,7 @@ def test_sync_versions_strictly_increase_and_never_stall(grads_to_wait, events):
 )
 def test_ssp_bound_holds_and_leaving_workers_never_block(bound, events):
     """Random interleavings of 4 workers stepping, leaving and (re)joining."""
-    strategy = StalenessStrategy(use_async=True, staleness_bound=bound)
+    policy = ConsistencyPolicy(use_async=True, staleness_bound=bound)
     clocks = WorkerClocks()
     ps = make_ps(use_async=True)
     raw = {w: 0 for w in range(4)}
@@ -138,7 +138,7 @@ def test_ssp_bound_holds_and_leaving_workers_never_block(bound, events):
         if w not in active:
             continue
         view = clocks.report(w, raw[w], set(active))
-        if strategy.must_wait(view.clock, view.slowest):
+        if policy.must_wait(view.clock, view.slowest):
             continue  # blocked this turn
         # It may start a batch: it is at most `bound` ahead of every worker holding a task.
         assert view.clock - view.slowest <= bound
@@ -149,7 +149,7 @@ def test_ssp_bound_holds_and_leaving_workers_never_block(bound, events):
     if active:
         # No deadlock: some worker holding a task can always go (the slowest one).
         views = {w: clocks.report(w, raw[w], set(active)) for w in sorted(active)}
-        assert any(not strategy.must_wait(v.clock, v.slowest) for v in views.values())
+        assert any(not policy.must_wait(v.clock, v.slowest) for v in views.values())
 
 
 def test_a_joining_worker_starts_at_the_slowest_clock():
@@ -162,12 +162,18 @@ def test_a_joining_worker_starts_at_the_slowest_clock():
     assert view.clock == 48 and view.slowest == 48
 
 
-def test_staleness_strategy_pull_rules():
-    sync = StalenessStrategy()
-    assert sync.must_pull(0) and sync.waits_for_version and not sync.bounded
-    lazy = StalenessStrategy(use_async=True, get_model_steps=3)
-    assert [lazy.must_pull(n) for n in range(4)] == [False, False, False, True]
-    assert lazy.applies_locally and not lazy.waits_for_version
+def _after_pushes(policy: ConsistencyPolicy, steps: int) -> ConsistencyPolicy:
+    for _ in range(steps):
+        policy.batch_pushed()
+    return policy
+
+
+def test_consistency_policy_pull_rules():
+    sync = ConsistencyPolicy()
+    assert sync.must_pull() and sync.waits_for_version and not sync.bounded
+    lazy = [_after_pushes(ConsistencyPolicy(use_async=True, get_model_steps=3), n) for n in range(4)]
+    assert [p.must_pull() for p in lazy] == [False, False, False, True]
+    assert lazy[0].applies_locally and not lazy[0].waits_for_version
 
 
 def test_telemetry_summary_per_epoch():

@@ -548,3 +548,57 @@ def test_a_sync_push_waiting_for_others_answers_without_parameters():
     result, params = ps.push_gradients(grads(), 0, None, encode)
     assert result.applied and result.version == 1
     np.testing.assert_allclose(params["dense/bias"], model()["dense/bias"] - LR * grads()["dense/bias"], rtol=1e-6)
+
+
+@pytest.fixture
+def sync_ps_address():
+    core = make_ps(grads_to_wait=2)
+    server = grpc_utils.make_server(max_workers=4)
+    grpc_utils.add_service(server, "PServer", PServerServicer(core))
+    port = grpc_utils.bind_local(server, 0)
+    server.start()
+    try:
+        yield core, f"127.0.0.1:{port}"
+    finally:
+        server.stop(grace=None)
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_push_outcomes_travel_as_the_protocols_enum(sync_ps_address, monkeypatch, streamed):
+    """Every outcome over real gRPC, unary and streamed: the worker reads the enum, not the reason."""
+    from elasticdl.push_outcome import PushOutcome
+    from elasticdl.worker import ps_client
+    from elasticdl.worker.ps_client import PSClient
+
+    if streamed:
+        monkeypatch.setattr(ps_client, "STREAM_ABOVE_BYTES", 0)
+    core, address = sync_ps_address
+    client = PSClient([address])
+    assert client.push_model(model()) == [True]
+
+    def push(gradients, version):
+        return client.push_gradients({0: gradients}, [version], 0.0, worker_id=0)[0]
+
+    first = push(grads(), 0)
+    assert (first.outcome, first.accepted, first.applied, first.version) == (PushOutcome.ACCEPTED_PENDING, True,
+                                                                              False, 0)
+    second = push(grads(), 0)
+    assert (second.outcome, second.applied, second.version) == (PushOutcome.APPLIED, True, 1)
+    stale = push(grads(), 0)
+    assert (stale.outcome, stale.accepted, stale.version) == (PushOutcome.REJECTED_STALE, False, 1)
+    assert "computed on version 0" in stale.reason
+    invalid = push({"nope": np.ones(2, np.float32)}, 1)
+    assert (invalid.outcome, invalid.accepted) == (PushOutcome.REJECTED_INVALID, False)
+    assert "unknown variable 'nope'" in invalid.reason
+    assert core.shard.version == 1
+    client.close()
+
+    # On the wire: the enum field, with the booleans kept for older readers.
+    channel = grpc_utils.make_channel(address)
+    stub = elasticdl_pb2_grpc.PServerStub(channel)
+    reply = stub.push_gradients(
+        elasticdl_pb2.PushGradientsRequest(worker_id=1, version=0, gradients=tensor_codec.encode_dict(grads())),
+        timeout=10,
+    )
+    assert reply.outcome == elasticdl_pb2.REJECTED_STALE and not reply.accepted and not reply.applied
+    channel.close()

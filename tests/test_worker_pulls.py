@@ -3,11 +3,14 @@ pull of the next batch of the same task; async and SSP workers pull before every
 
 from __future__ import annotations
 
+import grpc
 import numpy as np
+import pytest
 
+from elasticdl.push_outcome import PushOutcome
+from elasticdl.worker.consistency import ConsistencyPolicy, PushRejectedError
 from elasticdl.worker.master_client import TaskOrder
 from elasticdl.worker.ps_client import PullResult, PushAnswer
-from elasticdl.worker.staleness import StalenessStrategy
 from elasticdl.worker.worker import Worker
 
 
@@ -36,18 +39,35 @@ class _PS:
     def __init__(self):
         self.version = 0
         self.pulls = 0
+        self.pull_versions = []  # the versions each pull sent
+        self.refusals = []  # outcomes of the next pushes, refused before they change anything
+        self.unreachable = 0  # the next pushes fail: the PS is down
 
     def split(self, grads):
         return [grads]
 
     def pull(self, versions, wait_for_newer=None, timeout=30.0):
         self.pulls += 1
+        self.pull_versions.append(list(versions))
         return [PullResult(True, self.version, {"w": np.full(2, self.version, np.float32)})]
 
     def push_gradients(self, grads_by_ps, versions, lr, worker_id, want_parameters=False):
+        if self.unreachable:
+            self.unreachable -= 1
+            raise _Unavailable()
+        if self.refusals:
+            return {0: PushAnswer(self.refusals.pop(0), self.version, "stale gradient (or not)")}
         self.version += 1
         params = {"w": np.full(2, self.version, np.float32)} if want_parameters else None
-        return {0: PushAnswer(True, self.version, "", True, params)}
+        return {0: PushAnswer(PushOutcome.APPLIED, self.version, "", params)}
+
+
+class _Unavailable(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return "connection refused"
 
 
 class _Master:
@@ -71,15 +91,15 @@ class _Master:
         return clock, clock
 
 
-def _worker(staleness: StalenessStrategy):
+def _worker(consistency: ConsistencyPolicy):
     ps, master = _PS(), _Master()
     spec = type("Spec", (), {"learning_rate_scheduler": None})()
-    worker = Worker(0, spec=spec, trainer=_Trainer(), master=master, ps=ps, minibatch_size=2, staleness=staleness)
+    worker = Worker(0, spec=spec, trainer=_Trainer(), master=master, ps=ps, minibatch_size=2, consistency=consistency)
     return worker, ps, master
 
 
 def test_sync_pushes_that_answer_with_parameters_replace_the_pull():
-    worker, ps, _ = _worker(StalenessStrategy())
+    worker, ps, _ = _worker(ConsistencyPolicy())
     for _ in range(4):
         worker.train_batch(None, None)
     assert ps.pulls == 1  # before the first batch only: each push's answer was the model it made
@@ -87,7 +107,7 @@ def test_sync_pushes_that_answer_with_parameters_replace_the_pull():
 
 
 def test_async_pulls_before_every_batch_to_see_the_others_pushes():
-    worker, ps, _ = _worker(StalenessStrategy(use_async=True))
+    worker, ps, _ = _worker(ConsistencyPolicy(use_async=True))
     for _ in range(4):
         worker.train_batch(None, None)
         ps.version += 1  # another worker pushes
@@ -96,7 +116,7 @@ def test_async_pulls_before_every_batch_to_see_the_others_pushes():
 
 
 def test_ssp_pulls_after_waiting_for_slower_workers():
-    worker, ps, master = _worker(StalenessStrategy(use_async=True, staleness_bound=2))
+    worker, ps, master = _worker(ConsistencyPolicy(use_async=True, staleness_bound=2))
     worker.train_batch(None, None)
     worker.train_batch(None, None)
     ps.version += 5  # the slower workers push while this one waits
@@ -111,7 +131,7 @@ def test_sync_pulls_at_the_start_of_each_task():
     """Between two tasks the others may push many versions: the last answer is no longer fresh."""
     from elasticdl.worker.worker import TaskResult
 
-    worker, ps, master = _worker(StalenessStrategy())
+    worker, ps, master = _worker(ConsistencyPolicy())
     pulls_before_batch = []
 
     def train_task(order):
@@ -127,3 +147,34 @@ def test_sync_pulls_at_the_start_of_each_task():
     assert master.reports == [(1, ""), (2, "")]
     assert pulls_before_batch == [0, 1, 1, 1, 2, 2]  # one pull at each task's first batch
     assert worker.versions == [ps.version - 7]
+
+
+def test_a_stale_push_is_computed_again_on_pulled_parameters():
+    worker, ps, _ = _worker(ConsistencyPolicy())
+    worker.train_batch(None, None)
+    assert (ps.pulls, ps.version) == (1, 1)
+    ps.version += 3  # the others moved on: this worker's next gradient is stale
+    ps.refusals = [PushOutcome.REJECTED_STALE]
+    worker.train_batch(None, None)
+    assert ps.pull_versions[-1] == [1]  # the push's answer stood in for the first try; then a pull
+    assert (ps.pulls, ps.version, worker.versions) == (2, 5, [5])
+
+
+def test_a_push_refused_for_another_reason_fails_the_batch():
+    worker, ps, _ = _worker(ConsistencyPolicy())
+    ps.refusals = [PushOutcome.REJECTED_INVALID]
+    with pytest.raises(PushRejectedError, match="PS 0 rejected the gradients"):
+        worker.train_batch(None, None)
+    assert worker.batches_trained == 0
+
+
+def test_after_a_ps_reconnect_the_worker_pulls_everything(monkeypatch):
+    monkeypatch.setattr("elasticdl.worker.worker.time.sleep", lambda seconds: None)
+    worker, ps, _ = _worker(ConsistencyPolicy())
+    worker.train_batch(None, None)
+    worker.consistency.task_started()  # the next batch pulls: it sends the version it holds
+    worker.train_batch(None, None)
+    ps.unreachable = 1  # this batch's push fails; the answer to the last one stood in for its pull
+    worker.train_batch(None, None)
+    assert ps.pull_versions == [[-1], [1], [-1]]  # the PS may be back from an older checkpoint
+    assert worker.versions == [3]

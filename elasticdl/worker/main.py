@@ -33,22 +33,23 @@ def main(argv: list[str] | None = None) -> int:
 
     # Imported after the thread limits: these pull in TensorFlow.
     from elasticdl.model_spec import load_model_spec
+    from elasticdl.worker.consistency import ConsistencyPolicy
     from elasticdl.worker.master_client import MasterClient
     from elasticdl.worker.ps_client import PSClient
-    from elasticdl.worker.staleness import StalenessStrategy
     from elasticdl.worker.trainer import Trainer
     from elasticdl.worker.worker import Worker
 
     spec = load_model_spec(config.model_zoo, config.model_def)
+    ps = PSClient(args.ps_addrs.split(","))
     worker = Worker(
         worker_id=args.worker_id,
         spec=spec,
         trainer=Trainer(spec, config.model_params_dict, config.embedding_swap_threshold_mb),
         master=MasterClient(args.master_addr, args.worker_id),
-        ps=PSClient(args.ps_addrs.split(",")),
+        ps=ps,
         minibatch_size=config.minibatch_size,
         has_header=bool(config.data_reader_params_dict.get("has_header", False)),
-        staleness=StalenessStrategy.from_config(config),
+        consistency=ConsistencyPolicy.from_config(config, ps.num_ps),
         prediction_outputs=config.prediction_outputs,
         may_initialize_ps=args.command == "train",
     )

@@ -13,6 +13,7 @@ from elasticdl import tensor_codec
 from elasticdl.grpc_utils import ServiceStub, make_channel, wait_for_channel
 from elasticdl.proto import elasticdl_pb2
 from elasticdl.ps.embedding_table import EmbeddingError, IndexedRows, TableInfo
+from elasticdl.push_outcome import PushOutcome
 from elasticdl.sharding import partition_ids, ps_for_variable
 
 _MODEL_TENSORS_FIELD = elasticdl_pb2.Model.DESCRIPTOR.fields_by_name["dense_parameters"].number
@@ -22,6 +23,8 @@ _PUSH_TENSORS_FIELD = elasticdl_pb2.PushGradientsRequest.DESCRIPTOR.fields_by_na
 # A PS's part of the model larger than this travels in 1 MB streamed messages; a smaller one
 # in one message (a streamed call costs 1-3 ms more than a unary one in Python gRPC).
 STREAM_ABOVE_BYTES = 4 << 20
+# The protocol's enum, member for member by name (a missing member fails here, at import).
+_OUTCOMES = {elasticdl_pb2.PushOutcome.Value(outcome.name): outcome for outcome in PushOutcome}
 
 
 @dataclass(frozen=True)
@@ -33,12 +36,19 @@ class PullResult:
 
 @dataclass(frozen=True)
 class PushAnswer:
-    accepted: bool
+    outcome: PushOutcome
     version: int
-    reason: str
-    applied: bool = True
+    reason: str = ""  # for people (logs, errors); decisions go by `outcome`
     # The PS's parameters at `version`, when asked for and this push made that version.
     params: dict[str, np.ndarray] | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.outcome.accepted
+
+    @property
+    def applied(self) -> bool:
+        return self.outcome.applied
 
 
 @dataclass(frozen=True)
@@ -169,7 +179,9 @@ class PSClient:
             head.return_parameters = want_parameters and known is not None and known <= STREAM_ABOVE_BYTES
             reply = stub.push_gradients(tensor_codec.serialize_with_tensors(head, _PUSH_TENSORS_FIELD, dense))
         params = tensor_codec.decode_list(reply.dense_parameters) if reply.has_parameters else None
-        return PushAnswer(reply.accepted, reply.version, reply.reason, reply.applied, params)
+        # A number this client does not know (a newer PS) reads as unspecified: an error to the worker.
+        outcome = _OUTCOMES.get(reply.outcome, PushOutcome.PUSH_OUTCOME_UNSPECIFIED)
+        return PushAnswer(outcome, reply.version, reply.reason, params)
 
     def _each(self, calls: list) -> list:
         """Run one call per PS in parallel (the last in this thread); their results in order.

@@ -12,9 +12,9 @@ import numpy as np
 from elasticdl.data.sources import read_records, record_format
 from elasticdl.mode import Mode
 from elasticdl.model_spec import DatasetMetadata, ModelSpec
+from elasticdl.worker.consistency import ConsistencyPolicy
 from elasticdl.worker.master_client import MasterClient, TaskOrder
 from elasticdl.worker.ps_client import PSClient
-from elasticdl.worker.staleness import StalenessStrategy
 from elasticdl.worker.task_data import BatchStream
 from elasticdl.worker.trainer import Trainer
 
@@ -50,7 +50,7 @@ class Worker:
         minibatch_size: int,
         has_header: bool = False,
         wait_seconds: float = 0.5,
-        staleness: StalenessStrategy | None = None,
+        consistency: ConsistencyPolicy | None = None,
         prediction_outputs: str = "",
         may_initialize_ps: bool = True,
     ):
@@ -63,7 +63,13 @@ class Worker:
         self.minibatch_size = minibatch_size
         self.has_header = has_header
         self.wait_seconds = wait_seconds
-        self.staleness = staleness or StalenessStrategy()
+        # When to pull, when to wait, what a push's answer means: sync, async or SSP.
+        self.consistency = consistency or ConsistencyPolicy(num_ps=ps.num_ps)
+        if self.consistency.num_ps != ps.num_ps:
+            raise ValueError(
+                f"the consistency policy is for {self.consistency.num_ps} parameter servers, "
+                f"the worker has {ps.num_ps}"
+            )
         self.prediction_outputs = prediction_outputs
         # Only a training job may give the PS a fresh model; evaluate/predict need a checkpoint.
         self.may_initialize_ps = may_initialize_ps
@@ -71,15 +77,8 @@ class Worker:
         self._streams: dict[tuple[Mode, DatasetMetadata], BatchStream] = {}
         self.stop_requested = False
         self._task_progress = 0  # records of the current training task trained so far
-        self.versions = [-1] * ps.num_ps  # the version of each PS shard we hold
         self.batches_trained = 0
-        self.clock = 0  # batches pushed (stale-synchronous parallel)
-        self.steps_since_pull = 0
-        self.blocked_seconds = 0.0
-        # Per PS: our last push was accepted but not yet applied (sync): wait for the update.
-        self._awaiting_update = [False] * ps.num_ps
-        # Every PS answered our last push with the version it made: we hold the latest model.
-        self._fresh_from_push = False
+        self.blocked_seconds = 0.0  # waited for the staleness bound (SSP)
 
     def run(self) -> None:
         try:
@@ -103,10 +102,7 @@ class Worker:
                 time.sleep(self.wait_seconds)
                 continue
             self._task_progress = 0
-            # A push's answer stands in for the pull of the batch right after it, not of a
-            # batch after a gap: between two tasks the other workers may push many versions
-            # (a sync gradient on such parameters would be refused as stale and recomputed).
-            self._fresh_from_push = False
+            self.consistency.task_started()
             try:
                 result = handlers[order.kind](order)
             except Exception as err:  # report it: the master retries or drops the task
@@ -125,7 +121,12 @@ class Worker:
 
     @property
     def model_version(self) -> int:
-        return max(self.versions)
+        return self.consistency.model_version
+
+    @property
+    def versions(self) -> list[int]:
+        """The version held of each PS's shard."""
+        return self.consistency.versions
 
     def _batches(self, order: TaskOrder, mode: Mode):
         """(batch, records done) of a task, through this worker's pipeline for the mode and format."""
@@ -144,9 +145,7 @@ class Worker:
         for pulled in self.ps.pull_snapshot(order.snapshot_id):
             self.trainer.set_params(pulled.params)
         self.trainer.embeddings.snapshot_id = order.snapshot_id  # lookups read the same snapshot
-        self.versions = [-1] * self.ps.num_ps
-        self._fresh_from_push = False
-        self.steps_since_pull = self.staleness.get_model_steps  # the next training batch pulls first
+        self.consistency.snapshot_loaded()  # the next training batch pulls first
 
     def _use_latest(self, features) -> None:
         if not self.trainer.built:
@@ -235,50 +234,37 @@ class Worker:
                 time.sleep(pause)
                 pause = min(pause * 2, 2.0)
                 # It may come back older (from a checkpoint) or empty: pull everything again.
-                self.versions = [-1] * self.ps.num_ps
-                self._awaiting_update = [False] * self.ps.num_ps
-                self._fresh_from_push = False
+                self.consistency.ps_reconnected()
 
     def _train_batch_once(self, features, labels) -> float:
         if not self.trainer.built:
             self.trainer.ensure_built(features)
             self._initialize_ps()
-        if self.staleness.bounded:
+        policy = self.consistency
+        if policy.bounded:
             self._wait_within_staleness_bound()
         pending = set(range(self.ps.num_ps))
         loss = 0.0
-        for attempt in range(MAX_PUSH_TRIES):
-            if attempt or (self.staleness.must_pull(self.steps_since_pull) and not self._fresh_from_push):
+        for _ in range(MAX_PUSH_TRIES):
+            if policy.must_pull():
                 self._pull()
             loss, grads = self.trainer.compute_gradients(features, labels)
             parts = self.ps.split(grads)
             lr = self._learning_rate()
-            # A sync worker pulls before its next batch anyway: it takes the new parameters in
-            # the push's answer instead, one call less per batch for small models. Not async:
-            # there the shorter loop doubles the mean staleness (0.25-0.5 against 0.03-0.3 on
-            # digits, 2 workers, SSP-2), and 1 of 8 such runs ended at 0.83 accuracy (pulls: >= 0.93).
             answers = self.ps.push_gradients(
-                {ps: parts[ps] for ps in pending}, self.versions, lr, self.worker_id,
-                want_parameters=not self.staleness.use_async,
+                {ps: parts[ps] for ps in pending}, policy.versions, lr, self.worker_id,
+                want_parameters=policy.wants_push_parameters,
             )
-            for ps, answer in answers.items():
-                if answer.accepted:
-                    pending.discard(ps)
-                    self._awaiting_update[ps] = self.staleness.waits_for_version and not answer.applied
-                elif "stale" not in answer.reason:
-                    raise RuntimeError(f"PS {ps} rejected the gradients: {answer.reason}")
-            fresh = [ps for ps, answer in answers.items() if answer.params is not None]
-            for ps in fresh:
-                self.trainer.set_params(answers[ps].params)
-                self.versions[ps] = answers[ps].version
-            self._fresh_from_push = len(fresh) == self.ps.num_ps
+            pending = policy.push_answered(answers)  # those that refused it as stale
+            for answer in answers.values():
+                if answer.params is not None:
+                    self.trainer.set_params(answer.params)
             if not pending:
                 if not self.batches_trained:
                     logger.info("first gradient pushed (model version %d)", self.model_version)
                 self.batches_trained += 1
-                self.clock += 1
-                self.steps_since_pull += 1
-                if self.staleness.applies_locally:
+                policy.batch_pushed()
+                if policy.applies_locally:
                     self.trainer.apply_locally(grads, lr or None)
                 return loss
         logger.warning("skipped a batch: its gradients were stale %d times in a row", MAX_PUSH_TRIES)
@@ -288,9 +274,9 @@ class Worker:
         """SSP: block while this worker is too far ahead of the slowest worker holding a task."""
         blocked, pause = 0.0, 0.005
         while True:
-            clock, slowest = self.master.report_clock(self.clock, blocked)
+            clock, slowest = self.master.report_clock(self.consistency.clock, blocked)
             self.blocked_seconds += blocked
-            if not self.staleness.must_wait(clock, slowest):
+            if not self.consistency.must_wait(clock, slowest):
                 return
             time.sleep(pause)
             blocked, pause = pause, min(pause * 2, 0.2)
@@ -314,8 +300,7 @@ class Worker:
                 logger.info("initialized the parameter servers with this worker's model")
         if self.trainer.embeddings.infos:  # idempotent: restored tables keep their rows
             self.ps.push_embedding_table_infos(list(self.trainer.embeddings.infos.values()))
-        self.versions = [-1] * self.ps.num_ps
-        self._pull()
+        self._pull(everything=True)
         held = set().union(*(p.params for p in self.ps.pull([-1] * self.ps.num_ps)))
         missing = sorted(set(self.trainer.variables) - held)
         if missing:
@@ -324,9 +309,10 @@ class Worker:
                 "since the checkpoint in --checkpoint_dir_for_init was made?"
             )
 
-    def _pull(self) -> None:
-        waiting = list(self._awaiting_update)
-        results = self.ps.pull(self.versions, waiting, SYNC_WAIT_SECONDS)
+    def _pull(self, everything: bool = False) -> None:
+        """Pull what the policy asks for (``everything``: every parameter of every PS)."""
+        request = self.consistency.pull_request(everything)
+        results = self.ps.pull(list(request.versions), list(request.wait_for_newer), SYNC_WAIT_SECONDS)
         empty = [ps for ps, r in enumerate(results) if not r.initialized]
         if empty and self.may_initialize_ps and self.trainer.built:
             # A PS relaunched without a checkpoint: give it our copy of its variables.
@@ -334,21 +320,18 @@ class Worker:
             self.ps.push_model(self.trainer.get_params())
             if self.trainer.embeddings.infos:  # its tables too; their rows start over (docs/embeddings.md)
                 self.ps.push_embedding_table_infos(list(self.trainer.embeddings.infos.values()))
-            results = self.ps.pull(self.versions)
+            results = self.ps.pull(list(request.versions))
         for ps, result in enumerate(results):
             if not result.initialized:
                 raise RuntimeError(f"PS {ps} has no model")
-            if waiting[ps] and result.version == self.versions[ps]:
-                logger.warning(
-                    "PS %d did not move past version %d within %.0fs; computing on it again",
-                    ps, result.version, SYNC_WAIT_SECONDS,
-                )
+        for result in results:
             if result.params:
                 self.trainer.set_params(result.params)
-            self.versions[ps] = result.version
-        self._awaiting_update = [False] * self.ps.num_ps
-        self._fresh_from_push = False
-        self.steps_since_pull = 0
+        for ps in self.consistency.pulled(request, [r.version for r in results]):
+            logger.warning(
+                "PS %d did not move past version %d within %.0fs; computing on it again",
+                ps, results[ps].version, SYNC_WAIT_SECONDS,
+            )
         self.trainer.embeddings.snapshot_id = 0
 
 
