@@ -7,7 +7,7 @@ never share an id) and ``label`` (0/1).
 import keras
 import tensorflow as tf
 
-from elasticdl.python.common.constants import Mode
+from elasticdl import Mode
 
 NUM_FIELDS = 8
 _FEATURES = {

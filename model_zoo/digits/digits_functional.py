@@ -7,7 +7,7 @@
 import keras
 import tensorflow as tf
 
-from elasticdl.python.common.constants import Mode  # the original ElasticDL import path works
+from elasticdl import Mode
 
 _FEATURES = {
     "image": tf.io.FixedLenFeature([64], tf.float32),

@@ -2,7 +2,6 @@
 
 import json
 import os
-import time
 
 import keras
 import tensorflow as tf
@@ -33,23 +32,10 @@ def optimizer(lr=0.1):
     return keras.optimizers.SGD(learning_rate=lr, momentum=0.9)
 
 
-# Training is paced (about 50 ms per minibatch of 32) so that the master, which reads the
-# model version every 0.5 s, sees versions between 15 and the first epoch's end: unpaced, one
-# epoch can pass between two reads, and the test's --evaluation_steps round would never start.
-_PACE_SECONDS_PER_RECORD = 0.0015
-
-
-def _paced(image):
-    time.sleep(_PACE_SECONDS_PER_RECORD)
-    return image
-
-
 def dataset_fn(dataset, mode, metadata):
     def parse(record):
         example = tf.io.parse_single_example(record, _FEATURES)
         image = example["image"]
-        if mode == Mode.TRAINING:
-            image = tf.ensure_shape(tf.numpy_function(_paced, [image], tf.float32), [64])
         if mode == Mode.PREDICTION:
             return image
         return image, example["label"]
