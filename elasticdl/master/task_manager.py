@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from elasticdl.data.sources import Shard
-from elasticdl.master.ledger import EpochRecord, LedgerSnapshot, TaskRecord, TaskState
+from elasticdl.store.ledger import EpochRecord, LedgerSnapshot, TaskRecord, TaskState
 
 logger = logging.getLogger(__name__)
 

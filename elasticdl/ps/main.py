@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     registration = None
     if config.etcd_endpoints:
         # Registered with a lease: the address disappears from etcd when this PS does.
-        from elasticdl.master.state_store import EtcdStateStore, StateStoreError
+        from elasticdl.store import EtcdStateStore, StateStoreError
 
         try:
             registration = EtcdStateStore(config.etcd_endpoints, config.job_name).publish_address(
