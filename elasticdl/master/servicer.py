@@ -1,4 +1,4 @@
-"""Thin gRPC edge of the master: translate messages, call the task dispatcher."""
+"""Thin gRPC edge of the master: translate messages, call the task dispatcher, tell the job loop."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import grpc
 
 from elasticdl import tensor_codec
 from elasticdl.master.clocks import WorkerClocks
+from elasticdl.master.controller import Event, TaskReported, VersionReported
 from elasticdl.master.evaluation_service import EVAL_ID_BASE, TaskDispatcher
 from elasticdl.master.progress import TrainingProgress
 from elasticdl.master.task_manager import NoTask, TaskType
@@ -27,9 +28,11 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
         progress: TrainingProgress,
         clocks: WorkerClocks,
         scale: Callable[[int], str] | None = None,
+        notify: Callable[[Event], None] | None = None,
     ):
         self._tasks = dispatcher
         self._scale = scale
+        self._notify = notify or (lambda event: None)  # the job loop's event queue
         self._progress = progress
         self._clocks = clocks
 
@@ -62,6 +65,7 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
             self._progress.record(
                 request.records, request.loss_sum, request.batches, request.model_version
             )
+        self._notify(TaskReported(request.task_id, request.worker_id, outcome.accepted))
         return elasticdl_pb2.ReportTaskResultResponse(
             accepted=outcome.accepted, reason=outcome.reason
         )
@@ -76,6 +80,8 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
 
     def report_progress(self, request, context):
         self._tasks.progress(request.task_id, request.worker_id, request.records_done)
+        if request.model_version > 0:
+            self._notify(VersionReported(request.model_version))
         return elasticdl_pb2.Empty()
 
     def scale(self, request, context):

@@ -93,9 +93,10 @@ class MasterClient:
         )
         return reply.clock, reply.slowest_clock
 
-    def report_progress(self, task_id: int, records_done: int) -> None:
-        """Fire and forget: how far the current task got (if we die, the master knows)."""
-        self._progress.post(task_id, records_done)
+    def report_progress(self, task_id: int, records_done: int, model_version: int = 0) -> None:
+        """Fire and forget: how far the current task got (if we die, the master knows), and
+        the model version the worker holds (the master's evaluation and callbacks follow it)."""
+        self._progress.post(task_id, records_done, model_version)
 
 
 class _ProgressReporter:
@@ -109,15 +110,15 @@ class _ProgressReporter:
     def __init__(self, stub, worker_id: int):
         self._stub = stub
         self._worker_id = worker_id
-        self._latest: tuple[int, int] | None = None
+        self._latest: tuple[int, int, int] | None = None
         self._stopped = False
         self._wake = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="progress-reporter", daemon=True)
         self._thread.start()
 
-    def post(self, task_id: int, records_done: int) -> None:
+    def post(self, task_id: int, records_done: int, model_version: int = 0) -> None:
         with self._wake:
-            self._latest = (task_id, records_done)
+            self._latest = (task_id, records_done, model_version)
             self._wake.notify()
 
     def forget(self, task_id: int) -> None:
@@ -136,9 +137,10 @@ class _ProgressReporter:
                 self._wake.wait_for(lambda: self._latest is not None or self._stopped)
                 if self._stopped:
                     return
-                (task_id, records_done), self._latest = self._latest, None
+                (task_id, records_done, model_version), self._latest = self._latest, None
             try:
                 self._stub.report_progress(elasticdl_pb2.ReportProgressRequest(
-                    worker_id=self._worker_id, task_id=task_id, records_done=records_done), timeout=10)
+                    worker_id=self._worker_id, task_id=task_id, records_done=records_done,
+                    model_version=model_version), timeout=10)
             except grpc.RpcError as err:  # the master is away for a moment: the next report catches up
                 logger.debug("progress report of task %d not delivered: %s", task_id, err.code())

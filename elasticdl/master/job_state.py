@@ -1,0 +1,121 @@
+"""The job's state store as the master uses it: leader lock, resumed ledger, ledger writes.
+
+One code path with or without etcd: ``--etcd_endpoints`` puts the state in etcd (a
+restarted master resumes it), otherwise the embedded in-memory store holds it (nothing
+outlives the master). Only training jobs keep a ledger in etcd; ``evaluate`` and
+``predict`` always run on the in-memory store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable
+
+from elasticdl import store
+from elasticdl.config import JobConfig
+from elasticdl.errors import JobFailedError
+from elasticdl.master.task_manager import TaskManager
+
+logger = logging.getLogger(__name__)
+
+# The master's leader lock in etcd expires this long after the master dies.
+LEADER_LEASE_SECS = 5.0
+
+
+def job_fingerprint(config: JobConfig, files: list[tuple[str, int]]) -> str:
+    """What makes a ledger this job's: its data, task size, epochs and model."""
+    text = json.dumps([files, config.effective_records_per_task, config.num_epochs, config.model_def])
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+class JobState:
+    """Opens the store, takes the leader lock, resumes and writes the task ledger.
+
+    ``on_lost(reason)`` is called (from a store thread) when the lock or the ledger can no
+    longer be trusted; the job turns it into a ``StoreLost`` event.
+    """
+
+    def __init__(self, config: JobConfig, command: str, fingerprint: str, on_lost: Callable[[str], None]):
+        self.config = config
+        self.fingerprint = fingerprint
+        self.in_etcd = bool(config.etcd_endpoints) and command == "train"
+        self.keeps_ledger = command == "train"
+        self._on_lost = on_lost
+        self._store = None
+        self._ledger = None
+        self._leadership = None
+        self.resumed = False
+
+    @property
+    def outages(self) -> list:
+        return self._ledger.outages if self._ledger is not None else []
+
+    def open(self, tasks: TaskManager | None) -> bool:
+        """Take the lock and restore ``tasks`` from a stored ledger; True if the job resumed."""
+        cfg = self.config
+        if self.in_etcd:
+            self._store = store.EtcdStateStore(cfg.etcd_endpoints, cfg.job_name)
+        else:
+            self._store = store.MemoryStateStore(cfg.job_name)
+            logger.info("job state in memory (no --etcd_endpoints): a restarted master starts over")
+        try:
+            # Wait a little: a master restarted after a crash finds its predecessor's lease
+            # still alive until it expires.
+            self._leadership = self._store.acquire_leadership(
+                f"{os.uname().nodename}:{os.getpid()}", ttl=LEADER_LEASE_SECS, wait=2 * LEADER_LEASE_SECS,
+                on_lost=lambda why: self._on_lost(f"lost the leader lock: {why}"),
+            )
+        except store.LeadershipError as err:
+            raise JobFailedError(str(err)) from None
+        except store.StoreUnavailableError as err:
+            raise JobFailedError(f"etcd at {cfg.etcd_endpoints} is unreachable: {err}") from None
+        if not self.keeps_ledger:
+            return False
+        self._ledger = store.ResilientStore(
+            self._store,
+            on_outage=lambda o: logger.warning("etcd was unreachable for %.1fs; the ledger is written again", o.seconds),
+            on_fatal=lambda err: self._on_lost(str(err)),
+        )
+        snapshot = self._ledger.load_ledger()
+        if self.in_etcd:
+            logger.info("job state in etcd at %s under /elasticdl/%s/", cfg.etcd_endpoints, cfg.job_name)
+        if snapshot is None:
+            return False
+        if snapshot.job_fingerprint != self.fingerprint:
+            raise JobFailedError(
+                f"etcd holds a ledger for a different job named {cfg.job_name!r} (other data, task size, "
+                "epochs or model). Use another --job_name."
+            )
+        tasks.restore(snapshot)
+        self.resumed = True
+        return True
+
+    def publish_master(self, address: str) -> None:
+        if self._store is not None:
+            self._store.publish_address("master", 0, address)
+
+    def save(self, tasks: TaskManager) -> None:
+        if self._ledger is not None:
+            self._ledger.save(tasks.snapshot(self.fingerprint))
+
+    def close(self, tasks: TaskManager | None, job_done: bool) -> None:
+        """Release the lock; a finished job clears its ledger (a new run with this name starts fresh)."""
+        if self._store is None:
+            return
+        try:
+            if self._ledger is not None:
+                if job_done:
+                    self._ledger.close()
+                    self._store.clear_ledger()
+                else:
+                    try:
+                        self.save(tasks)
+                    except store.StateStoreError:
+                        pass  # the outcome of the job is already decided; keep what is stored
+                    self._ledger.close()
+            self._store.close()
+        except Exception as err:  # never mask the job's own outcome
+            logger.warning("closing the state store: %s", err)

@@ -1,0 +1,84 @@
+"""The job's report: what ``elasticdl train|evaluate|predict`` prints and writes to report.json."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from elasticdl.master.evaluation_service import EvaluationService
+from elasticdl.master.instance_manager import InstanceManager
+from elasticdl.master.progress import TrainingProgress
+from elasticdl.master.task_manager import TaskManager
+
+
+@dataclass
+class JobReport:
+    job_name: str
+    command: str = "train"
+    seconds: float = 0.0
+    epochs: int = 0
+    records_trained: int = 0
+    model_version: int = 0
+    final_loss: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    evaluations: list[dict] = field(default_factory=list)
+    saved_model: str = ""
+    checkpoint: str = ""
+    predictions: str = ""
+    log_dir: str = ""
+    report_file: str = ""
+    tensorboard_log_dir: str = ""
+    dropped_tasks: int = 0
+    stopped_early: str = ""
+    # Elasticity: per epoch, records trained more than once (from tasks whose worker was
+    # killed or failed mid-task; a graceful preemption adds none).
+    records_trained_twice: list[int] = field(default_factory=list)
+    records_done_per_epoch: list[int] = field(default_factory=list)  # each epoch's distinct records
+    records_per_epoch: int = 0
+    tasks_interrupted: int = 0
+    worker_relaunches: int = 0
+    worker_preemptions: int = 0
+    ps_relaunches: int = 0
+    state_store: str = "memory"
+    resumed: bool = False  # continued a ledger a previous master left in etcd
+    etcd_outages: list[dict] = field(default_factory=list)
+    consistency: str = ""
+    staleness: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    def add_tasks(self, tasks: TaskManager | None, progress: TrainingProgress) -> None:
+        """Epochs, records and their repeats (training), dropped tasks (training and prediction)."""
+        if tasks is None:
+            return
+        self.dropped_tasks = len(tasks.dropped_tasks())
+        if self.command != "train":
+            return
+        self.epochs = tasks.epoch + 1
+        self.records_trained = progress.records_trained
+        self.final_loss = progress.recent_loss
+        self.records_trained_twice = [e.records_trained_twice for e in tasks.epochs]
+        self.records_done_per_epoch = [e.records_done for e in tasks.epochs]
+        self.records_per_epoch = tasks.records_per_epoch
+        self.tasks_interrupted = sum(e.tasks_interrupted for e in tasks.epochs)
+
+    def add_instances(self, instances: InstanceManager, ps_relaunches: int) -> None:
+        self.worker_relaunches = instances.relaunches
+        self.worker_preemptions = instances.preemptions
+        self.ps_relaunches = ps_relaunches
+
+    def add_evaluations(self, evaluation: EvaluationService | None) -> None:
+        if evaluation is None:
+            return
+        self.evaluations = [
+            {"model_version": r.model_version, "reason": r.reason, "records": r.records, "metrics": r.metrics}
+            for r in evaluation.results
+        ]
+        if evaluation.results:
+            self.metrics = evaluation.results[-1].metrics
+
+    def add_outages(self, outages: list) -> None:
+        self.etcd_outages = [
+            {"seconds": round(o.seconds, 2), "error": o.error, "snapshots_kept": o.snapshots_kept} for o in outages
+        ]
