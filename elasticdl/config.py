@@ -15,12 +15,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from elasticdl.errors import UserError
+
 BACKENDS = ("local", "kubernetes")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 COMMANDS = ("train", "evaluate", "predict")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A flag or flag combination that cannot work; the message names the flag and the fix."""
 
 

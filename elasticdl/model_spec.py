@@ -21,8 +21,10 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from elasticdl.errors import UserError
 
-class ModelSpecError(ValueError):
+
+class ModelSpecError(UserError, ValueError):
     """The model-zoo module does not meet the contract."""
 
 

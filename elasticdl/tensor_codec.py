@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from elasticdl.errors import JobFailure
 from elasticdl.proto import elasticdl_pb2
 
 _ALLOWED_DTYPES = {"float32", "float64", "float16", "int32", "int64", "bool"}
@@ -20,7 +21,7 @@ _ALLOWED_DTYPES = {"float32", "float64", "float16", "int32", "int64", "bool"}
 CHUNK_BYTES = 1 << 20
 
 
-class TensorDecodeError(ValueError):
+class TensorDecodeError(JobFailure, ValueError):
     """A Tensor message whose dtype, shape and byte count do not agree."""
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import grpc
 
+from elasticdl.errors import JobFailure
+
 # The environment of every role process, on every backend (a user's --envs override it).
 ROLE_ENV = {
     "PYTHONUNBUFFERED": "1",  # logs reach the master (and kubectl logs) as they are written
@@ -36,7 +38,7 @@ class ProcessExit:
     reason: str = ""
 
 
-class BackendError(RuntimeError):
+class BackendError(JobFailure, RuntimeError):
     """The backend cannot carry out an order; the message says what to fix."""
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from elasticdl.errors import UserError
 
-class DataError(ValueError):
+
+class DataError(UserError, ValueError):
     """A data file is missing, malformed, or a requested range is invalid."""
 
 

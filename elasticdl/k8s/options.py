@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from elasticdl.errors import UserError
+
 if TYPE_CHECKING:
     from elasticdl.config import JobConfig
 
@@ -27,7 +29,7 @@ _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 
 
-class OptionError(ValueError):
+class OptionError(UserError, ValueError):
     """A Kubernetes flag that does not parse; the message names the flag and the expected form."""
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from elasticdl.errors import UserError
 from elasticdl.ps.embedding_table import TableInfo
 from elasticdl.sharding import ps_for_variable
 
@@ -25,7 +26,7 @@ _VERSION_DIR = re.compile(r"^version-(\d+)$")
 _SHARD_FILE = re.compile(r"^ps-(\d+)-of-(\d+)\.npz$")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """No usable checkpoint where one was asked for."""
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from elasticdl.errors import UserError
 from elasticdl.ps.optimizers import Optimizer
 
 # What an initializer spec may hold; the layer (elasticdl.layers.Embedding) normalises any
@@ -27,7 +28,7 @@ DISTRIBUTIONS = ("uniform", "normal", "truncated_normal", "constant")
 _INITIAL_CAPACITY = 1024
 
 
-class EmbeddingError(ValueError):
+class EmbeddingError(UserError, ValueError):
     """Bad embedding input (ids, rows, table name); nothing was changed.
 
     The gRPC edge answers it with INVALID_ARGUMENT.

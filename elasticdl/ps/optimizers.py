@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from elasticdl.errors import UserError
+
 __all__ = [
     "SGD",
     "SUPPORTED_OPTIMIZERS",
@@ -96,7 +98,7 @@ _LR_SCHEDULER_HINT = (
 )
 
 
-class UnsupportedOptimizerError(ValueError):
+class UnsupportedOptimizerError(UserError, ValueError):
     """The user's optimizer (class or option) cannot be run on the PS."""
 
 

@@ -6,11 +6,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from elasticdl.errors import JobFailure
 from elasticdl.ps.embedding_table import EmbeddingError, EmbeddingTable, IndexedRows, TableInfo, check_rows
 from elasticdl.ps.optimizers import Optimizer
 
 
-class GradientError(ValueError):
+class GradientError(JobFailure, ValueError):
     """A pushed gradient that cannot be applied; the shard is left unchanged."""
 
 

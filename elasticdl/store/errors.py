@@ -14,8 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from elasticdl.errors import JobFailure
 
-class StateStoreError(RuntimeError):
+
+class StateStoreError(JobFailure, RuntimeError):
     """Base class of the state store's errors."""
 
 

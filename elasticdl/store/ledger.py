@@ -37,10 +37,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from elasticdl.errors import JobFailure
+
 LEDGER_FORMAT = 1
 
 
-class LedgerFormatError(ValueError):
+class LedgerFormatError(JobFailure, ValueError):
     """Stored ledger bytes that are not a snapshot this version can read."""
 
 

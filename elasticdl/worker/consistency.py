@@ -34,13 +34,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from elasticdl.errors import JobFailure
 from elasticdl.push_outcome import PushOutcome
 
 if TYPE_CHECKING:
     from elasticdl.worker.ps_client import PushAnswer
 
 
-class PushRejectedError(RuntimeError):
+class PushRejectedError(JobFailure, RuntimeError):
     """A PS refused a gradient for a reason other than staleness: computing it again cannot help."""
 
 
