@@ -13,13 +13,20 @@ import logging
 import os
 from collections.abc import Iterator
 
+from elasticdl.errors import ElasticDLError, JobFailure, UserError
+
 logger = logging.getLogger(__name__)
 
 DEPLOY_MANIFEST = "dockerfiles/deploy.yaml"
 
 
-class K8sError(RuntimeError):
-    """A Kubernetes call failed; ``status`` is the HTTP status (0: no answer)."""
+class K8sError(ElasticDLError, RuntimeError):
+    """A Kubernetes call failed; ``status`` is the HTTP status (0: no answer).
+
+    The family of the Kubernetes errors: catch it to catch them all. It is on neither
+    branch of the error tree; each subclass is: what the user can fix (kubeconfig,
+    credentials, RBAC, namespace, a name in use, an invalid manifest, an image) is a
+    UserError, what the cluster did (no answer, HTTP 5xx) a JobFailure. Raise a subclass."""
 
     def __init__(self, message: str, status: int = 0, reason: str = ""):
         super().__init__(message)
@@ -27,28 +34,47 @@ class K8sError(RuntimeError):
         self.reason = reason
 
 
-class K8sConfigError(K8sError):
-    """No way to reach a cluster: neither in a pod nor a kubeconfig."""
+class K8sClusterError(K8sError, JobFailure):
+    """The cluster did not answer, or failed a request for a reason the user cannot fix
+    (no connection, HTTP 5xx, 429): the job could not go on; running again may work."""
 
 
-class K8sForbidden(K8sError):
-    pass
+class K8sConfigError(K8sError, UserError):
+    """No way to reach a cluster: neither in a pod nor a kubeconfig. Point $KUBECONFIG at one."""
 
 
-class K8sNotFound(K8sError):
-    pass
+class K8sUnauthorized(K8sError, UserError):
+    """The API server did not accept our credentials (HTTP 401): fix the kubeconfig's user or token."""
 
 
-class K8sConflict(K8sError):
-    pass
+class K8sForbidden(K8sError, UserError):
+    """RBAC forbids the request (HTTP 403): the submitter or the master's service account
+    needs the Role in dockerfiles/deploy.yaml."""
 
 
-class K8sInvalid(K8sError):
-    pass
+class K8sNotFound(K8sError, UserError):
+    """The namespace or object does not exist (HTTP 404): check --namespace."""
 
 
-class K8sGone(K8sError):
-    """A watch's resourceVersion is too old (HTTP 410): list again."""
+class K8sConflict(K8sError, UserError):
+    """The object exists already (HTTP 409): another job has this --job_name; pick another
+    or delete that job's master pod."""
+
+
+class K8sInvalid(K8sError, UserError):
+    """Kubernetes refused a manifest as invalid (HTTP 422): a flag that shapes the pods
+    (resources, volumes, --cluster_spec) is wrong."""
+
+
+class K8sContainerError(K8sError, UserError):
+    """A pod's container can never start: its image cannot be pulled (check --image_name,
+    --image_pull_policy and that the cluster reaches the registry) or its configuration is
+    invalid."""
+
+
+class K8sGone(K8sError, JobFailure):
+    """A watch's resourceVersion is too old (HTTP 410): list again. The watch loop handles
+    it; escaping, it means the cluster's watch could not be resumed."""
 
 
 def load_api_client(kubeconfig: str = ""):
@@ -103,7 +129,8 @@ class K8sClient:
         except ApiException as err:
             raise self._translate(err, verb, resource, name) from None
         except HTTPError as err:  # connection refused, DNS, TLS ...
-            raise K8sError(f"cannot reach the Kubernetes API at {self.host} ({verb} {resource}): {err}") from None
+            raise K8sClusterError(
+                f"cannot reach the Kubernetes API at {self.host} ({verb} {resource}): {err}") from None
         except ValueError as err:  # the client's own schema check (pydantic), before any request
             if type(err).__name__ != "ValidationError":
                 raise
@@ -120,7 +147,7 @@ class K8sClient:
         where = f"in namespace {self.namespace!r}"
         what = f"{resource}/{name}" if name else resource
         if status == 401:
-            return K8sError(
+            return K8sUnauthorized(
                 f"the Kubernetes API at {self.host} did not accept our credentials ({verb} {what}): {message}. "
                 "Check your kubeconfig's user or token.", status, reason)
         if status == 403:
@@ -140,7 +167,7 @@ class K8sClient:
             return K8sGone(f"{verb} {resource}: {message}", status, reason)
         if status == 422:
             return K8sInvalid(f"Kubernetes refused the {resource[:-1]} {name!r} as invalid: {message}", status, reason)
-        return K8sError(f"{verb} {what} {where} failed (HTTP {status} {reason}): {message}", status, reason)
+        return K8sClusterError(f"{verb} {what} {where} failed (HTTP {status} {reason}): {message}", status, reason)
 
     @staticmethod
     def _json(resp) -> dict:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 from elasticdl.config import ConfigError, JobConfig
 from elasticdl.k8s import manifests
-from elasticdl.k8s.client import K8sClient, K8sError
+from elasticdl.k8s.client import K8sClient, K8sClusterError, K8sContainerError, K8sError
 from elasticdl.k8s.options import OptionError
 from elasticdl.k8s.pod_state import FATAL_WAITING, view
 from elasticdl.security import new_token
@@ -95,13 +95,13 @@ def wait_until_started(client: K8sClient, name: str, poll: float = 0.5) -> dict:
     while True:
         pod = client.get_pod(name)
         if pod is None:
-            raise K8sError(f"the master pod {name} was deleted before it started")
+            raise K8sClusterError(f"the master pod {name} was deleted before it started")
         v = view(pod)
         if v.phase in ("Running", "Succeeded", "Failed"):
             return pod
         if v.waiting_reason in FATAL_WAITING:
             client.delete_pod(name, 0)
-            raise K8sError(
+            raise K8sContainerError(
                 f"the master pod {name} {FATAL_WAITING[v.waiting_reason]} ({v.waiting_reason}: {v.message}). "
                 "Check --image_name (built and pushed with `elasticdl zoo build` and `elasticdl zoo push`?), "
                 "--image_pull_policy, and that the cluster can reach the registry. The job was deleted."
