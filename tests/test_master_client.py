@@ -68,3 +68,40 @@ def test_a_task_result_drops_its_unsent_progress_and_errors_are_not_fatal():
     reporter.stop()
     reporter._thread.join(2)
     assert not reporter._thread.is_alive()
+
+
+def test_progress_and_results_reach_the_job_loop_as_events_over_grpc():
+    """The worker's model version rides on its progress reports: the master's controller gets a
+    VersionReported event per report, and a TaskReported per result, without polling anyone."""
+    import queue
+
+    from elasticdl.data.sources import Shard
+    from elasticdl.grpc_utils import bind_local, make_server
+    from elasticdl.master.clocks import WorkerClocks
+    from elasticdl.master.controller import TaskReported, VersionReported
+    from elasticdl.master.evaluation_service import TaskDispatcher
+    from elasticdl.master.progress import TrainingProgress
+    from elasticdl.master.servicer import MasterServicer
+    from elasticdl.master.task_manager import TaskManager
+    from elasticdl.proto import elasticdl_pb2_grpc
+    from elasticdl.worker.master_client import MasterClient
+
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    dispatcher = TaskDispatcher(TaskManager([Shard("f", 0, 10)], shuffle=False), None)
+    server = make_server()
+    elasticdl_pb2_grpc.add_MasterServicer_to_server(
+        MasterServicer(dispatcher, TrainingProgress(10, 1), WorkerClocks(), notify=events.put), server
+    )
+    port = bind_local(server)
+    server.start()
+    client = MasterClient(f"127.0.0.1:{port}", worker_id=3)
+    try:
+        order = client.get_task()
+        client.report_progress(order.task_id, 5, model_version=17)
+        assert events.get(timeout=10) == VersionReported(17)
+        client.report(order.task_id, 10, "", 0.5, 2, 17)
+        assert events.get(timeout=10) == TaskReported(order.task_id, 3, True)
+        assert dispatcher.main.finished
+    finally:
+        client.close()
+        server.stop(grace=None)

@@ -213,7 +213,7 @@ class Worker:
             result.batches += 1
             if done != self._task_progress:
                 self._task_progress = done
-                self.master.report_progress(order.task_id, done)  # not awaited
+                self.master.report_progress(order.task_id, done, self.model_version)  # not awaited
             if self.stop_requested and done < total:
                 result.interrupted = True  # the master requeues records [done, end)
                 result.records = self._task_progress
