@@ -16,8 +16,14 @@ import dataclasses
 import logging
 
 from elasticdl.config import ConfigError, JobConfig
+from elasticdl.errors import UserError
 
 logger = logging.getLogger(__name__)
+
+
+class MasterUnreachableError(UserError, ConnectionError):
+    """`scale` found no master at the job's address: the job is not running, or
+    --job_name/--master_addr names another one."""
 
 
 def make_config(**flags) -> JobConfig:
@@ -98,6 +104,8 @@ def scale(job_name: str, num_workers: int, master_addr: str = "", timeout: float
         reply = elasticdl_pb2_grpc.MasterStub(channel).scale(
             elasticdl_pb2.ScaleRequest(num_workers=num_workers), timeout=timeout
         )
+    except ConnectionError as err:
+        raise MasterUnreachableError(f"{err}: is job {job_name!r} running?") from None
     finally:
         channel.close()
     if not reply.accepted:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import sys
 import typing
 
-from elasticdl.config import ConfigError, JobConfig
+from elasticdl.config import JobConfig
+from elasticdl.errors import REPORTED, report_exit
 from elasticdl.logs import configure_logging
 
 SUBCOMMANDS = {
@@ -83,9 +83,8 @@ def _scale_main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
         print(scale(job_name=args.job_name, num_workers=args.num_workers, master_addr=args.master_addr))
-    except (ConfigError, ConnectionError) as err:
-        print(f"elasticdl scale: error: {err}", file=sys.stderr)
-        return 2
+    except REPORTED as err:
+        return report_exit("elasticdl scale", err)
     return 0
 
 
@@ -99,7 +98,6 @@ def main(argv: list[str] | None = None) -> int:
         return zoo_main(argv)
     command, config = config_from_args(argv)
     configure_logging(config.logging_level, "master")
-    log = logging.getLogger("elasticdl")
     from elasticdl.tf_runtime import configure_tensorflow, quiet_tensorflow
 
     # The master process only checks the model and exports it: one thread leaves the
@@ -108,22 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         quiet_tensorflow()
         configure_tensorflow(1)
     from elasticdl.api import run
-    from elasticdl.data.errors import DataError
-    from elasticdl.k8s.client import K8sError
-    from elasticdl.master.job import JobFailedError
-    from elasticdl.model_spec import ModelSpecError
 
     try:
         report = run(config, command)
-    except (ConfigError, ModelSpecError, DataError, K8sError) as err:
-        print(f"elasticdl {command}: error: {err}", file=sys.stderr)
-        return 2
-    except JobFailedError as err:
-        log.error("job failed: %s", err)
-        return 1
-    except KeyboardInterrupt:
-        print("\ninterrupted: all job processes were stopped", file=sys.stderr)
-        return 130
+    except REPORTED as err:  # an ElasticDLError: one message, exit code 2 or 1; a bug keeps its traceback
+        return report_exit(f"elasticdl {command}", err)
     print(report.to_json())
     return 0
 

@@ -20,6 +20,8 @@ message; any other exception is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import sys
+
 EXIT_OK = 0
 EXIT_JOB_FAILED = 1
 EXIT_USER_ERROR = 2
@@ -66,10 +68,26 @@ def exit_status(err: BaseException) -> tuple[int, str]:
     above; an error with no text is named by its class.
     """
     if isinstance(err, KeyboardInterrupt):
-        return EXIT_INTERRUPTED, "interrupted: all job processes were stopped"
+        return EXIT_INTERRUPTED, "interrupted: every process this command started was stopped"
     text = str(err).strip() or type(err).__name__
     if isinstance(err, UserError):
         return EXIT_USER_ERROR, f"error: {text}"
     if isinstance(err, ElasticDLError):
         return EXIT_JOB_FAILED, f"job failed: {text}"
     return EXIT_JOB_FAILED, f"internal error: {type(err).__name__}: {text}"
+
+
+def report_exit(program: str, err: BaseException) -> int:
+    """Print ``<program>: <message>`` (see :func:`exit_status`) to stderr; the exit code.
+
+    The programs' one way out on an error::
+
+        try:
+            report = run(config, command)
+        except REPORTED as err:
+            return report_exit(f"elasticdl {command}", err)
+    """
+    code, message = exit_status(err)
+    lead = "\n" if isinstance(err, KeyboardInterrupt) else ""  # past the terminal's ^C
+    print(f"{lead}{program}: {message}", file=sys.stderr, flush=True)
+    return code

@@ -24,9 +24,16 @@ import secrets
 
 import grpc
 
+from elasticdl.errors import JobFailure
+
 TOKEN_FILE_ENV = "ELASTICDL_TOKEN_FILE"
 METADATA_KEY = "authorization"
 _PREFIX = "Bearer "
+
+
+class TokenError(JobFailure, RuntimeError):
+    """A pod of the job has no readable token (its Secret is not mounted, or empty): it cannot
+    talk to the others, so the job cannot go on."""
 
 
 def new_token() -> str:
@@ -43,11 +50,11 @@ def job_token() -> str | None:
         with open(path, encoding="utf-8") as f:
             token = f.read().strip()
     except OSError as err:
-        raise RuntimeError(
+        raise TokenError(
             f"{TOKEN_FILE_ENV}={path} cannot be read ({err}); the job's token Secret is not mounted"
         ) from err
     if not token:
-        raise RuntimeError(f"{TOKEN_FILE_ENV}={path} is empty; the job's token Secret holds no token")
+        raise TokenError(f"{TOKEN_FILE_ENV}={path} is empty; the job's token Secret holds no token")
     return token
 
 

@@ -29,6 +29,8 @@ import sys
 import tarfile
 from urllib.parse import quote, urlparse
 
+from elasticdl.errors import REPORTED, UserError, report_exit
+
 DEFAULT_BASE_IMAGE = "elasticdl:cpu"
 ZOO_MOUNT = "/model_zoo"
 ACTIONS = {
@@ -39,7 +41,7 @@ ACTIONS = {
 HELP = "Build the Docker image of a model zoo for --backend kubernetes: init, build or push."
 
 
-class ZooError(RuntimeError):
+class ZooError(UserError, RuntimeError):
     """The message says what failed and what to do."""
 
 
@@ -210,7 +212,6 @@ def main(argv: list[str]) -> int:
         else:
             engine.push(args.image_name)
             print(f"pushed {args.image_name}")
-    except ZooError as err:
-        print(f"elasticdl zoo {args.action}: error: {err}", file=sys.stderr)
-        return 2
+    except REPORTED as err:
+        return report_exit(f"elasticdl zoo {args.action}", err)
     return 0

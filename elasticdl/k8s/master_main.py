@@ -3,9 +3,10 @@
 ``python -m elasticdl.k8s.master_main --command train`` reads its JobConfig from
 ``$ELASTICDL_JOB_CONFIG`` (set by the client), checks the job where the model zoo and
 the data are (inside the cluster), then runs the same job loop as local mode with a
-``KubernetesBackend``. The pod's exit code is the job's outcome: 0 done, 1 failed,
-2 a flag or the model zoo is wrong. The last line of its log is the report, after
-``ELASTICDL_REPORT``, which the client picks up.
+``KubernetesBackend``. The pod's exit code is the job's outcome (elasticdl/errors.py):
+0 done, 1 the job failed, 2 the input is wrong (a flag, the model zoo, the data, RBAC).
+The last line of its log is the report, after ``ELASTICDL_REPORT``, which the client
+picks up.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import argparse
 import json
 import logging
 import os
-import sys
 
 from elasticdl.config import COMMANDS, ConfigError, JobConfig
+from elasticdl.errors import REPORTED, report_exit
 from elasticdl.k8s import manifests
 from elasticdl.logs import configure_logging
 
@@ -28,10 +29,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--command", choices=COMMANDS, default="train")
     args = parser.parse_args(argv)
+    try:
+        report = _run(args.command)
+    except REPORTED as err:  # an ElasticDLError: one message, exit code 2 or 1; a bug keeps its traceback
+        return report_exit(f"elasticdl {args.command}", err)
+    print(report.to_json(), flush=True)
+    print(REPORT_MARKER + json.dumps(json.loads(report.to_json()), sort_keys=True), flush=True)
+    return 0
+
+
+def _run(command: str):
     if manifests.JOB_CONFIG_ENV not in os.environ:
-        print(f"${manifests.JOB_CONFIG_ENV} is not set: this runs in the master pod the client creates",
-              file=sys.stderr)
-        return 2
+        raise ConfigError(f"${manifests.JOB_CONFIG_ENV} is not set: this runs in the master pod the client creates")
     config = JobConfig.from_json(os.environ[manifests.JOB_CONFIG_ENV])
     configure_logging(config.logging_level, "master")
     from elasticdl.tf_runtime import configure_tensorflow, quiet_tensorflow
@@ -40,30 +49,17 @@ def main(argv: list[str] | None = None) -> int:
     configure_tensorflow(1)
     from elasticdl.api import run
     from elasticdl.backends.kubernetes import KubernetesBackend
-    from elasticdl.data.errors import DataError
-    from elasticdl.k8s.client import K8sClient, K8sError
-    from elasticdl.master.job import JobFailedError
-    from elasticdl.model_spec import ModelSpecError
+    from elasticdl.k8s.client import K8sClient
 
-    try:
-        owner = {
-            "apiVersion": "v1", "kind": "Pod",
-            "name": os.environ[manifests.POD_NAME_ENV], "uid": os.environ[manifests.POD_UID_ENV],
-        }
-        backend = KubernetesBackend(
-            config, K8sClient(config.namespace), owner,
-            manifests.ClusterSpec(os.environ.get(manifests.CLUSTER_SPEC_ENV, ""), "--cluster_spec"),
-        )
-        report = run(config, args.command, backend=backend)
-    except (ConfigError, ModelSpecError, DataError) as err:
-        print(f"elasticdl {args.command}: error: {err}", file=sys.stderr)
-        return 2
-    except (JobFailedError, K8sError) as err:
-        logger.error("job failed: %s", err)
-        return 1
-    print(report.to_json(), flush=True)
-    print(REPORT_MARKER + json.dumps(json.loads(report.to_json()), sort_keys=True), flush=True)
-    return 0
+    owner = {
+        "apiVersion": "v1", "kind": "Pod",
+        "name": os.environ[manifests.POD_NAME_ENV], "uid": os.environ[manifests.POD_UID_ENV],
+    }
+    backend = KubernetesBackend(
+        config, K8sClient(config.namespace), owner,
+        manifests.ClusterSpec(os.environ.get(manifests.CLUSTER_SPEC_ENV, ""), "--cluster_spec"),
+    )
+    return run(config, command, backend=backend)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ The client creates the master pod, then (owned by it, so deleting the master del
 them) the job's token Secret and the master's Service. The master pod creates the PS and
 worker pods. Unless --detach, the client follows the master: it reports a master that
 cannot be scheduled or cannot pull its image, streams its log, and ends with the master's
-outcome (the report on success; exit code 1 on failure). ``--yaml FILE`` writes the
-manifests instead of submitting them.
+outcome: the report on success; on failure the master's exit code (elasticdl/errors.py):
+2 when it found the input wrong, else 1. ``--yaml FILE`` writes the manifests instead of
+submitting them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from elasticdl.config import ConfigError, JobConfig
+from elasticdl.errors import EXIT_USER_ERROR, JobFailedError, UserError
 from elasticdl.k8s import manifests
 from elasticdl.k8s.client import K8sClient, K8sClusterError, K8sContainerError, K8sError
 from elasticdl.k8s.options import OptionError
@@ -26,6 +28,11 @@ from elasticdl.security import new_token
 logger = logging.getLogger(__name__)
 
 PENDING_WARNING_SECONDS = 60.0
+
+
+class MasterRefusedError(UserError):
+    """The master pod found the input wrong (it exited with code 2): a flag, the model zoo or
+    the data as seen inside the cluster. The last lines of its log say which."""
 
 
 @dataclass
@@ -115,9 +122,9 @@ def wait_until_started(client: K8sClient, name: str, poll: float = 0.5) -> dict:
 
 
 def follow(client: K8sClient, name: str) -> dict:
-    """Stream the master's log to stderr until it ends; its report, or JobFailedError."""
+    """Stream the master's log to stderr until it ends; its report, or MasterRefusedError
+    (the master exited with code 2: the input is wrong) or JobFailedError."""
     from elasticdl.k8s.master_main import REPORT_MARKER
-    from elasticdl.master.job import JobFailedError
 
     wait_until_started(client, name)
     report: dict = {}
@@ -147,4 +154,6 @@ def follow(client: K8sClient, name: str) -> dict:
         return report
     what = "was deleted" if v is None else f"ended {v.phase} (exit code {v.exit_code}, {v.reason or 'no reason'})"
     lines = "\n".join("    " + line for line in tail[-12:])
+    if v is not None and v.exit_code == EXIT_USER_ERROR:
+        raise MasterRefusedError(f"the master pod {name} refused the job (exit code 2); its last lines:\n{lines}")
     raise JobFailedError(f"the master pod {name} {what}; its last lines:\n{lines}")
