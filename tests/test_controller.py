@@ -53,7 +53,8 @@ def make(command="train", workers=2, epochs=2, tasks=2, evaluation_steps=0, with
                                        evaluation_steps=evaluation_steps, clock=clock)
     dispatcher = TaskDispatcher(main, evaluation)
     ctl = c.Controller(command, dispatcher, InstanceManager(workers, relaunch_limit=relaunch_limit),
-                       sync_mode=sync, evaluation_steps=evaluation_steps, max_ps_relaunches=max_ps_relaunches)
+                       sync_mode=sync, evaluation_steps=evaluation_steps, max_ps_relaunches=max_ps_relaunches,
+                       clock=clock)
     return ctl, dispatcher, ps, clock
 
 
@@ -180,6 +181,27 @@ def test_sync_mode_tells_the_ps_how_many_workers_hold_a_task():
     assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == [c.TellLiveWorkers(2)]
     assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == []
     assert of(ctl.step(c.LiveWorkersNotTold()), c.TellLiveWorkers) == [c.TellLiveWorkers(2)]
+
+
+def test_sync_mode_tells_the_ps_of_fewer_workers_only_once_the_dip_lasted():
+    ctl, dispatcher, _, clock = make(workers=2, sync=True, tasks=6)
+    ctl.start()
+    first, second = take(dispatcher, 0), take(dispatcher, 1)
+    assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == [c.TellLiveWorkers(2)]
+    # Worker 0 reports and fetches its next task a moment later: not a worker gone.
+    assert of(report(ctl, dispatcher, first, 0), c.TellLiveWorkers) == []
+    clock.now += c.LIVE_WORKERS_SETTLE_SECONDS / 2
+    assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == []
+    take(dispatcher, 0)
+    assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == []
+    # Worker 1 reports and holds nothing for longer: the PS stop waiting for it.
+    report(ctl, dispatcher, second, 1)
+    clock.now += c.LIVE_WORKERS_SETTLE_SECONDS / 2
+    assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == []  # the earlier dip ended: counted anew
+    clock.now += c.LIVE_WORKERS_SETTLE_SECONDS / 2
+    assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == [c.TellLiveWorkers(1)]
+    take(dispatcher, 1)
+    assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == [c.TellLiveWorkers(2)]  # more: at once
 
 
 def test_async_mode_never_tells_live_workers():

@@ -19,6 +19,8 @@ Example::
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from elasticdl.backends.api import ProcessExit
@@ -30,6 +32,10 @@ logger = logging.getLogger(__name__)
 
 # A parameter server is relaunched (from the latest checkpoint) at most this many times.
 MAX_PS_RELAUNCHES = 3
+# Sync mode: the PS hear of fewer workers holding a task only once the count stayed lower this
+# long. A worker between two tasks is not gone; told at once, the PS would apply a version with
+# fewer gradients and refuse that worker's next one as stale.
+LIVE_WORKERS_SETTLE_SECONDS = 1.0
 
 
 class PSUnavailable(Exception):
@@ -220,6 +226,7 @@ class Controller:
         evaluation_steps: int = 0,
         max_ps_relaunches: int = MAX_PS_RELAUNCHES,
         keeps_ledger: bool = True,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.command = command
         self.dispatcher = dispatcher
@@ -231,6 +238,7 @@ class Controller:
         self.evaluation_steps = evaluation_steps
         self.max_ps_relaunches = max_ps_relaunches
         self.keeps_ledger = keeps_ledger and command == "train"
+        self._clock = clock
 
         self.workers: set[int] = set()  # launched and not exited yet
         self.failures: list[ProcessExit] = []  # workers that exited non-zero
@@ -242,6 +250,7 @@ class Controller:
         self._eval_queue: list[tuple[str, int | None]] = []  # (reason, epoch) waiting to start
         self._round_epochs: dict[int, int | None] = {}
         self._live_workers_told = -1
+        self._fewer_live_since: float | None = None
         self._saved_seq = -1
         self.outcome: Finish | Fail | None = None
         if command == "evaluate":
@@ -388,10 +397,24 @@ class Controller:
             decisions.append(SaveLedger())
         if self.sync_mode:
             count = len(self.dispatcher.active_workers())
-            if count and count != self._live_workers_told:
+            if count >= self._live_workers_told:
+                self._fewer_live_since = None  # a dip that ended does not count towards the next one
+            if count and count != self._live_workers_told and self._settled(count):
                 self._live_workers_told = count
                 decisions.append(TellLiveWorkers(count))
         return decisions
+
+    def _settled(self, count: int) -> bool:
+        """More workers (or a PS that knows nothing yet) at once; fewer once it lasted."""
+        if count > self._live_workers_told:
+            return True
+        now = self._clock()
+        if self._fewer_live_since is None:
+            self._fewer_live_since = now
+        if now - self._fewer_live_since < LIVE_WORKERS_SETTLE_SECONDS:
+            return False
+        self._fewer_live_since = None
+        return True
 
     def _next_epoch_end(self) -> EndEpoch | None:
         if self._ending is not None:
