@@ -29,6 +29,7 @@ demo: $(STAMP) data/digits/train
 	    --job_name digits-demo
 
 test: $(STAMP)
+	$(VENV)/bin/lint-imports  # the one-way dependencies of pyproject.toml
 	$(PY) -m pytest -q --durations=15 tests
 
 lint: $(STAMP)

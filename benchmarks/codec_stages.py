@@ -30,11 +30,11 @@ def _time(fn, reps: int = 5) -> float:
 
 
 def main(argv: list[str]) -> None:
-    from elasticdl import tensor_codec
+    from elasticdl.model.optimizers import OptimizerSpec, make_optimizer
     from elasticdl.proto import elasticdl_pb2
-    from elasticdl.ps.optimizers import OptimizerSpec, make_optimizer
     from elasticdl.ps.parameters import ParameterShard
     from elasticdl.ps.strategies import AverageUpdatingStrategy
+    from elasticdl.rpc import codec as tensor_codec
 
     floats = int(float(argv[0])) if argv else 10_000_000
     n = floats // 1_000_000

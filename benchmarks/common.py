@@ -35,8 +35,8 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     Every competitor's processes get ElasticDL's role environment (its malloc settings), as
     ElasticDL's own roles do: the same allocator for everyone.
     """
-    from elasticdl.backends.api import ROLE_ENV
-    from elasticdl.backends.child import PARENT_PID_ENV
+    from elasticdl.launch.api import ROLE_ENV
+    from elasticdl.launch.child import PARENT_PID_ENV
 
     env = dict(os.environ)
     env.update(ROLE_ENV)

@@ -4,7 +4,7 @@
 
 For each model size a real parameter server (``python -m elasticdl.ps.main``, started
 by elasticdl's LocalBackend with the default job config: sync SGD, grads_to_wait=1,
-plain SGD) is driven by ``elasticdl.worker.ps_client.PSClient`` exactly as a worker
+plain SGD) is driven by ``elasticdl.rpc.ps_client.PSClient`` exactly as a worker
 does: ``pull(version=-1)`` returns every parameter, ``push_gradients`` sends a gradient
 for every parameter, which the PS checks and applies. One round moves the model twice
 (PS -> client, client -> PS).
@@ -120,8 +120,8 @@ def _measure_echo(echo, nbytes: int, rounds: int) -> dict:
 
 def run(spec: dict) -> dict:
     from benchmarks.echo_server import echo_stub
-    from elasticdl.backends.local import LocalBackend
-    from elasticdl.worker.ps_client import PSClient
+    from elasticdl.launch.local import LocalBackend
+    from elasticdl.rpc.ps_client import PSClient
 
     workdir = os.path.abspath(spec["workdir"])
     os.makedirs(workdir, exist_ok=True)
@@ -171,7 +171,7 @@ def run(spec: dict) -> dict:
 
 
 def main() -> None:
-    from elasticdl.backends.child import die_with_parent
+    from elasticdl.launch.child import die_with_parent
 
     die_with_parent()  # no orphans if the benchmark is killed
     parser = argparse.ArgumentParser()

@@ -2,7 +2,7 @@
 
 Generic handlers with no (de)serializers: the request bytes object is the response
 (unary: one message as large as the model; stream: the model in 1 MB messages).
-It is built with elasticdl.grpc_utils.make_server, so thread pool and message limits are
+It is built with elasticdl.rpc.channel.make_server, so thread pool and message limits are
 the parameter server's.
 
     python -m benchmarks.echo_server --ready_file PATH
@@ -17,7 +17,7 @@ import threading
 
 import grpc
 
-from elasticdl.grpc_utils import bind_local, make_channel, make_server
+from elasticdl.rpc.channel import bind_local, make_channel, make_server
 
 METHOD = "/bench.Echo/Echo"
 STREAM_METHOD = "/bench.Echo/EchoStream"  # each message back as it arrives
@@ -39,7 +39,7 @@ def echo_stub(address: str):
 
 
 def main() -> None:
-    from elasticdl.backends.child import die_with_parent
+    from elasticdl.launch.child import die_with_parent
 
     die_with_parent()  # no orphans if the benchmark is killed
     parser = argparse.ArgumentParser()

@@ -275,7 +275,7 @@ def run(spec: dict) -> dict:
 
 
 def main() -> None:
-    from elasticdl.backends.child import die_with_parent
+    from elasticdl.launch.child import die_with_parent
 
     die_with_parent()  # no orphans if the benchmark is killed
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

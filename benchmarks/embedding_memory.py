@@ -109,7 +109,7 @@ def _spec_for(vocabulary: int, keras_table: bool):
     import tensorflow as tf
 
     from elasticdl.layers import Embedding
-    from elasticdl.model_spec import ModelSpec
+    from elasticdl.model.spec import ModelSpec
 
     def custom_model():
         ids = keras.Input(shape=(FIELDS,), dtype="int64", name="ids")
@@ -128,14 +128,14 @@ def _spec_for(vocabulary: int, keras_table: bool):
 
 def worker_main(spec: dict) -> dict:
     """Train ``steps`` batches against the PS at ``spec['ps']``; report this process's memory."""
-    from elasticdl.tf_runtime import configure_tensorflow
+    from elasticdl.model.tf_runtime import configure_tensorflow
 
     configure_tensorflow(1)
     import tensorflow as tf
 
+    from elasticdl.model.trainer import Trainer
+    from elasticdl.rpc.ps_client import PSClient
     from elasticdl.worker.consistency import ConsistencyPolicy
-    from elasticdl.worker.ps_client import PSClient
-    from elasticdl.worker.trainer import Trainer
     from elasticdl.worker.worker import Worker
 
     keras_table = spec.get("keras_table", False)
@@ -182,7 +182,7 @@ def _run_worker(spec: dict, workdir: str, timeout: float = 1800) -> dict:
 
 
 def measure_memory(spec: dict, workdir: str) -> list[dict]:
-    from elasticdl.backends.local import LocalBackend
+    from elasticdl.launch.local import LocalBackend
 
     cases = [(v, False) for v in spec["vocabularies"]]
     if spec.get("dense_reference"):
@@ -228,11 +228,11 @@ def _throughput(lookup, push, batch: int, seconds: float, new_ids: bool, rng, he
 
 
 def measure_throughput(spec: dict, workdir: str) -> dict:
-    from elasticdl.backends.local import LocalBackend
-    from elasticdl.ps.embedding_table import IndexedRows, TableInfo
-    from elasticdl.ps.optimizers import OptimizerSpec, make_optimizer
+    from elasticdl.launch.local import LocalBackend
+    from elasticdl.model.embedding.table import IndexedRows, TableInfo
+    from elasticdl.model.optimizers import OptimizerSpec, make_optimizer
     from elasticdl.ps.server import ParameterServer, PSSettings
-    from elasticdl.worker.ps_client import PSClient
+    from elasticdl.rpc.ps_client import PSClient
 
     info = TableInfo("bench/embeddings", DIM, {"distribution": "uniform", "minval": -0.05, "maxval": 0.05, "seed": 1})
     rng = np.random.default_rng(0)
@@ -287,8 +287,8 @@ def _create_all(lookup, push, vocabulary: int, batch: int, rng) -> float:
 
 def _table_rates_grpc(backend, workdir: str, tag: str, vocabulary: int, spec: dict, rng) -> dict[str, float]:
     """create / held ids per second through a fresh PS process holding one table."""
-    from elasticdl.ps.embedding_table import IndexedRows, TableInfo
-    from elasticdl.worker.ps_client import PSClient
+    from elasticdl.model.embedding.table import IndexedRows, TableInfo
+    from elasticdl.rpc.ps_client import PSClient
 
     info = TableInfo("bench/embeddings", DIM, {"distribution": "uniform", "minval": -0.05, "maxval": 0.05, "seed": 1})
     client = PSClient(_start_ps(backend, workdir, tag, num_ps=1))
@@ -312,8 +312,8 @@ def _table_rates_grpc(backend, workdir: str, tag: str, vocabulary: int, spec: di
 
 def _table_rates_core(vocabulary: int, spec: dict, rng) -> dict[str, float]:
     """The same two phases on a PS core in this process: no gRPC, no encoding."""
-    from elasticdl.ps.embedding_table import IndexedRows, TableInfo
-    from elasticdl.ps.optimizers import OptimizerSpec, make_optimizer
+    from elasticdl.model.embedding.table import IndexedRows, TableInfo
+    from elasticdl.model.optimizers import OptimizerSpec, make_optimizer
     from elasticdl.ps.server import ParameterServer, PSSettings
 
     info = TableInfo("bench/embeddings", DIM, {"distribution": "uniform", "minval": -0.05, "maxval": 0.05, "seed": 1})
@@ -338,7 +338,7 @@ def run_tables(spec: dict) -> dict:
     ``spec``: ``tables`` ([label, ids] pairs), ``batch`` (ids per round), ``seconds`` (of
     the held phase), ``reps``, ``workdir``. A fresh PS process per table and repetition.
     """
-    from elasticdl.backends.local import LocalBackend
+    from elasticdl.launch.local import LocalBackend
 
     workdir = os.path.abspath(spec["workdir"])
     os.makedirs(os.path.join(workdir, "logs"), exist_ok=True)
@@ -384,7 +384,7 @@ def render(result: dict) -> str:
 
 
 def main() -> None:
-    from elasticdl.backends.child import die_with_parent
+    from elasticdl.launch.child import die_with_parent
 
     die_with_parent()  # no orphans if the benchmark is killed (a no-op when run by hand)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -23,7 +23,7 @@ import grpc
 import numpy as np
 
 from benchmarks.common import child_env
-from elasticdl.grpc_utils import bind_local, make_channel, make_server
+from elasticdl.rpc.channel import bind_local, make_channel, make_server
 
 CHUNK = 1 << 20
 PULL, PUSH = "/proto.PS/Pull", "/proto.PS/Push"
@@ -96,8 +96,8 @@ def main(argv: list[str]) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.stream_ps_prototype", "serve", str(floats)],
                             stdout=subprocess.PIPE, text=True)
     from benchmarks.dataplane import _measure_echo_stream, _measure_elasticdl, _model, _start_ps, _wait_file
-    from elasticdl.backends.local import LocalBackend
-    from elasticdl.worker.ps_client import PSClient
+    from elasticdl.launch.local import LocalBackend
+    from elasticdl.rpc.ps_client import PSClient
 
     workdir = os.path.abspath(os.path.join("runs", "benchmarks", "prototype"))
     os.makedirs(workdir, exist_ok=True)

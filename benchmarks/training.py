@@ -42,7 +42,7 @@ def _configure_tf(intra: int, inter: int):
 
 def _load(model: dict):
     from elasticdl.config import parse_kv_params
-    from elasticdl.model_spec import load_model_spec
+    from elasticdl.model.spec import load_model_spec
 
     spec = load_model_spec(model["model_zoo"], model["model_def"])
     return spec, parse_kv_params(model["model_params"], "model_params")
@@ -50,7 +50,7 @@ def _load(model: dict):
 
 def _dataset(tf, spec, files: list[str]):
     from elasticdl.mode import Mode
-    from elasticdl.model_spec import DatasetMetadata
+    from elasticdl.model.spec import DatasetMetadata
 
     return spec.dataset_fn(tf.data.TFRecordDataset(files), Mode.TRAINING, DatasetMetadata("tfrecord"))
 
@@ -135,14 +135,14 @@ def run_elasticdl(spec_json: dict) -> dict:
     once it has handed out the PS addresses, watches the PS version (a tiny RPC every
     10 ms) until the first gradient has been applied.
     """
-    from elasticdl.tf_runtime import quiet_tensorflow
+    from elasticdl.model.tf_runtime import quiet_tensorflow
 
     quiet_tensorflow()
     import tensorflow  # noqa: F401  (imported before the clock starts, as for the other competitors)
 
     from elasticdl import api
-    from elasticdl.backends.local import LocalBackend
-    from elasticdl.worker.ps_client import PSClient
+    from elasticdl.launch.local import LocalBackend
+    from elasticdl.rpc.ps_client import PSClient
 
     reports = _observe_task_reports()
 
@@ -348,7 +348,7 @@ RUNNERS = {"keras_fit": run_keras_fit, "elasticdl": run_elasticdl, "pss": run_ps
 
 
 def main() -> None:
-    from elasticdl.backends.child import die_with_parent
+    from elasticdl.launch.child import die_with_parent
 
     die_with_parent()  # no orphans if the benchmark is killed
     if len(sys.argv) > 1 and sys.argv[1] == "--server":

@@ -41,18 +41,18 @@ def run(config: JobConfig, command: str = "train", backend=None):
     """Check the job, then run it on the configured backend; returns a JobReport.
 
     With ``backend="kubernetes"`` and no ``backend`` object, this is the client: it submits
-    the master pod (see elasticdl/k8s/submit.py); the master pod runs this with its backend.
+    the master pod (see elasticdl/launch/kubernetes/submit.py); the master pod runs this with its backend.
     """
     if config.backend == "kubernetes" and backend is None:
-        from elasticdl.k8s.submit import submit
+        from elasticdl.launch.kubernetes.submit import submit
 
         return submit(config, command)
     config.validate(command)  # flags first: no TensorFlow import for a typo
-    from elasticdl.tf_runtime import quiet_tensorflow
+    from elasticdl.model.tf_runtime import quiet_tensorflow
 
     quiet_tensorflow()
     from elasticdl.master.job import Job
-    from elasticdl.preflight import check_job
+    from elasticdl.master.preflight import check_job
 
     checked = check_job(config, command)
     logger.info(
@@ -87,8 +87,8 @@ def scale(job_name: str, num_workers: int, master_addr: str = "", timeout: float
     """
     import os
 
-    from elasticdl.grpc_utils import make_channel, wait_for_channel
     from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
+    from elasticdl.rpc.channel import make_channel, wait_for_channel
 
     if not master_addr:
         addr_file = os.path.join("runs", job_name, "master.addr")

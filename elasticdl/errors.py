@@ -13,8 +13,8 @@ Module errors keep their builtin base where callers catch it (``ConfigError`` is
 ``ValueError``). A family base that has children on both branches (``K8sError``) is on
 neither; :func:`exit_status` treats such a base raised as is as a job failure.
 
-The programs (``elasticdl`` in elasticdl/cli.py, the in-cluster master in
-elasticdl/k8s/master_main.py) catch :data:`REPORTED` and print :func:`exit_status`'s
+The programs (``elasticdl`` in elasticdl/cli/__init__.py, the in-cluster master in
+elasticdl/cli/master_pod.py) catch :data:`REPORTED` and print :func:`exit_status`'s
 message; any other exception is a bug and keeps its traceback.
 """
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from elasticdl.config import ConfigError, JobConfig
 from elasticdl.master.clocks import WorkerClocks
 from elasticdl.master.telemetry import StalenessSummary, summarize
-from elasticdl.ps.optimizers import OptimizerSpec, make_optimizer
+from elasticdl.model.optimizers import OptimizerSpec, make_optimizer
 from elasticdl.ps.server import ParameterServer, PSSettings
 from elasticdl.worker.consistency import ConsistencyPolicy
 
@@ -226,12 +226,12 @@ def test_sync_training_equals_single_process_averaged_gradients(tmp_path):
     import keras
     import tensorflow as tf
 
-    from elasticdl.grpc_utils import add_service, bind_local, make_server
-    from elasticdl.model_spec import load_model_spec
-    from elasticdl.ps.optimizers import optimizer_spec_from_keras
+    from elasticdl.model.optimizers import optimizer_spec_from_keras
+    from elasticdl.model.spec import load_model_spec
+    from elasticdl.model.trainer import Trainer
     from elasticdl.ps.servicer import PServerServicer
-    from elasticdl.worker.ps_client import PSClient
-    from elasticdl.worker.trainer import Trainer
+    from elasticdl.rpc.channel import add_service, bind_local, make_server
+    from elasticdl.rpc.ps_client import PSClient
     from elasticdl.worker.worker import Worker
 
     zoo = os.path.join(os.path.dirname(os.path.dirname(__file__)), "model_zoo")

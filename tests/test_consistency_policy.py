@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from elasticdl.proto import elasticdl_pb2
-from elasticdl.push_outcome import PushOutcome
+from elasticdl.rpc.ps_client import PushAnswer
+from elasticdl.rpc.push_outcome import PushOutcome
 from elasticdl.worker.consistency import ConsistencyPolicy, PushRejectedError
-from elasticdl.worker.ps_client import PushAnswer
 
 PARAMS = {"w": np.zeros(2, np.float32)}
 

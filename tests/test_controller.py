@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from elasticdl.backends.api import ProcessExit
 from elasticdl.data.sources import Shard
+from elasticdl.launch.api import ProcessExit
 from elasticdl.master import controller as c
 from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
 from elasticdl.master.instance_manager import InstanceManager, Launch, Priority, Stop

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from elasticdl.cli_reference import REGENERATE_COMMAND, VALIDATION_RULES, render
+from elasticdl.cli.reference import REGENERATE_COMMAND, VALIDATION_RULES, render
 from elasticdl.config import ConfigError, JobConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,7 +62,7 @@ def test_cli_reference_is_up_to_date():
 def test_cli_reference_is_deterministic_and_runs_as_a_module():
     env = dict(os.environ, COLUMNS="37")  # a narrow terminal must not change the output
     result = subprocess.run(
-        [sys.executable, "-m", "elasticdl.cli_reference"],
+        [sys.executable, "-m", "elasticdl.cli.reference"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=True,
     )
     assert result.stdout == render() == render()
@@ -73,7 +73,7 @@ def test_cli_reference_is_deterministic_and_runs_as_a_module():
 def test_every_config_flag_is_documented(flag):
     text = CLI_MD.read_text(encoding="utf-8")
     assert f"`{flag}`" in text, (
-        f"{flag} (a JobConfig field in elasticdl/config.py) is not in docs/cli.md; "
+        f"{flag} (a JobConfig field in elasticdl/config/__init__.py) is not in docs/cli.md; "
         f"regenerate it with `{REGENERATE_COMMAND}`"
     )
 
@@ -167,7 +167,7 @@ def test_docs_mention_only_real_flags(doc):
     unknown = sorted(mentioned - known)
     assert not unknown, (
         f"{doc.relative_to(REPO)} mentions flags that `elasticdl` does not have: {unknown} "
-        "(renamed or removed in elasticdl/config.py?)"
+        "(renamed or removed in elasticdl/config/__init__.py?)"
     )
 
 

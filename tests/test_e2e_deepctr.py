@@ -80,10 +80,10 @@ def test_deepfm_two_workers_two_ps_reaches_the_auc_ceiling_and_exports(ctr_data,
 
     # The SavedModel (tables inside it, no PS) predicts what the trained model predicts through
     # parameter servers, here one PS restored from the 2-PS checkpoint (re-sharded).
-    from elasticdl.model_spec import load_model_spec
-    from elasticdl.ps.optimizers import make_optimizer, optimizer_spec_from_keras
+    from elasticdl.model.optimizers import make_optimizer, optimizer_spec_from_keras
+    from elasticdl.model.spec import load_model_spec
+    from elasticdl.model.trainer import Trainer
     from elasticdl.ps.server import ParameterServer, PSSettings
-    from elasticdl.worker.trainer import Trainer
 
     spec = load_model_spec(MODEL_ZOO, "deepctr.deepfm.custom_model")
     core = ParameterServer(

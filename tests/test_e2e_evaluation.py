@@ -35,7 +35,7 @@ def trained(digits, tmp_path_factory):  # noqa: F811
 
 
 def local_model(checkpoint: str, model_zoo: str, model_def: str):
-    from elasticdl.model_spec import load_model_spec
+    from elasticdl.model.spec import load_model_spec
 
     spec = load_model_spec(model_zoo, model_def)
     model = spec.build_model({})

@@ -82,7 +82,7 @@ def test_two_workers_one_ps_reach_accuracy_and_export(digits, tmp_path):
     import keras
     import tensorflow as tf
 
-    from elasticdl.model_spec import load_model_spec
+    from elasticdl.model.spec import load_model_spec
 
     loaded = tf.saved_model.load(report["saved_model"])
     serving = loaded.signatures["serving_default"]

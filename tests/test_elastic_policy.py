@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from elasticdl.config.priority import high_count, parse_priority_spec
 from elasticdl.data.sources import Shard
 from elasticdl.master.instance_manager import (
     GiveUp,
@@ -13,8 +14,6 @@ from elasticdl.master.instance_manager import (
     Launch,
     Priority,
     Stop,
-    high_count,
-    parse_priority_spec,
 )
 from elasticdl.master.task_manager import NoTask, TaskManager
 

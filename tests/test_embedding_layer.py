@@ -12,9 +12,9 @@ import pytest
 import tensorflow as tf
 
 from elasticdl.layers import Embedding
-from elasticdl.layers.backends import EmbeddingTables, FrozenTables, use_embedding_backend
-from elasticdl.layers.embedding import initializer_spec
-from elasticdl.ps.embedding_table import initial_rows
+from elasticdl.model.embedding.backends import EmbeddingTables, FrozenTables, use_embedding_backend
+from elasticdl.model.embedding.layer import initializer_spec
+from elasticdl.model.embedding.table import initial_rows
 
 
 def ps_backed(*args, **kwargs) -> tuple[Embedding, EmbeddingTables]:
@@ -141,7 +141,7 @@ def test_unsupported_initializers_are_refused_with_the_fix():
 
 def test_swap_threshold_flag_default_matches_the_layer_default():
     from elasticdl.config import JobConfig
-    from elasticdl.layers.swap import DEFAULT_THRESHOLD_MB, threshold_bytes
+    from elasticdl.model.embedding.swap import DEFAULT_THRESHOLD_MB, threshold_bytes
 
     assert JobConfig().embedding_swap_threshold_mb == DEFAULT_THRESHOLD_MB == 2.0
     assert threshold_bytes(2.0) == 2 * 1024 * 1024 and threshold_bytes(-1) is None

@@ -8,19 +8,20 @@ import grpc
 import numpy as np
 import pytest
 
-from elasticdl import grpc_utils, tensor_codec
-from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
-from elasticdl.ps.embedding_table import (
+from elasticdl.model.embedding.table import (
     EmbeddingError,
     EmbeddingTable,
     IndexedRows,
     TableInfo,
     initial_rows,
 )
-from elasticdl.ps.optimizers import OptimizerSpec, make_optimizer
+from elasticdl.model.optimizers import OptimizerSpec, make_optimizer
+from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
 from elasticdl.ps.server import ParameterServer, PSSettings
 from elasticdl.ps.servicer import PServerServicer
-from elasticdl.worker.ps_client import PSClient
+from elasticdl.rpc import channel as grpc_utils
+from elasticdl.rpc import codec as tensor_codec
+from elasticdl.rpc.ps_client import PSClient
 
 TABLE = "emb/embeddings"
 DIM = 4

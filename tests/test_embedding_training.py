@@ -14,16 +14,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from elasticdl.export import export_saved_model
-from elasticdl.grpc_utils import add_service, bind_local, make_server
 from elasticdl.layers import Embedding
-from elasticdl.model_spec import load_model_spec
-from elasticdl.ps.embedding_table import IndexedRows
-from elasticdl.ps.optimizers import make_optimizer, optimizer_spec_from_keras
+from elasticdl.model.embedding.table import IndexedRows
+from elasticdl.model.export import export_saved_model
+from elasticdl.model.optimizers import make_optimizer, optimizer_spec_from_keras
+from elasticdl.model.spec import load_model_spec
+from elasticdl.model.trainer import Trainer
 from elasticdl.ps.server import ParameterServer, PSSettings
 from elasticdl.ps.servicer import PServerServicer
-from elasticdl.worker.ps_client import PSClient
-from elasticdl.worker.trainer import Trainer
+from elasticdl.rpc.channel import add_service, bind_local, make_server
+from elasticdl.rpc.ps_client import PSClient
 from elasticdl.worker.worker import Worker
 
 ZOO = os.path.join(os.path.dirname(__file__), "zoo")
@@ -228,7 +228,7 @@ def test_export_materialises_tables_and_predicts_like_the_ps(spec, tmp_path, kin
 
 
 def test_large_keras_embeddings_are_swapped_and_logged(spec, caplog):
-    with caplog.at_level(logging.INFO, logger="elasticdl.layers.swap"):
+    with caplog.at_level(logging.INFO, logger="elasticdl.model.embedding.swap"):
         big = Trainer(spec, {"kind": "keras", "vocab": 200_000, "dim": 4})  # 3.1 MiB > 2 MiB
     layer = big.model.get_layer("emb")
     assert isinstance(layer, Embedding) and layer.mode == "ps" and layer.input_dim == 200_000
@@ -246,8 +246,8 @@ def test_large_keras_embeddings_are_swapped_and_logged(spec, caplog):
 
 
 def test_swap_covers_subclassed_models_and_keeps_unsupported_layers(caplog):
-    from elasticdl.layers.backends import EmbeddingTables, use_embedding_backend
-    from elasticdl.layers.swap import swap_large_embeddings
+    from elasticdl.model.embedding.backends import EmbeddingTables, use_embedding_backend
+    from elasticdl.model.embedding.swap import swap_large_embeddings
 
     class Ranker(keras.Model):
         def __init__(self):

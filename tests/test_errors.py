@@ -14,9 +14,9 @@ import pytest
 
 import elasticdl
 from elasticdl import errors
-from elasticdl.backends.api import BackendError
 from elasticdl.errors import ElasticDLError, JobFailure, UserError, exit_status
-from elasticdl.k8s.client import K8sError, K8sForbidden
+from elasticdl.launch.api import BackendError
+from elasticdl.launch.kubernetes.client import K8sError, K8sForbidden
 
 # Exception classes of the package that are deliberately outside the tree: they never reach
 # the user (each is caught and turned into something else where it is raised).
@@ -30,7 +30,7 @@ OUTSIDE_THE_TREE = {
 }
 # ElasticDLErrors on neither branch: families whose subclasses are on both. Only their
 # subclasses are raised (checked below); exit_status maps the family itself to 1.
-FAMILIES = {"elasticdl.k8s.client.K8sError"}
+FAMILIES = {"elasticdl.launch.kubernetes.client.K8sError"}
 ROOTS = {"elasticdl.errors.ElasticDLError", "elasticdl.errors.UserError", "elasticdl.errors.JobFailure"}
 
 
@@ -62,8 +62,8 @@ JOB_FAILURES = sorted(n for n, c in CLASSES.items() if issubclass(c, JobFailure)
 
 
 def test_the_walk_finds_the_known_classes():
-    for name in ("elasticdl.config.ConfigError", "elasticdl.backends.api.BackendError",
-                 "elasticdl.k8s.client.K8sForbidden", "elasticdl.store.errors.StateStoreError",
+    for name in ("elasticdl.config.ConfigError", "elasticdl.launch.api.BackendError",
+                 "elasticdl.launch.kubernetes.client.K8sForbidden", "elasticdl.store.errors.StateStoreError",
                  "elasticdl.errors.JobFailedError", *OUTSIDE_THE_TREE, *FAMILIES):
         assert name in CLASSES, name
 
@@ -135,8 +135,8 @@ def test_builtin_bases_that_callers_catch_are_kept():
     from elasticdl.api import MasterUnreachableError
     from elasticdl.config import ConfigError
     from elasticdl.data.errors import DataError
-    from elasticdl.security import TokenError
-    from elasticdl.tensor_codec import TensorDecodeError
+    from elasticdl.rpc.auth import TokenError
+    from elasticdl.rpc.codec import TensorDecodeError
 
     assert issubclass(ConfigError, ValueError) and issubclass(DataError, ValueError)
     assert issubclass(TensorDecodeError, ValueError)  # the PS answers INVALID_ARGUMENT
@@ -151,7 +151,8 @@ def test_builtin_bases_that_callers_catch_are_kept():
 def quiet_cli(monkeypatch):
     """cli.main without its process set-up (logging, TensorFlow threads), which would leak
     into the other tests of this process."""
-    from elasticdl import cli, tf_runtime
+    from elasticdl import cli
+    from elasticdl.model import tf_runtime
 
     monkeypatch.setattr(cli, "configure_logging", lambda *a, **k: None)
     monkeypatch.setattr(tf_runtime, "quiet_tensorflow", lambda: None)
@@ -217,10 +218,11 @@ def test_scale_with_no_master_at_the_address_is_a_user_error():
 @pytest.fixture
 def master_pod_env(monkeypatch):
     """master_main's environment (what the client's manifest sets), with no cluster."""
-    from elasticdl import tf_runtime
-    from elasticdl.backends import kubernetes as k8s_backend
+    from elasticdl.cli import master_pod as master_main
     from elasticdl.config import JobConfig
-    from elasticdl.k8s import client, manifests, master_main
+    from elasticdl.launch.kubernetes import backend as k8s_backend
+    from elasticdl.launch.kubernetes import client, manifests
+    from elasticdl.model import tf_runtime
 
     config = JobConfig(model_zoo="/model_zoo", model_def="a.b.c", training_data="/data",
                        backend="kubernetes", job_name="errors").with_defaults()
@@ -252,8 +254,7 @@ def test_master_main_turns_an_error_from_run_into_one_line_and_an_exit_code(mast
 
 
 def test_master_main_outside_its_pod_exits_2(master_pod_env, monkeypatch, capsys):
-    from elasticdl.k8s import manifests
-
+    from elasticdl.launch.kubernetes import manifests
     monkeypatch.delenv(manifests.JOB_CONFIG_ENV)
     assert master_pod_env.main(["--command", "train"]) == 2
     assert capsys.readouterr().err.startswith("elasticdl train: error: $ELASTICDL_JOB_CONFIG is not set")
@@ -276,7 +277,7 @@ class _EndedMaster:
 
 @pytest.mark.parametrize("pod_exit, error, code", [(2, "MasterRefusedError", 2), (1, "JobFailedError", 1)])
 def test_the_client_exits_with_the_master_pods_code(pod_exit, error, code, capsys):
-    from elasticdl.k8s.submit import follow
+    from elasticdl.launch.kubernetes.submit import follow
 
     last = "elasticdl train: error: no data files found for '/data'"
     with pytest.raises(ElasticDLError) as info:

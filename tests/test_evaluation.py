@@ -8,10 +8,10 @@ import pytest
 
 from elasticdl.callbacks import CallbackList, EarlyStopping, LearningRateScheduler
 from elasticdl.data.sources import Shard
-from elasticdl.evaluation import MetricsAccumulator, MetricsMerger
 from elasticdl.master.evaluation_service import EVAL_ID_BASE, EvaluationService, TaskDispatcher
 from elasticdl.master.task_manager import NoTask, Task, TaskManager, TaskType
-from elasticdl.prediction import join_parts, write_part
+from elasticdl.model.metrics import MetricsAccumulator, MetricsMerger
+from elasticdl.model.prediction import join_parts, write_part
 
 
 def binary_metrics():

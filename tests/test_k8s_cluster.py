@@ -12,15 +12,22 @@ import time
 import pytest
 from k8s_fake.harness import FakeCluster
 
-from elasticdl import security
-from elasticdl.backends.api import RoleExitedError
-from elasticdl.backends.kubernetes import KubernetesBackend
 from elasticdl.config import JobConfig
-from elasticdl.k8s import manifests
-from elasticdl.k8s.client import K8sConflict, K8sError, K8sForbidden, K8sGone, K8sInvalid, K8sNotFound
-from elasticdl.k8s.pod_state import PodTable
-from elasticdl.k8s.submit import submit
-from elasticdl.k8s.watch import PodWatchLoop
+from elasticdl.launch.api import RoleExitedError
+from elasticdl.launch.kubernetes import manifests
+from elasticdl.launch.kubernetes.backend import KubernetesBackend
+from elasticdl.launch.kubernetes.client import (
+    K8sConflict,
+    K8sError,
+    K8sForbidden,
+    K8sGone,
+    K8sInvalid,
+    K8sNotFound,
+)
+from elasticdl.launch.kubernetes.pod_state import PodTable
+from elasticdl.launch.kubernetes.submit import submit
+from elasticdl.launch.kubernetes.watch import PodWatchLoop
+from elasticdl.rpc import auth as security
 
 PY = sys.executable
 
@@ -189,7 +196,7 @@ def backend_env(cluster, tmp_path, monkeypatch):
 def test_a_ps_pod_serves_behind_its_service_and_keeps_its_address_when_relaunched(cluster, backend_env):
     import numpy as np
 
-    from elasticdl.worker.ps_client import PSClient
+    from elasticdl.rpc.ps_client import PSClient
 
     backend, ps_args = backend_env
     backend.start("ps", 0, ps_args)

@@ -9,12 +9,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from elasticdl.backends.kubernetes import LAUNCH_COMMAND, inline_file_args
 from elasticdl.config import ConfigError, JobConfig
-from elasticdl.k8s import manifests, options
-from elasticdl.k8s.client import K8sConfigError, load_api_client
-from elasticdl.k8s.manifests import ClusterSpec, JobNames, PodPlan
-from elasticdl.k8s.submit import build_master_objects, submit
+from elasticdl.config import kubernetes as options
+from elasticdl.launch.kubernetes import manifests
+from elasticdl.launch.kubernetes.backend import LAUNCH_COMMAND, inline_file_args
+from elasticdl.launch.kubernetes.client import K8sConfigError, load_api_client
+from elasticdl.launch.kubernetes.manifests import ClusterSpec, JobNames, PodPlan
+from elasticdl.launch.kubernetes.submit import build_master_objects, submit
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K8S_VERSION = kubernetes_validate.latest_version()
@@ -63,7 +64,7 @@ def test_master_objects_are_valid_and_wired_together():
     assert spec["serviceAccountName"] == "elasticdl"
     assert spec["priorityClassName"] == "elasticdl-high"
     container = spec["containers"][0]
-    assert container["command"] == ["python", "-m", "elasticdl.k8s.master_main"]
+    assert container["command"] == ["python", "-m", "elasticdl.cli.master_pod"]
     assert container["args"] == ["--command", "train"]
     env = {e["name"]: e for e in container["env"]}
     assert JobConfig.from_json(env[manifests.JOB_CONFIG_ENV]["value"]) == config
@@ -120,7 +121,7 @@ def test_worker_and_ps_pods_are_valid_owned_and_never_restarted():
 
 
 def test_worker_priority_fraction_and_classes():
-    from elasticdl.backends.kubernetes import KubernetesBackend
+    from elasticdl.launch.kubernetes.backend import KubernetesBackend
 
     backend = KubernetesBackend.__new__(KubernetesBackend)
     backend.config = k8s_config(worker_pod_priority="0.5", num_workers=3)
@@ -246,7 +247,7 @@ def test_file_arguments_travel_in_the_environment(tmp_path):
     assert args == ["--job_config", "env:ELASTICDL_ARG_FILE_JOB_CONFIG", "--ps_id", "0"]
     assert env == {"ELASTICDL_ARG_FILE_JOB_CONFIG": '{"a": 1}'}
 
-    from elasticdl.k8s.launch import materialize
+    from elasticdl.launch.kubernetes.pod_entry import materialize
 
     os.environ.update(env)
     try:

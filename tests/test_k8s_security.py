@@ -1,6 +1,6 @@
 """Per-job token auth: in a cluster every gRPC call must carry the job's token.
 
-Servers and channels come from elasticdl.grpc_utils, as in the roles; the token comes
+Servers and channels come from elasticdl.rpc.channel, as in the roles; the token comes
 from the file $ELASTICDL_TOKEN_FILE names (the mounted Secret in a pod).
 """
 
@@ -10,12 +10,13 @@ import grpc
 import numpy as np
 import pytest
 
-from elasticdl import grpc_utils, security
+from elasticdl.model.optimizers import OptimizerSpec, make_optimizer
 from elasticdl.proto import elasticdl_pb2_grpc
-from elasticdl.ps.optimizers import OptimizerSpec, make_optimizer
 from elasticdl.ps.server import ParameterServer, PSSettings
 from elasticdl.ps.servicer import PServerServicer
-from elasticdl.worker.ps_client import PSClient
+from elasticdl.rpc import auth as security
+from elasticdl.rpc import channel as grpc_utils
+from elasticdl.rpc.ps_client import PSClient
 
 PARAMS = {"dense/kernel": np.ones((3, 2), np.float32), "dense/bias": np.zeros((2,), np.float32)}
 GRADS = {"dense/kernel": np.full((3, 2), 0.5, np.float32), "dense/bias": np.ones((2,), np.float32)}

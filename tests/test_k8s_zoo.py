@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from elasticdl import zoo
+from elasticdl.cli import zoo
 
 
 def run(*args, env=None) -> subprocess.CompletedProcess:

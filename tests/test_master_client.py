@@ -7,7 +7,7 @@ import time
 
 import grpc
 
-from elasticdl.worker.master_client import _ProgressReporter
+from elasticdl.rpc.master_client import _ProgressReporter
 
 
 class _SlowStub:
@@ -76,7 +76,6 @@ def test_progress_and_results_reach_the_job_loop_as_events_over_grpc():
     import queue
 
     from elasticdl.data.sources import Shard
-    from elasticdl.grpc_utils import bind_local, make_server
     from elasticdl.master.clocks import WorkerClocks
     from elasticdl.master.controller import TaskReported, VersionReported
     from elasticdl.master.evaluation_service import TaskDispatcher
@@ -84,7 +83,8 @@ def test_progress_and_results_reach_the_job_loop_as_events_over_grpc():
     from elasticdl.master.servicer import MasterServicer
     from elasticdl.master.task_manager import TaskManager
     from elasticdl.proto import elasticdl_pb2_grpc
-    from elasticdl.worker.master_client import MasterClient
+    from elasticdl.rpc.channel import bind_local, make_server
+    from elasticdl.rpc.master_client import MasterClient
 
     events: queue.SimpleQueue = queue.SimpleQueue()
     dispatcher = TaskDispatcher(TaskManager([Shard("f", 0, 10)], shuffle=False), None)

@@ -15,8 +15,8 @@ import tensorflow as tf
 
 from elasticdl.config import ConfigError, JobConfig
 from elasticdl.data.tfrecord import write_records
-from elasticdl.model_spec import ModelSpecError, load_model_spec
-from elasticdl.preflight import check_job
+from elasticdl.master.preflight import check_job
+from elasticdl.model.spec import ModelSpecError, load_model_spec
 
 PROLOGUE = """\
 import keras

@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 
-from elasticdl.ps.optimizers import (
+from elasticdl.model.optimizers import (
     OptimizerSpec,
     UnsupportedOptimizerError,
     make_optimizer,
@@ -276,7 +276,7 @@ def test_apply_validates_inputs():
 
 def test_module_does_not_import_tensorflow_or_keras():
     code = (
-        "import sys, elasticdl.ps.optimizers;"
+        "import sys, elasticdl.model.optimizers;"
         "bad = [m for m in ('tensorflow', 'keras') if m in sys.modules];"
         "sys.exit(f'imported {bad}' if bad else 0)"
     )

@@ -9,13 +9,14 @@ import grpc
 import numpy as np
 import pytest
 
-from elasticdl import grpc_utils, tensor_codec
+from elasticdl.model import checkpoint
+from elasticdl.model.optimizers import OptimizerSpec, make_optimizer
+from elasticdl.model.sharding import partition_by_ps
 from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
-from elasticdl.ps import checkpoint
-from elasticdl.ps.optimizers import OptimizerSpec, make_optimizer
 from elasticdl.ps.server import ParameterServer, PSSettings
 from elasticdl.ps.servicer import PServerServicer
-from elasticdl.sharding import partition_by_ps
+from elasticdl.rpc import channel as grpc_utils
+from elasticdl.rpc import codec as tensor_codec
 
 LR = 0.1
 
@@ -459,8 +460,8 @@ def grpc_ps_address():
 
 
 def test_large_models_stream_in_pieces_and_equal_the_unary_path(grpc_ps_address, monkeypatch):
-    from elasticdl.worker import ps_client
-    from elasticdl.worker.ps_client import PSClient
+    from elasticdl.rpc import ps_client
+    from elasticdl.rpc.ps_client import PSClient
 
     core, address = grpc_ps_address
     client = PSClient([address])
@@ -519,7 +520,7 @@ def test_a_malformed_streamed_push_changes_nothing(grpc_ps_address):
 
 
 def test_a_push_that_makes_a_version_can_answer_with_its_parameters(grpc_ps_address):
-    from elasticdl.worker.ps_client import PSClient
+    from elasticdl.rpc.ps_client import PSClient
 
     core, address = grpc_ps_address
     client = PSClient([address])
@@ -566,9 +567,9 @@ def sync_ps_address():
 @pytest.mark.parametrize("streamed", [False, True])
 def test_push_outcomes_travel_as_the_protocols_enum(sync_ps_address, monkeypatch, streamed):
     """Every outcome over real gRPC, unary and streamed: the worker reads the enum, not the reason."""
-    from elasticdl.push_outcome import PushOutcome
-    from elasticdl.worker import ps_client
-    from elasticdl.worker.ps_client import PSClient
+    from elasticdl.rpc import ps_client
+    from elasticdl.rpc.ps_client import PSClient
+    from elasticdl.rpc.push_outcome import PushOutcome
 
     if streamed:
         monkeypatch.setattr(ps_client, "STREAM_ABOVE_BYTES", 0)

@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from elasticdl.sharding import partition_by_ps, ps_for_variable
+from elasticdl.model.sharding import partition_by_ps, ps_for_variable
 
 NAMES = [f"model/layer_{i}/{kind}" for i in range(150) for kind in ("kernel", "bias")] + [
     "dense/kernel", "dense_1/bias", "embedding/embeddings", "ünïcode/变量",
@@ -20,7 +20,7 @@ NAMES = [f"model/layer_{i}/{kind}" for i in range(150) for kind in ("kernel", "b
 def _placements_in_subprocess(names: list[str], num_ps: int, hash_seed: str) -> list[int]:
     code = (
         "import json, sys\n"
-        "from elasticdl.sharding import ps_for_variable\n"
+        "from elasticdl.model.sharding import ps_for_variable\n"
         "names = json.loads(sys.stdin.read())\n"
         f"print(json.dumps([ps_for_variable(n, {num_ps}) for n in names]))\n"
     )

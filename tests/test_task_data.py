@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from elasticdl.mode import Mode
-from elasticdl.model_spec import DatasetMetadata, ModelSpec, ModelSpecError
+from elasticdl.model.spec import DatasetMetadata, ModelSpec, ModelSpecError
 from elasticdl.worker.task_data import BatchStream
 
 CSV = DatasetMetadata("csv")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from elasticdl import tensor_codec
 from elasticdl.proto import elasticdl_pb2
-from elasticdl.tensor_codec import TensorDecodeError
+from elasticdl.rpc import codec as tensor_codec
+from elasticdl.rpc.codec import TensorDecodeError
 
 ARRAYS = {
     "f32": np.arange(12, dtype=np.float32).reshape(3, 4) / 7,

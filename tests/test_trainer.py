@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from elasticdl.model_spec import ModelSpecError, load_model_spec
-from elasticdl.worker.trainer import Trainer
+from elasticdl.model.spec import ModelSpecError, load_model_spec
+from elasticdl.model.trainer import Trainer
 
 
 @pytest.fixture()

@@ -7,10 +7,10 @@ import grpc
 import numpy as np
 import pytest
 
-from elasticdl.push_outcome import PushOutcome
+from elasticdl.rpc.master_client import TaskOrder
+from elasticdl.rpc.ps_client import PullResult, PushAnswer
+from elasticdl.rpc.push_outcome import PushOutcome
 from elasticdl.worker.consistency import ConsistencyPolicy, PushRejectedError
-from elasticdl.worker.master_client import TaskOrder
-from elasticdl.worker.ps_client import PullResult, PushAnswer
 from elasticdl.worker.worker import Worker
 
 

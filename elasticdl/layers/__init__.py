@@ -4,6 +4,6 @@
 ``id % num_ps``, created on first use); see docs/embeddings.md.
 """
 
-from elasticdl.layers.embedding import Embedding
+from elasticdl.model.embedding.layer import Embedding
 
 __all__ = ["Embedding"]

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from elasticdl.backends.api import ProcessExit
+from elasticdl.launch.api import ProcessExit
 from elasticdl.master.clocks import WorkerClocks
 from elasticdl.master.evaluation_service import EvaluationResult, EvaluationService, TaskDispatcher
 from elasticdl.master.instance_manager import GiveUp, InstanceManager, Launch, Stop

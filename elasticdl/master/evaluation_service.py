@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elasticdl.data.sources import Shard
-from elasticdl.evaluation import MetricsMerger
 from elasticdl.master.task_manager import NoTask, ReportOutcome, Task, TaskManager, TaskType
+from elasticdl.model.metrics import MetricsMerger
 
 logger = logging.getLogger(__name__)
 

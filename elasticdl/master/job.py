@@ -20,24 +20,24 @@ import time
 
 import grpc
 
-from elasticdl.backends.api import Backend, RoleExitedError
-from elasticdl.backends.local import LocalBackend
 from elasticdl.data.sources import count_records, make_shards, resolve_data_files
 from elasticdl.errors import JobFailedError
-from elasticdl.grpc_utils import make_server
+from elasticdl.launch.api import Backend, RoleExitedError
+from elasticdl.launch.local import LocalBackend
 from elasticdl.logs import master_log_handler
 from elasticdl.master import controller as c
 from elasticdl.master.clocks import WorkerClocks
 from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
 from elasticdl.master.instance_manager import InstanceManager, Launch, Stop
 from elasticdl.master.job_state import JobState, job_fingerprint
+from elasticdl.master.preflight import CheckedJob, check_eval_metrics
 from elasticdl.master.progress import TrainingProgress
 from elasticdl.master.report import JobReport
 from elasticdl.master.servicer import MasterServicer
 from elasticdl.master.task_manager import TaskManager, TaskType
 from elasticdl.master.telemetry import StalenessSummary, summarize
-from elasticdl.preflight import CheckedJob, check_eval_metrics
 from elasticdl.proto import elasticdl_pb2_grpc
+from elasticdl.rpc.channel import make_server
 from elasticdl.store import StateStoreError
 
 __all__ = ["Job", "JobFailedError", "JobReport"]
@@ -118,7 +118,7 @@ class Job:
 
     def export(self, path: str) -> str:
         """Export the parameters the callbacks see now (those evaluated, at an epoch end)."""
-        from elasticdl.export import export_saved_model
+        from elasticdl.model.export import export_saved_model
 
         return export_saved_model(self._serving_model(), path)
 
@@ -187,8 +187,7 @@ class Job:
         """A resumed job: the PS come back from the latest checkpoint (updates since then are lost)."""
         import dataclasses
 
-        from elasticdl.ps import checkpoint
-
+        from elasticdl.model import checkpoint
         if checkpoint.complete_versions(self.config.checkpoint_dir):
             self.config = dataclasses.replace(self.config, checkpoint_dir_for_init=self.config.checkpoint_dir)
             logger.info("the parameter servers restore the latest checkpoint in %s", self.config.checkpoint_dir)
@@ -225,8 +224,8 @@ class Job:
             "parameter servers at %s%s", ", ".join(self.ps_addresses),
             f" ({cfg.consistency_description})" if self.command == "train" else "",
         )
-        from elasticdl.worker.ps_client import PSClient
-        from elasticdl.worker.trainer import Trainer
+        from elasticdl.model.trainer import Trainer
+        from elasticdl.rpc.ps_client import PSClient
 
         self._ps = PSClient(self.ps_addresses)
         self._trainer = Trainer(self.checked.spec, cfg.model_params_dict, cfg.embedding_swap_threshold_mb)
@@ -251,7 +250,7 @@ class Job:
             self.callbacks.on_train_begin()
             self.callbacks.on_epoch_begin(0)
         if self.command == "predict":
-            from elasticdl.prediction import PARTS
+            from elasticdl.model.prediction import PARTS
 
             # Parts left by an earlier run must never be joined into this one's output.
             shutil.rmtree(os.path.join(cfg.prediction_outputs, PARTS), ignore_errors=True)
@@ -392,8 +391,7 @@ class Job:
 
     def _relaunch_ps(self, exit_) -> None:
         """A dead PS comes back on the same address, from the latest checkpoint if there is one."""
-        from elasticdl.ps import checkpoint
-
+        from elasticdl.model import checkpoint
         cfg = self.config
         args = list(self._ps_args[exit_.index])
         port = self.ps_addresses[exit_.index].rsplit(":", 1)[1]
@@ -490,7 +488,7 @@ class Job:
 
     def _finish(self, report: JobReport) -> None:
         """Final checkpoint, callbacks, export, prediction outputs."""
-        from elasticdl.export import export_saved_model
+        from elasticdl.model.export import export_saved_model
 
         cfg = self.config
         report.model_version = max(self._sync_model(), self.model_version)
@@ -502,7 +500,7 @@ class Job:
             if cfg.output:
                 report.saved_model = export_saved_model(self._serving_model(), cfg.output)
         if self.command == "predict" and self.checked.spec.prediction_outputs_processor is None:
-            from elasticdl.prediction import join_parts
+            from elasticdl.model.prediction import join_parts
 
             shards = make_shards(self.checked.files, cfg.effective_records_per_task)
             report.predictions = join_parts(cfg.prediction_outputs, shards)

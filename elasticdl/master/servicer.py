@@ -6,13 +6,13 @@ from collections.abc import Callable
 
 import grpc
 
-from elasticdl import tensor_codec
 from elasticdl.master.clocks import WorkerClocks
 from elasticdl.master.controller import Event, TaskReported, VersionReported
 from elasticdl.master.evaluation_service import EVAL_ID_BASE, TaskDispatcher
 from elasticdl.master.progress import TrainingProgress
 from elasticdl.master.task_manager import NoTask, TaskType
 from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
+from elasticdl.rpc import codec as tensor_codec
 
 _TASK_TYPES = {
     TaskType.TRAINING: elasticdl_pb2.TRAINING,

@@ -10,13 +10,13 @@ import os
 import signal
 import threading
 
-from elasticdl.backends.child import die_with_parent
 from elasticdl.config import JobConfig
-from elasticdl.grpc_utils import add_service, bind_role, make_server
+from elasticdl.launch.child import die_with_parent
 from elasticdl.logs import configure_logging
-from elasticdl.ps.optimizers import OptimizerSpec, make_optimizer
+from elasticdl.model.optimizers import OptimizerSpec, make_optimizer
 from elasticdl.ps.server import ParameterServer, PSSettings
 from elasticdl.ps.servicer import PServerServicer
+from elasticdl.rpc.channel import add_service, bind_role, make_server
 
 logger = logging.getLogger("elasticdl.ps")
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from elasticdl.errors import JobFailure
-from elasticdl.ps.embedding_table import EmbeddingError, EmbeddingTable, IndexedRows, TableInfo, check_rows
-from elasticdl.ps.optimizers import Optimizer
+from elasticdl.model.embedding.table import EmbeddingError, EmbeddingTable, IndexedRows, TableInfo, check_rows
+from elasticdl.model.optimizers import Optimizer
 
 
 class GradientError(JobFailure, ValueError):

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from elasticdl.ps import checkpoint
-from elasticdl.ps.embedding_table import EmbeddingError, FrozenTable, TableInfo, check_ids
-from elasticdl.ps.optimizers import Optimizer
+from elasticdl.model import checkpoint
+from elasticdl.model.embedding.table import EmbeddingError, FrozenTable, TableInfo, check_ids
+from elasticdl.model.optimizers import Optimizer
 from elasticdl.ps.parameters import GradientError, ParameterShard
 from elasticdl.ps.strategies import (
     AverageUpdatingStrategy,
@@ -24,7 +24,7 @@ from elasticdl.ps.strategies import (
     PushResult,
     UpdateTelemetry,
 )
-from elasticdl.push_outcome import PushOutcome
+from elasticdl.rpc.push_outcome import PushOutcome
 
 logger = logging.getLogger(__name__)
 

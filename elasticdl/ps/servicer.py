@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import grpc
 
-from elasticdl import tensor_codec
+from elasticdl.model.embedding.table import EmbeddingError, IndexedRows, TableInfo
 from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
-from elasticdl.ps.embedding_table import EmbeddingError, IndexedRows, TableInfo
 from elasticdl.ps.server import ParameterServer
-from elasticdl.push_outcome import PushOutcome
+from elasticdl.rpc import codec as tensor_codec
+from elasticdl.rpc.push_outcome import PushOutcome
 
 # Exported tables stream in chunks of about this many bytes (gRPC moves small messages faster).
 TABLE_CHUNK_BYTES = 4 * 1024 * 1024

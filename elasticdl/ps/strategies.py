@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from elasticdl.ps.embedding_table import IndexedRows, RowGradientSum
+from elasticdl.model.embedding.table import IndexedRows, RowGradientSum
 from elasticdl.ps.parameters import ParameterShard
-from elasticdl.push_outcome import PushOutcome
+from elasticdl.rpc.push_outcome import PushOutcome
 
 # Per-version telemetry kept for this many recent versions (totals are kept for all).
 TELEMETRY_VERSIONS = 10_000

@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from elasticdl.errors import JobFailure
-from elasticdl.push_outcome import PushOutcome
+from elasticdl.rpc.push_outcome import PushOutcome
 
 if TYPE_CHECKING:
-    from elasticdl.worker.ps_client import PushAnswer
+    from elasticdl.rpc.ps_client import PushAnswer
 
 
 class PushRejectedError(JobFailure, RuntimeError):

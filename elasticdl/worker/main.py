@@ -7,10 +7,10 @@ import logging
 import signal
 import sys
 
-from elasticdl.backends.child import die_with_parent
 from elasticdl.config import JobConfig
+from elasticdl.launch.child import die_with_parent
 from elasticdl.logs import configure_logging
-from elasticdl.tf_runtime import configure_tensorflow, default_threads, quiet_tensorflow
+from elasticdl.model.tf_runtime import configure_tensorflow, default_threads, quiet_tensorflow
 
 logger = logging.getLogger("elasticdl.worker")
 
@@ -32,11 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     configure_tensorflow(config.num_threads_per_process or default_threads(config.num_workers))
 
     # Imported after the thread limits: these pull in TensorFlow.
-    from elasticdl.model_spec import load_model_spec
+    from elasticdl.model.spec import load_model_spec
+    from elasticdl.model.trainer import Trainer
+    from elasticdl.rpc.master_client import MasterClient
+    from elasticdl.rpc.ps_client import PSClient
     from elasticdl.worker.consistency import ConsistencyPolicy
-    from elasticdl.worker.master_client import MasterClient
-    from elasticdl.worker.ps_client import PSClient
-    from elasticdl.worker.trainer import Trainer
     from elasticdl.worker.worker import Worker
 
     spec = load_model_spec(config.model_zoo, config.model_def)

@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 import tensorflow as tf
 
 from elasticdl.mode import Mode
-from elasticdl.model_spec import DatasetMetadata, ModelSpec, ModelSpecError
+from elasticdl.model.spec import DatasetMetadata, ModelSpec, ModelSpecError
 
 _QUEUE_CAPACITY = 1 << 20  # chunks; a task has far fewer
 _RETIRED_QUEUES: list = []  # see BatchStream.close

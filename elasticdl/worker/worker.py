@@ -11,12 +11,12 @@ import numpy as np
 
 from elasticdl.data.sources import read_records, record_format
 from elasticdl.mode import Mode
-from elasticdl.model_spec import DatasetMetadata, ModelSpec
+from elasticdl.model.spec import DatasetMetadata, ModelSpec
+from elasticdl.model.trainer import Trainer
+from elasticdl.rpc.master_client import MasterClient, TaskOrder
+from elasticdl.rpc.ps_client import PSClient
 from elasticdl.worker.consistency import ConsistencyPolicy
-from elasticdl.worker.master_client import MasterClient, TaskOrder
-from elasticdl.worker.ps_client import PSClient
 from elasticdl.worker.task_data import BatchStream
-from elasticdl.worker.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class Worker:
         self._pull()
 
     def evaluate_task(self, order: TaskOrder) -> TaskResult:
-        from elasticdl.evaluation import MetricsAccumulator
+        from elasticdl.model.metrics import MetricsAccumulator
 
         if self.spec.eval_metrics_fn is None:
             raise RuntimeError(f"{self.spec.module_path} defines no eval_metrics_fn()")
@@ -181,8 +181,7 @@ class Worker:
         return result
 
     def predict_task(self, order: TaskOrder) -> TaskResult:
-        from elasticdl import prediction
-
+        from elasticdl.model import prediction
         result = TaskResult()  # no loss, no batches: they would show up as a training loss
         outputs = []
         first = True

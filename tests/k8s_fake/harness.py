@@ -71,7 +71,7 @@ class FakeCluster:
 
     def __enter__(self) -> FakeCluster:
         self.api.start()
-        from elasticdl.k8s.client import load_api_client
+        from elasticdl.launch.kubernetes.client import load_api_client
 
         kubelet_config = write_kubeconfig(os.path.join(self.base_dir, "kubelet-kubeconfig"), self.api.url,
                                           KUBELET_TOKEN)
@@ -93,7 +93,7 @@ class FakeCluster:
         self.api.stop()
 
     def client(self, namespace: str = "default", kubeconfig: str = ""):
-        from elasticdl.k8s.client import K8sClient, load_api_client
+        from elasticdl.launch.kubernetes.client import K8sClient, load_api_client
 
         return K8sClient(namespace, load_api_client(kubeconfig or self.kubeconfig))
 

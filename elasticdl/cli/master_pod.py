@@ -1,6 +1,6 @@
 """The in-cluster master: the command of the master pod the client submits.
 
-``python -m elasticdl.k8s.master_main --command train`` reads its JobConfig from
+``python -m elasticdl.cli.master_pod --command train`` reads its JobConfig from
 ``$ELASTICDL_JOB_CONFIG`` (set by the client), checks the job where the model zoo and
 the data are (inside the cluster), then runs the same job loop as local mode with a
 ``KubernetesBackend``. The pod's exit code is the job's outcome (elasticdl/errors.py):
@@ -18,11 +18,11 @@ import os
 
 from elasticdl.config import COMMANDS, ConfigError, JobConfig
 from elasticdl.errors import REPORTED, report_exit
-from elasticdl.k8s import manifests
+from elasticdl.launch.kubernetes import manifests
+from elasticdl.launch.kubernetes.manifests import REPORT_MARKER
 from elasticdl.logs import configure_logging
 
-REPORT_MARKER = "ELASTICDL_REPORT "
-logger = logging.getLogger("elasticdl.k8s.master")
+logger = logging.getLogger("elasticdl.master_pod")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,13 +43,13 @@ def _run(command: str):
         raise ConfigError(f"${manifests.JOB_CONFIG_ENV} is not set: this runs in the master pod the client creates")
     config = JobConfig.from_json(os.environ[manifests.JOB_CONFIG_ENV])
     configure_logging(config.logging_level, "master")
-    from elasticdl.tf_runtime import configure_tensorflow, quiet_tensorflow
+    from elasticdl.model.tf_runtime import configure_tensorflow, quiet_tensorflow
 
     quiet_tensorflow()
     configure_tensorflow(1)
     from elasticdl.api import run
-    from elasticdl.backends.kubernetes import KubernetesBackend
-    from elasticdl.k8s.client import K8sClient
+    from elasticdl.launch.kubernetes.backend import KubernetesBackend
+    from elasticdl.launch.kubernetes.client import K8sClient
 
     owner = {
         "apiVersion": "v1", "kind": "Pod",

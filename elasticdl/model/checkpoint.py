@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from elasticdl.errors import UserError
-from elasticdl.ps.embedding_table import TableInfo
-from elasticdl.sharding import ps_for_variable
+from elasticdl.model.embedding.table import TableInfo
+from elasticdl.model.sharding import ps_for_variable
 
 _VERSION_DIR = re.compile(r"^version-(\d+)$")
 _SHARD_FILE = re.compile(r"^ps-(\d+)-of-(\d+)\.npz$")

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from elasticdl import tensor_codec
-from elasticdl.grpc_utils import ServiceStub, make_channel, wait_for_channel
+from elasticdl.model.embedding.table import EmbeddingError, IndexedRows, TableInfo
+from elasticdl.model.sharding import partition_ids, ps_for_variable
 from elasticdl.proto import elasticdl_pb2
-from elasticdl.ps.embedding_table import EmbeddingError, IndexedRows, TableInfo
-from elasticdl.push_outcome import PushOutcome
-from elasticdl.sharding import partition_ids, ps_for_variable
+from elasticdl.rpc import codec as tensor_codec
+from elasticdl.rpc.channel import ServiceStub, make_channel, wait_for_channel
+from elasticdl.rpc.push_outcome import PushOutcome
 
 _MODEL_TENSORS_FIELD = elasticdl_pb2.Model.DESCRIPTOR.fields_by_name["dense_parameters"].number
 _PULL_TENSORS_FIELD = elasticdl_pb2.PullDenseParametersResponse.DESCRIPTOR.fields_by_name["dense_parameters"].number

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from elasticdl.ps.embedding_table import EmbeddingError, EmbeddingTable, TableInfo
+from elasticdl.model.embedding.table import EmbeddingError, EmbeddingTable, TableInfo
 
 
 class RowSource(Protocol):

@@ -193,9 +193,9 @@ def add_zoo_parser(sub) -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     """``argv`` starts with ``zoo``."""
-    from elasticdl.cli import build_parser
-
-    args = build_parser().parse_args(argv)
+    parser = argparse.ArgumentParser(prog="elasticdl")
+    add_zoo_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
     try:
         if args.action == "init":
             path = init(args.model_zoo, args.base_image, args.extra_pypi_index)

@@ -18,12 +18,12 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from elasticdl.config import ConfigError, JobConfig
+from elasticdl.config.kubernetes import OptionError
 from elasticdl.errors import EXIT_USER_ERROR, JobFailedError, UserError
-from elasticdl.k8s import manifests
-from elasticdl.k8s.client import K8sClient, K8sClusterError, K8sContainerError, K8sError
-from elasticdl.k8s.options import OptionError
-from elasticdl.k8s.pod_state import FATAL_WAITING, view
-from elasticdl.security import new_token
+from elasticdl.launch.kubernetes import manifests
+from elasticdl.launch.kubernetes.client import K8sClient, K8sClusterError, K8sContainerError, K8sError
+from elasticdl.launch.kubernetes.pod_state import FATAL_WAITING, view
+from elasticdl.rpc.auth import new_token
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def wait_until_started(client: K8sClient, name: str, poll: float = 0.5) -> dict:
 def follow(client: K8sClient, name: str) -> dict:
     """Stream the master's log to stderr until it ends; its report, or MasterRefusedError
     (the master exited with code 2: the input is wrong) or JobFailedError."""
-    from elasticdl.k8s.master_main import REPORT_MARKER
+    from elasticdl.launch.kubernetes.manifests import REPORT_MARKER
 
     wait_until_started(client, name)
     report: dict = {}

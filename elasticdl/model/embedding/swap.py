@@ -44,7 +44,7 @@ def _why_not(bound: dict, kwargs: dict) -> str:
 def _swapped(args: tuple, kwargs: dict, threshold: int):
     from keras.src.layers.core.embedding import Embedding as KerasEmbedding
 
-    from elasticdl.layers.embedding import Embedding, initializer_spec
+    from elasticdl.model.embedding.layer import Embedding, initializer_spec
 
     try:
         bound = inspect.signature(KerasEmbedding.__init__).bind(None, *args, **kwargs).arguments

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from elasticdl.errors import UserError
-from elasticdl.ps.optimizers import Optimizer
+from elasticdl.model.optimizers import Optimizer
 
 # What an initializer spec may hold; the layer (elasticdl.layers.Embedding) normalises any
 # Keras initializer it supports to one of these before the PS sees it.

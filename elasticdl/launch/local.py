@@ -20,9 +20,9 @@ import time
 
 import grpc
 
-from elasticdl.backends.api import ROLE_ENV, Backend, ProcessExit, RoleExitedError
-from elasticdl.backends.child import PARENT_PID_ENV
-from elasticdl.grpc_utils import bind_local
+from elasticdl.launch.api import ROLE_ENV, Backend, ProcessExit, RoleExitedError
+from elasticdl.launch.child import PARENT_PID_ENV
+from elasticdl.rpc.channel import bind_local
 
 logger = logging.getLogger(__name__)
 

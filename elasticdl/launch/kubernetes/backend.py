@@ -8,7 +8,7 @@
   polls exits as it does with local processes. Exit codes follow ``subprocess``
   (``137`` → ``-9``); ``ProcessExit.reason`` says Deleted, Evicted, OOMKilled, ImagePullBackOff...
 - Files the local backend passes by path (``--job_config``) travel in the pod's
-  environment; ``elasticdl.k8s.launch`` writes them back to files in the pod.
+  environment; ``elasticdl.launch.kubernetes.pod_entry`` writes them back to files in the pod.
 """
 
 from __future__ import annotations
@@ -20,20 +20,20 @@ import time
 
 import grpc
 
-from elasticdl.backends.api import Backend, BackendError, ProcessExit, RoleExitedError
 from elasticdl.config import JobConfig
-from elasticdl.k8s import manifests
-from elasticdl.k8s.client import K8sClient, K8sConflict, K8sError
-from elasticdl.k8s.manifests import MASTER_PORT, PS_PORT, ClusterSpec, JobNames, PodPlan
-from elasticdl.k8s.pod_state import PodPhase, PodTable
-from elasticdl.k8s.watch import PodWatchLoop
+from elasticdl.launch.api import Backend, BackendError, ProcessExit, RoleExitedError
+from elasticdl.launch.kubernetes import manifests
+from elasticdl.launch.kubernetes.client import K8sClient, K8sConflict, K8sError
+from elasticdl.launch.kubernetes.manifests import MASTER_PORT, PS_PORT, ClusterSpec, JobNames, PodPlan
+from elasticdl.launch.kubernetes.pod_state import PodPhase, PodTable
+from elasticdl.launch.kubernetes.watch import PodWatchLoop
 
 logger = logging.getLogger(__name__)
 
 MODULES = {"ps": "elasticdl.ps.main", "worker": "elasticdl.worker.main"}
 FILE_FLAGS = ("--job_config", "--optimizer_spec")
 FILE_ENV_PREFIX = "ELASTICDL_ARG_FILE_"
-LAUNCH_COMMAND = ["python", "-m", "elasticdl.k8s.launch"]
+LAUNCH_COMMAND = ["python", "-m", "elasticdl.launch.kubernetes.pod_entry"]
 DELETE_WAIT = 60.0
 
 
@@ -88,7 +88,7 @@ class KubernetesBackend(Backend):
     def _priority(self, role: str, index: int, priority: str | None) -> str | None:
         if role != "worker" or priority is not None:
             return priority
-        from elasticdl.master.instance_manager import high_count, parse_priority_spec
+        from elasticdl.config.priority import high_count, parse_priority_spec
 
         # The job loop normally says; otherwise the first ceil(f*n) indices are high.
         fraction = parse_priority_spec(self.config.worker_pod_priority)

@@ -15,8 +15,8 @@ from typing import Any
 from elasticdl.config import JobConfig
 from elasticdl.data.sources import count_records, read_records, record_format, resolve_data_files
 from elasticdl.mode import Mode
-from elasticdl.model_spec import DatasetMetadata, ModelSpec, ModelSpecError, load_model_spec
-from elasticdl.ps.optimizers import OptimizerSpec, UnsupportedOptimizerError, optimizer_spec_from_keras
+from elasticdl.model.optimizers import OptimizerSpec, UnsupportedOptimizerError, optimizer_spec_from_keras
+from elasticdl.model.spec import DatasetMetadata, ModelSpec, ModelSpecError, load_model_spec
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def check_eval_metrics(spec: ModelSpec) -> dict[str, Any]:
 def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> Any:
     import tensorflow as tf
 
-    from elasticdl.worker.trainer import Trainer, make_dataset
+    from elasticdl.model.trainer import Trainer, make_dataset
 
     path = next(p for p, n in files if n > 0)
     n = min(config.minibatch_size, dict(files)[path])
@@ -157,7 +157,7 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> An
 
 def _check_metrics_on(spec: ModelSpec, labels, predictions) -> None:
     """Run every metric once on the sample batch: a metric that raises fails the submit."""
-    from elasticdl.evaluation import MetricsAccumulator, flatten_metrics
+    from elasticdl.model.metrics import MetricsAccumulator, flatten_metrics
 
     for name, entry in flatten_metrics(spec.eval_metrics_fn()).items():
         try:

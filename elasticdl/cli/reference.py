@@ -1,6 +1,6 @@
 """Render the command-line reference (docs/cli.md) from the real argument parser.
 
-    python -m elasticdl.cli_reference > docs/cli.md
+    python -m elasticdl.cli.reference > docs/cli.md
 
 The tables come from ``elasticdl.cli.build_parser()``, whose flags come from the fields
 of ``elasticdl.config.JobConfig``; tests/test_docs.py fails when docs/cli.md is stale.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-REGENERATE_COMMAND = "python -m elasticdl.cli_reference > docs/cli.md"
+REGENERATE_COMMAND = "python -m elasticdl.cli.reference > docs/cli.md"
 
 # The flag rules of JobConfig.validate(), as docs/cli.md states them. Each comes with flag
 # values that break it; tests/test_docs.py checks that every one of them is refused, so a
@@ -88,7 +88,7 @@ def _type_name(action: argparse.Action) -> str:
         return "int"
     if kind is float:
         return "float"
-    from elasticdl.cli import parse_bool
+    from elasticdl.cli.parser import parse_bool
 
     if kind is parse_bool:
         return "bool"
@@ -142,7 +142,7 @@ def _flag_table(parser: argparse.ArgumentParser) -> list[str]:
 
 def render() -> str:
     """docs/cli.md as a string."""
-    from elasticdl.cli import build_parser
+    from elasticdl.cli.parser import build_parser
     from elasticdl.config import COMMANDS
 
     parser = build_parser()
@@ -151,7 +151,7 @@ def render() -> str:
     planned = [command for command in COMMANDS if command not in names]
 
     out = [
-        "<!-- Generated from elasticdl/cli.py and elasticdl/config.py; do not edit by hand. -->",
+        "<!-- Generated from elasticdl/cli/__init__.py and elasticdl/config/__init__.py; do not edit by hand. -->",
         "",
         "# Command-line reference",
         "",
@@ -196,7 +196,7 @@ def render() -> str:
     out += [
         "## Checks before anything starts",
         "",
-        "`JobConfig.validate()` (elasticdl/config.py) stops the command with exit code 2 and a",
+        "`JobConfig.validate()` (elasticdl/config/__init__.py) stops the command with exit code 2 and a",
         "message naming the flag when:",
         "",
         *(f"- {text}{'.' if i == len(VALIDATION_RULES) - 1 else ';'}"

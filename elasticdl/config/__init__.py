@@ -312,7 +312,7 @@ class JobConfig:
         if self.backend not in BACKENDS:
             raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}. Received: {self.backend!r}")
         if self.backend == "kubernetes":
-            from elasticdl.k8s.options import OptionError, validate_kubernetes_flags
+            from elasticdl.config.kubernetes import OptionError, validate_kubernetes_flags
 
             try:
                 validate_kubernetes_flags(self)
@@ -321,7 +321,7 @@ class JobConfig:
         if self.log_level.upper() not in LOG_LEVELS:
             raise ConfigError(f"--log_level must be one of {', '.join(LOG_LEVELS)}. Received: {self.log_level!r}")
         self._validate_consistency()
-        from elasticdl.master.instance_manager import parse_priority_spec
+        from elasticdl.config.priority import parse_priority_spec
 
         try:
             parse_priority_spec(self.worker_pod_priority)

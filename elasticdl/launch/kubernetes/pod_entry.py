@@ -1,4 +1,4 @@
-"""A PS or worker pod's entry point: ``python -m elasticdl.k8s.launch MODULE ARGS...``.
+"""A PS or worker pod's entry point: ``python -m elasticdl.launch.kubernetes.pod_entry MODULE ARGS...``.
 
 The master passes files (the job config, the optimizer spec) in the pod's environment;
 an argument ``env:NAME`` is replaced by a file holding ``$NAME``. Then MODULE runs as
@@ -31,7 +31,7 @@ def materialize(args: list[str], directory: str) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
-        raise SystemExit("usage: python -m elasticdl.k8s.launch MODULE [ARGS...]")
+        raise SystemExit("usage: python -m elasticdl.launch.kubernetes.pod_entry MODULE [ARGS...]")
     module, args = argv[0], materialize(argv[1:], tempfile.mkdtemp(prefix="elasticdl-"))
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)

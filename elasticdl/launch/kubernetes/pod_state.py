@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from elasticdl.k8s.manifests import INDEX_LABEL, ROLE_LABEL
+from elasticdl.launch.kubernetes.manifests import INDEX_LABEL, ROLE_LABEL
 
 # Waiting reasons after which a container never starts by itself.
 FATAL_WAITING = {

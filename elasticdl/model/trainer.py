@@ -9,17 +9,17 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from elasticdl.layers.backends import (
+from elasticdl.mode import Mode
+from elasticdl.model.embedding.backends import (
     EmbeddingTables,
     FrozenTables,
     LocalTables,
     recording,
     use_embedding_backend,
 )
-from elasticdl.layers.swap import DEFAULT_THRESHOLD_MB, swap_large_embeddings, threshold_bytes
-from elasticdl.mode import Mode
-from elasticdl.model_spec import DatasetMetadata, ModelSpec, ModelSpecError
-from elasticdl.ps.embedding_table import IndexedRows
+from elasticdl.model.embedding.swap import DEFAULT_THRESHOLD_MB, swap_large_embeddings, threshold_bytes
+from elasticdl.model.embedding.table import IndexedRows
+from elasticdl.model.spec import DatasetMetadata, ModelSpec, ModelSpecError
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class Trainer:
         self._backend_variables = {name: _backend_variable(var) for name, var in variables.items()}
         self._sample_features = features
         self._built = True
-        from elasticdl.export import record_input_signature
+        from elasticdl.model.export import record_input_signature
 
         record_input_signature(self.model, features)
 

@@ -13,7 +13,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from elasticdl.k8s.client import K8sClient, K8sError, K8sGone
+from elasticdl.launch.kubernetes.client import K8sClient, K8sError, K8sGone
 
 logger = logging.getLogger(__name__)
 

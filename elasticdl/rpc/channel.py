@@ -7,7 +7,7 @@ from concurrent import futures
 
 import grpc
 
-from elasticdl import security
+from elasticdl.rpc import auth as security
 
 # Large models stream in 1 MB messages (the PS's *_stream methods); other messages, such as a
 # whole model pushed once at the start, may still be large: raise the 4 MB default.
@@ -47,7 +47,7 @@ def bind_role(server: grpc.Server, port: int = 0) -> int:
 
 
 def make_channel(address: str) -> grpc.Channel:
-    """In a cluster every call carries the job's token (see elasticdl/security.py)."""
+    """In a cluster every call carries the job's token (see elasticdl/rpc/auth.py)."""
     return security.secure_channel(grpc.insecure_channel(address, options=_OPTIONS))
 
 

@@ -1,19 +1,16 @@
-"""The ``elasticdl`` command: argparse at the edge, a typed JobConfig below it.
+"""The ``elasticdl`` argument parser, built from JobConfig's fields.
 
-The parser is built from JobConfig's fields, so every flag, its default and its help
-live in one place (elasticdl/config.py).
+Every flag, its default and its help live in one place (elasticdl/config/__init__.py), so
+the CLI, the Python API and the generated reference (docs/cli.md) cannot drift apart.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import typing
 
 from elasticdl.config import JobConfig
-from elasticdl.errors import REPORTED, report_exit
-from elasticdl.logs import configure_logging
 
 SUBCOMMANDS = {
     "train": "Train a model-zoo model with parameter servers and workers.",
@@ -65,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="The number of workers wanted from now on.")
     scale.add_argument("--master_addr", default="", metavar="MASTER_ADDR",
                        help="host:port of the master, instead of looking it up by --job_name (default: '').")
-    from elasticdl.zoo import add_zoo_parser
+    from elasticdl.cli.zoo import add_zoo_parser
 
     add_zoo_parser(sub)
     return parser
@@ -75,45 +72,3 @@ def config_from_args(argv: list[str]) -> tuple[str, JobConfig]:
     args = vars(build_parser().parse_args(argv))
     command = args.pop("command")
     return command, JobConfig(**args).with_defaults()
-
-
-def _scale_main(argv: list[str]) -> int:
-    from elasticdl.api import scale
-
-    args = build_parser().parse_args(argv)
-    try:
-        print(scale(job_name=args.job_name, num_workers=args.num_workers, master_addr=args.master_addr))
-    except REPORTED as err:
-        return report_exit("elasticdl scale", err)
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["scale"]:
-        return _scale_main(argv)
-    if argv[:1] == ["zoo"]:
-        from elasticdl.zoo import main as zoo_main
-
-        return zoo_main(argv)
-    command, config = config_from_args(argv)
-    configure_logging(config.logging_level, "master")
-    from elasticdl.tf_runtime import configure_tensorflow, quiet_tensorflow
-
-    # The master process only checks the model and exports it: one thread leaves the
-    # cores to the workers. (The Python API leaves the caller's TensorFlow alone.)
-    if config.backend != "kubernetes":  # a Kubernetes client only submits: TensorFlow runs in the pods
-        quiet_tensorflow()
-        configure_tensorflow(1)
-    from elasticdl.api import run
-
-    try:
-        report = run(config, command)
-    except REPORTED as err:  # an ElasticDLError: one message, exit code 2 or 1; a bug keeps its traceback
-        return report_exit(f"elasticdl {command}", err)
-    print(report.to_json())
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -9,8 +9,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from elasticdl.layers.backends import current_backend, current_recorder
-from elasticdl.ps.embedding_table import TableInfo, initial_rows
+from elasticdl.model.embedding.backends import current_backend, current_recorder
+from elasticdl.model.embedding.table import TableInfo, initial_rows
 
 COMBINERS = (None, "sum", "mean", "sqrtn")
 _INT64_MAX = np.iinfo(np.int64).max

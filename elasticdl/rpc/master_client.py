@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import grpc
 
-from elasticdl import tensor_codec
-from elasticdl.grpc_utils import make_channel, wait_for_channel
 from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
+from elasticdl.rpc import codec as tensor_codec
+from elasticdl.rpc.channel import make_channel, wait_for_channel
 
 logger = logging.getLogger(__name__)
 

@@ -10,10 +10,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticdl.backends.api import ROLE_ENV
 from elasticdl.config import JobConfig
-from elasticdl.k8s import options
-from elasticdl.security import TOKEN_FILE_ENV
+from elasticdl.config import kubernetes as options
+from elasticdl.launch.api import ROLE_ENV
+from elasticdl.rpc.auth import TOKEN_FILE_ENV
+
+# The master pod prints its report on one line after this marker; the client picks it up.
+REPORT_MARKER = "ELASTICDL_REPORT "
 
 MASTER_PORT = 50001
 PS_PORT = 2222
@@ -221,7 +224,7 @@ def master_pod_manifest(config: JobConfig, command: str, cluster_spec_source: st
         env[CLUSTER_SPEC_ENV] = cluster_spec_source
     plan = PodPlan(
         role="master", index=0,
-        command=["python", "-m", "elasticdl.k8s.master_main"], args=["--command", command],
+        command=["python", "-m", "elasticdl.cli.master_pod"], args=["--command", command],
         env=env, port=MASTER_PORT, service_account=SERVICE_ACCOUNT,
     )
     return pod_manifest(config, plan, role_spec(config, "master"))

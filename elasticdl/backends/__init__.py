@@ -1,1 +1,0 @@
-"""Where roles run: local child processes (and, later, Kubernetes pods)."""

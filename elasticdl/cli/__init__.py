@@ -1,0 +1,55 @@
+"""The ``elasticdl`` command: argparse at the edge (elasticdl/cli/parser.py), a typed
+JobConfig below it, and one mapping of errors to messages and exit codes (elasticdl/errors.py).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from elasticdl.cli.parser import build_parser, config_from_args
+from elasticdl.errors import REPORTED, report_exit
+from elasticdl.logs import configure_logging
+
+__all__ = ["build_parser", "config_from_args", "main"]
+
+
+def _scale_main(argv: list[str]) -> int:
+    from elasticdl.api import scale
+
+    args = build_parser().parse_args(argv)
+    try:
+        print(scale(job_name=args.job_name, num_workers=args.num_workers, master_addr=args.master_addr))
+    except REPORTED as err:
+        return report_exit("elasticdl scale", err)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["scale"]:
+        return _scale_main(argv)
+    if argv[:1] == ["zoo"]:
+        from elasticdl.cli.zoo import main as zoo_main
+
+        return zoo_main(argv)
+    command, config = config_from_args(argv)
+    configure_logging(config.logging_level, "master")
+    from elasticdl.model.tf_runtime import configure_tensorflow, quiet_tensorflow
+
+    # The master process only checks the model and exports it: one thread leaves the
+    # cores to the workers. (The Python API leaves the caller's TensorFlow alone.)
+    if config.backend != "kubernetes":  # a Kubernetes client only submits: TensorFlow runs in the pods
+        quiet_tensorflow()
+        configure_tensorflow(1)
+    from elasticdl.api import run
+
+    try:
+        report = run(config, command)
+    except REPORTED as err:  # an ElasticDLError: one message, exit code 2 or 1; a bug keeps its traceback
+        return report_exit(f"elasticdl {command}", err)
+    print(report.to_json())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

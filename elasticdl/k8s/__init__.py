@@ -1,1 +1,0 @@
-"""Kubernetes: manifests, the client wrapper, the pod watch loop and job submission."""

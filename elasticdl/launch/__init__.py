@@ -1,0 +1,1 @@
+"""Where roles run: the backend contract, local child processes and Kubernetes pods."""

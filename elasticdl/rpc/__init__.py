@@ -1,0 +1,1 @@
+"""What crosses roles: the wire protocol's channels, tensor codec, auth, and the master and PS clients."""
