@@ -203,3 +203,14 @@ def test_early_stopping_and_learning_rate_scheduler_act_on_the_job():
     assert "accuracy has not improved for 2 epochs" in job.stopped
     with pytest.raises(ValueError, match="`mode` must be"):
         EarlyStopping(mode="up")
+
+
+def test_a_halted_dispatcher_hands_out_nothing_and_refuses_reports():
+    main = TaskManager([Shard("f", 0, 10), Shard("f", 10, 20)], shuffle=False)
+    dispatcher = TaskDispatcher(main, None)
+    task = dispatcher.get_task(0)
+    dispatcher.halt("lost the leader lock")
+    assert dispatcher.get_task(1) is NoTask.WAIT
+    outcome = dispatcher.report(task.task_id, 0, "", 10)
+    assert not outcome.accepted and "lost the leader lock" in outcome.reason
+    assert main.counts() == (1, 1)  # the ledger did not move

@@ -301,3 +301,24 @@ def test_the_store_imports_no_role():
     ).stdout.split()
     assert not [m for m in loaded if m.startswith(forbidden)]
     assert not {"pyetcd", "etcd3", "grpc"} & set(loaded)  # the etcd client comes with the first EtcdStateStore
+
+
+def test_a_leader_that_cannot_renew_stops_acting_before_its_lease_can_expire(outage):
+    """client-go's renew deadline: the leader gives up while its lease is still alive, so no
+    other master can hold the lock while this one still acts."""
+    from elasticdl.store.leadership import RENEW_DEADLINE_SHARE
+
+    make, down, up = outage
+    store = make()
+    lost: list[str] = []
+    lead = store.acquire_leadership("master-a", ttl=3, on_lost=lost.append)
+    try:
+        down()
+        wait_until(lambda: lost, 6.0, "the leader gives up")
+        unrenewed = time.monotonic() - lead._keepalive.last_renewed
+        assert lead.lost.is_set() and not lead.held
+        assert "could not renew its lease" in lost[0] and "stops acting" in lost[0]
+        assert 3 * RENEW_DEADLINE_SHARE <= unrenewed < 3, "it gave up after the deadline, before the ttl"
+    finally:
+        up()
+    assert len(lost) == 1

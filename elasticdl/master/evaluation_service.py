@@ -208,6 +208,12 @@ class TaskDispatcher:
         self.main = main
         self.evaluation = evaluation
         self._finished = False
+        self._halted = ""
+
+    def halt(self, reason: str) -> None:
+        """Stop acting at once (any thread): the master lost its leadership. Workers wait; their
+        reports are refused, so nothing more is recorded in a ledger another master may own."""
+        self._halted = reason
 
     def finish(self) -> None:
         self._finished = True
@@ -218,6 +224,8 @@ class TaskDispatcher:
         return self._finished
 
     def get_task(self, worker_id: int) -> Task | NoTask:
+        if self._halted:
+            return NoTask.WAIT
         if self._finished:
             return NoTask.END
         if self.evaluation is not None:
@@ -233,6 +241,8 @@ class TaskDispatcher:
     def report(
         self, task_id: int, worker_id: int, err_message: str, records: int, states=None, interrupted: bool = False
     ) -> ReportOutcome:
+        if self._halted:
+            return ReportOutcome(False, f"this master stopped acting: {self._halted}")
         if task_id >= EVAL_ID_BASE:
             if self.evaluation is None:
                 return ReportOutcome(False, f"unknown task {task_id}")

@@ -89,8 +89,7 @@ class Job:
         self.controller: c.Controller | None = None
         self._events: queue.SimpleQueue = queue.SimpleQueue()  # from gRPC and store threads
         self._follow_ups: collections.deque = collections.deque()  # from callbacks, in the loop's thread
-        self.state = JobState(cfg, command, job_fingerprint(cfg, checked.files),
-                              on_lost=lambda why: self._events.put(c.StoreLost(why)))
+        self.state = JobState(cfg, command, job_fingerprint(cfg, checked.files), on_lost=self._store_lost)
         self.ps_addresses: list[str] = []
         self.master_address = ""
         self._worker_args: list[str] = []
@@ -130,6 +129,11 @@ class Job:
             raise ValueError(f"--num_workers must be 0 or more. Received: {num_workers}")
         self._events.put(c.ScaleRequested(num_workers))
         return f"scaling job {self.config.job_name} to {num_workers} workers"
+
+    def _store_lost(self, why: str) -> None:
+        """From a store thread: stop handing out tasks now, then let the loop fail the job."""
+        self.dispatcher.halt(why)
+        self._events.put(c.StoreLost(why))
 
     # ------------------------------------------------------------ run
 

@@ -21,8 +21,11 @@ from elasticdl.master.task_manager import TaskManager
 
 logger = logging.getLogger(__name__)
 
-# The master's leader lock in etcd expires this long after the master dies.
-LEADER_LEASE_SECS = 5.0
+# The master's leader lock in etcd expires this long after the master dies. The master stops
+# acting when it could not renew the lock for 2/3 of this (elasticdl/store/leadership.py), so an
+# etcd restart of a few seconds passes, and a longer outage ends the job before another master
+# could take over.
+LEADER_LEASE_SECS = 10.0
 
 
 def job_fingerprint(config: JobConfig, files: list[tuple[str, int]]) -> str:

@@ -37,15 +37,32 @@ def _lease_seconds(ttl: float) -> int:
 
 
 
-class _KeepAlive:
-    """Refreshes a lease every ttl/3 until stopped; says when the lease is gone."""
+# A failing refresh is tried again this often (a lease outlives a short outage only if it is
+# renewed soon after the store answers again).
+RETRY_SECONDS = 0.5
+# The leader must have renewed its lease within this share of the ttl, or it stops acting: the
+# lease cannot have expired yet, so no other master can lead while this one still acts.
+RENEW_DEADLINE_SHARE = 2 / 3
 
-    def __init__(self, store: StateStore, lease_id: int, ttl: int, what: str, on_lost: Callable[[], None]):
+
+class _KeepAlive:
+    """Refreshes a lease every ttl/3 until stopped; says when the lease is gone.
+
+    With ``renew_deadline``, ``on_lost`` is also called once no refresh succeeded for that
+    long (client-go leader election's renew deadline): the lease may still be alive, but it
+    can expire before the store answers again.
+    """
+
+    def __init__(self, store: StateStore, lease_id: int, ttl: int, what: str, on_lost: Callable[[str], None],
+                 renew_deadline: float | None = None, clock: Callable[[], float] = time.monotonic):
         self._store = store
         self.lease_id = lease_id
         self._interval = max(ttl / 3.0, 0.05)
         self._what = what
         self._on_lost = on_lost
+        self._renew_deadline = renew_deadline
+        self._clock = clock
+        self.last_renewed = clock()  # the lease was granted or refreshed just now
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"keepalive {what}", daemon=True)
         self._thread.start()
@@ -57,22 +74,32 @@ class _KeepAlive:
 
     def _run(self) -> None:
         failing_since = None
-        while not self._stop.wait(self._interval):
+        wait = self._interval
+        while not self._stop.wait(wait):
             try:
                 alive = self._store._refresh(self.lease_id)
             except Exception as e:  # noqa: BLE001 - a keepalive thread must not die of an outage
                 if failing_since is None:
-                    failing_since = time.monotonic()
+                    failing_since = self._clock()
                     logger.warning("cannot refresh the lease of %s (%s); retrying every %.1fs",
-                                   self._what, e, self._interval)
+                                   self._what, e, min(self._interval, RETRY_SECONDS))
+                wait = min(self._interval, RETRY_SECONDS)
+                unrenewed = self._clock() - self.last_renewed
+                if self._renew_deadline is not None and unrenewed >= self._renew_deadline:
+                    self._on_lost(f"could not renew its lease for {unrenewed:.1f}s "
+                                  f"(renew deadline {self._renew_deadline:.1f}s; last error: {e})")
+                    return
                 continue
+            wait = self._interval
             if failing_since is not None:
-                logger.info("lease of %s refreshed again after %.1fs", self._what, time.monotonic() - failing_since)
+                logger.info("lease of %s refreshed again after %.1fs", self._what, self._clock() - failing_since)
                 failing_since = None
             if not alive:
-                self._on_lost()
+                self._on_lost("its lease expired while the store could not be reached")
                 if self._stop.is_set():
                     return
+                continue
+            self.last_renewed = self._clock()
 
 
 class Leadership:
@@ -94,16 +121,17 @@ class Leadership:
         self.lost = threading.Event()
         self._released = False
         self._on_lost = on_lost
-        self._keepalive = _KeepAlive(store, lease_id, ttl, f"the leader lock {self.key}", self._lease_lost)
+        self._keepalive = _KeepAlive(store, lease_id, ttl, f"the leader lock {self.key}", self._lease_lost,
+                                     renew_deadline=ttl * RENEW_DEADLINE_SHARE)
 
     @property
     def held(self) -> bool:
         return not self._released and not self.lost.is_set()
 
-    def _lease_lost(self) -> None:
+    def _lease_lost(self, why: str) -> None:
         self._keepalive._stop.set()
-        message = (f"lost the leader lock {self.key}: its lease expired while this master could "
-                   f"not reach {self.store.describe()}; another master may have taken over")
+        message = (f"lost the leader lock {self.key}: {why} ({self.store.describe()}); another master "
+                   "may take over, so this one stops acting")
         logger.error(message)
         self.lost.set()
         if self._on_lost is not None:
@@ -142,7 +170,7 @@ class Registration:
         self._keepalive = None
         self._revoked = False
         if lease_id is not None:
-            self._keepalive = _KeepAlive(store, lease_id, ttl, self.key, self._republish)
+            self._keepalive = _KeepAlive(store, lease_id, ttl, self.key, lambda why: self._republish())
 
     def _republish(self) -> None:
         logger.warning("the lease of %s expired; publishing %s again", self.key, self.address)
