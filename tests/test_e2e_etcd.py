@@ -74,3 +74,36 @@ def test_etcd_outage_mid_job(digits, tmp_path, etcd_process):  # noqa: F811
     assert report["etcd_outages"] and report["etcd_outages"][0]["seconds"] > 0
     assert report["records_done_per_epoch"] == [report["records_per_epoch"]] * 4
     assert report["metrics"]["accuracy"] >= 0.90
+
+
+def test_a_master_cut_off_from_etcd_stops_before_another_can_lead(digits, tmp_path, etcd_process):  # noqa: F811
+    """The TCP path between the master and etcd is cut (etcd itself keeps running): the master
+    stops acting within its renew deadline and exits 1; a second master takes the lock only
+    after the first one is gone, resumes its ledger and finishes the job."""
+    from tests.tcp_proxy import TcpProxy
+
+    host, port = etcd_process.endpoint.rsplit(":", 1)
+    proxy = TcpProxy((host, int(port)))
+    # Long enough that the cut lands mid-job: the renew deadline passes while it trains.
+    command = _command(digits, tmp_path, proxy.endpoint, "partition", num_epochs=40)
+    first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: "epoch 2 of 40 starts" in _master_log(tmp_path, "partition"), 180, "epoch 2")
+        proxy.cut()
+        cut_at = time.monotonic()
+        _, err = first.communicate(timeout=60)
+        first_gone = time.monotonic()
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 1, err[-3000:]
+    assert "could not renew its lease" in err and "stops acting" in err
+    from elasticdl.master.job_state import LEADER_LEASE_SECS
+
+    # It stopped before its lease could expire (leaving room for its own shutdown).
+    assert first_gone - cut_at < LEADER_LEASE_SECS + 5
+    second_command = _command(digits, tmp_path, etcd_process.endpoint, "partition", num_epochs=40)
+    started = time.monotonic()
+    report = _run(second_command, tmp_path)
+    assert started > first_gone  # never two masters acting at once
+    assert report["resumed"] and report["records_done_per_epoch"] == [report["records_per_epoch"]] * 40

@@ -30,7 +30,9 @@ LEADER_LEASE_SECS = 10.0
 
 def job_fingerprint(config: JobConfig, files: list[tuple[str, int]]) -> str:
     """What makes a ledger this job's: its data, task size, epochs and model."""
-    text = json.dumps([files, config.effective_records_per_task, config.num_epochs, config.model_def])
+    text = json.dumps(
+        [files, config.effective_records_per_task, config.training.num_epochs, config.training.model_def]
+    )
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
@@ -44,9 +46,10 @@ class JobState:
     def __init__(self, config: JobConfig, command: str, fingerprint: str, on_lost: Callable[[str], None]):
         self.config = config
         self.fingerprint = fingerprint
-        self.in_etcd = bool(config.etcd_endpoints) and command == "train"
+        self.in_etcd = bool(config.elasticity.etcd_endpoints) and command == "train"
         self.keeps_ledger = command == "train"
         self._on_lost = on_lost
+        self.lost = ""  # why the store can no longer be trusted
         self._store = None
         self._ledger = None
         self._leadership = None
@@ -60,41 +63,46 @@ class JobState:
         """Take the lock and restore ``tasks`` from a stored ledger; True if the job resumed."""
         cfg = self.config
         if self.in_etcd:
-            self._store = store.EtcdStateStore(cfg.etcd_endpoints, cfg.job_name)
+            self._store = store.EtcdStateStore(cfg.elasticity.etcd_endpoints, cfg.job.job_name)
         else:
-            self._store = store.MemoryStateStore(cfg.job_name)
+            self._store = store.MemoryStateStore(cfg.job.job_name)
             logger.info("job state in memory (no --etcd_endpoints): a restarted master starts over")
         try:
             # Wait a little: a master restarted after a crash finds its predecessor's lease
             # still alive until it expires.
             self._leadership = self._store.acquire_leadership(
-                f"{os.uname().nodename}:{os.getpid()}", ttl=LEADER_LEASE_SECS, wait=2 * LEADER_LEASE_SECS,
-                on_lost=lambda why: self._on_lost(f"lost the leader lock: {why}"),
+                f"{os.uname().nodename}:{os.getpid()}", ttl=LEADER_LEASE_SECS, wait=1.5 * LEADER_LEASE_SECS,
+                on_lost=self._lost,
             )
         except store.LeadershipError as err:
             raise JobFailedError(str(err)) from None
         except store.StoreUnavailableError as err:
-            raise JobFailedError(f"etcd at {cfg.etcd_endpoints} is unreachable: {err}") from None
+            raise JobFailedError(f"etcd at {','.join(cfg.elasticity.etcd_endpoints)} is unreachable: {err}") from None
         if not self.keeps_ledger:
             return False
         self._ledger = store.ResilientStore(
             self._store,
             on_outage=lambda o: logger.warning("etcd was unreachable for %.1fs; the ledger is written again", o.seconds),
-            on_fatal=lambda err: self._on_lost(str(err)),
+            on_fatal=lambda err: self._lost(str(err)),
         )
         snapshot = self._ledger.load_ledger()
         if self.in_etcd:
-            logger.info("job state in etcd at %s under /elasticdl/%s/", cfg.etcd_endpoints, cfg.job_name)
+            logger.info("job state in etcd at %s under /elasticdl/%s/",
+                        ",".join(cfg.elasticity.etcd_endpoints), cfg.job.job_name)
         if snapshot is None:
             return False
         if snapshot.job_fingerprint != self.fingerprint:
             raise JobFailedError(
-                f"etcd holds a ledger for a different job named {cfg.job_name!r} (other data, task size, "
+                f"etcd holds a ledger for a different job named {cfg.job.job_name!r} (other data, task size, "
                 "epochs or model). Use another --job_name."
             )
         tasks.restore(snapshot)
         self.resumed = True
         return True
+
+    def _lost(self, why: str) -> None:
+        self.lost = why
+        self._on_lost(why)
 
     def publish_master(self, address: str) -> None:
         if self._store is not None:
@@ -107,6 +115,12 @@ class JobState:
     def close(self, tasks: TaskManager | None, job_done: bool) -> None:
         """Release the lock; a finished job clears its ledger (a new run with this name starts fresh)."""
         if self._store is None:
+            return
+        if self.lost:  # nothing more may be written; waiting on an unreachable store helps nobody
+            if self._ledger is not None:
+                self._ledger.close(flush_timeout=0)
+            self._store.abandon()
+            logger.warning("left the leader lock and the master's address to expire in %s", self._store.describe())
             return
         try:
             if self._ledger is not None:

@@ -314,6 +314,15 @@ class StateStore(abc.ABC):
         if leadership is not None:
             leadership.release()
 
+    def abandon(self) -> None:
+        """Stop keeping the leases alive without a word to the store (it is unreachable, or the
+        lock is lost): the lock and the addresses expire on their own."""
+        with self._lock:
+            leadership, self._leadership = self._leadership, None
+            registrations, self._registrations = self._registrations, []
+        for lease in [*registrations, *([leadership] if leadership is not None else [])]:
+            lease._abandon()
+
     # ------------------------------------------------------------ ledger
 
     def save_ledger(self, snapshot: LedgerSnapshot, expected_revision: int, *,
