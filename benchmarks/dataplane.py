@@ -58,7 +58,7 @@ def _start_ps(backend, workdir: str, index: int) -> str:
 
     config = os.path.join(workdir, "job_config.json")
     with open(config, "w") as f:
-        f.write(JobConfig(job_name="bench-dataplane", log_level="WARNING").to_json())
+        f.write(JobConfig.from_flags(job_name="bench-dataplane", log_level="WARNING").to_json())
     optimizer = os.path.join(workdir, "optimizer.json")
     with open(optimizer, "w") as f:
         json.dump({"name": "SGD", "config": {"learning_rate": 1e-6}}, f)

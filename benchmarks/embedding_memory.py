@@ -85,7 +85,7 @@ def _start_ps(backend, workdir: str, tag: str, num_ps: int) -> list[str]:
 
     config = os.path.join(workdir, f"{tag}-job_config.json")
     with open(config, "w") as f:
-        f.write(JobConfig(job_name=f"bench-{tag}", num_ps=num_ps, use_async=True, log_level="WARNING").to_json())
+        f.write(JobConfig.from_flags(job_name=f"bench-{tag}", num_ps=num_ps, use_async=True, log_level="WARNING").to_json())
     optimizer = os.path.join(workdir, f"{tag}-optimizer.json")
     with open(optimizer, "w") as f:
         json.dump(ADAM, f)

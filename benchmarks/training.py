@@ -187,7 +187,7 @@ def run_elasticdl(spec_json: dict) -> dict:
             job_name=f"{spec_json['tag']}-{model_cfg['name']}", log_level="WARNING",
             **model_cfg.get("job_flags", {}),
         )
-        backend = InstrumentedBackend(config.effective_log_dir)
+        backend = InstrumentedBackend(config.job.effective_log_dir)
         t0 = time.time()
         report = api.run(config, "train", backend=backend)
         expected = model_cfg["records"] * model_cfg["epochs"]

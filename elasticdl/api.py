@@ -12,7 +12,6 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 from elasticdl.config import ConfigError, JobConfig
@@ -27,14 +26,8 @@ class MasterUnreachableError(UserError, ConnectionError):
 
 
 def make_config(**flags) -> JobConfig:
-    """A JobConfig from keyword arguments named like the CLI flags."""
-    known = {f.name for f in dataclasses.fields(JobConfig)}
-    unknown = sorted(set(flags) - known)
-    if unknown:
-        raise ConfigError(
-            f"unknown option(s) {', '.join(unknown)}; see `elasticdl train --help` for the list."
-        )
-    return JobConfig(**flags).with_defaults()
+    """A JobConfig from keyword arguments named like the CLI flags (unknown names: ConfigError)."""
+    return JobConfig.from_flags(**flags).with_defaults()
 
 
 def run(config: JobConfig, command: str = "train", backend=None):
@@ -43,7 +36,7 @@ def run(config: JobConfig, command: str = "train", backend=None):
     With ``backend="kubernetes"`` and no ``backend`` object, this is the client: it submits
     the master pod (see elasticdl/launch/kubernetes/submit.py); the master pod runs this with its backend.
     """
-    if config.backend == "kubernetes" and backend is None:
+    if config.job.backend == "kubernetes" and backend is None:
         from elasticdl.launch.kubernetes.submit import submit
 
         return submit(config, command)
@@ -57,8 +50,8 @@ def run(config: JobConfig, command: str = "train", backend=None):
     checked = check_job(config, command)
     logger.info(
         "%s job %s: %d records in %d files, %d workers, %d PS",
-        command, config.job_name, sum(n for _, n in checked.files), len(checked.files),
-        config.num_workers, config.num_ps,
+        command, config.job.job_name, sum(n for _, n in checked.files), len(checked.files),
+        config.elasticity.num_workers, config.elasticity.num_ps,
     )
     return Job(checked, command, backend=backend).run()
 

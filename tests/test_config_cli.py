@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import sys
@@ -10,9 +9,7 @@ import sys
 import pytest
 
 from elasticdl import api, cli
-from elasticdl.config import ConfigError, JobConfig, parse_kv_params
-
-FIELDS = {f.name: f for f in dataclasses.fields(JobConfig)}
+from elasticdl.config import FLAGS, ConfigError, JobConfig, parse_kv_params
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -40,14 +37,14 @@ def test_every_flag_type_parses():
         "--job_name", "my-job",
     ])
     assert command == "train"
-    assert cfg.model_zoo == "zoo" and cfg.model_def == "pkg.mod.fn"
-    assert cfg.model_params_dict == {"a": 1, "b": "x"}
-    assert cfg.training_data == "data/train"
-    assert cfg.minibatch_size == 32 and isinstance(cfg.minibatch_size, int)
-    assert cfg.task_timeout == 2.5 and isinstance(cfg.task_timeout, float)
-    assert cfg.use_async is True
-    assert cfg.num_ps == 3  # --num_ps_pods is an alias
-    assert cfg.log_level == "DEBUG" and cfg.job_name == "my-job"
+    assert cfg.training.model_zoo == "zoo" and cfg.training.model_def == "pkg.mod.fn"
+    assert cfg.training.model_params == {"a": 1, "b": "x"}
+    assert cfg.data.training_data == "data/train"
+    assert cfg.training.minibatch_size == 32 and isinstance(cfg.training.minibatch_size, int)
+    assert cfg.elasticity.task_timeout == 2.5 and isinstance(cfg.elasticity.task_timeout, float)
+    assert cfg.consistency.use_async is True
+    assert cfg.elasticity.num_ps == 3  # --num_ps_pods is an alias
+    assert cfg.job.log_level == "DEBUG" and cfg.job.job_name == "my-job"
 
 
 @pytest.mark.parametrize(
@@ -65,29 +62,29 @@ def test_every_flag_type_parses():
 )
 def test_bool_flag_forms(args, expected):
     _, cfg = cli.config_from_args(["train", *args])
-    assert cfg.use_async is expected
+    assert cfg.consistency.use_async is expected
 
 
 def test_bool_flag_followed_by_another_flag():
     _, cfg = cli.config_from_args(["train", "--use_async", "--num_ps", "2"])
-    assert cfg.use_async is True and cfg.num_ps == 2
+    assert cfg.consistency.use_async is True and cfg.elasticity.num_ps == 2
 
 
 def test_num_ps_and_alias_are_the_same_flag():
-    assert cli.config_from_args(["train", "--num_ps", "4"])[1].num_ps == 4
-    assert cli.config_from_args(["train", "--num_ps_pods", "4"])[1].num_ps == 4
+    assert cli.config_from_args(["train", "--num_ps", "4"])[1].elasticity.num_ps == 4
+    assert cli.config_from_args(["train", "--num_ps_pods", "4"])[1].elasticity.num_ps == 4
 
 
 def test_defaults_equal_jobconfig_defaults():
     _, cfg = cli.config_from_args(["train"])
     defaults = JobConfig()
-    for name in FIELDS:
+    for name in FLAGS:
         if name in ("job_name", "prediction_outputs"):
             continue  # derived defaults, checked below
-        assert getattr(cfg, name) == getattr(defaults, name), name
-        assert type(getattr(cfg, name)) is type(getattr(defaults, name)), name
-    assert cfg.job_name.startswith("elasticdl-job-")  # filled by with_defaults()
-    assert cfg.prediction_outputs == f"runs/{cfg.job_name}/predictions"
+        assert cfg.flag_value(name) == defaults.flag_value(name), name
+        assert type(cfg.flag_value(name)) is type(defaults.flag_value(name)), name
+    assert cfg.job.job_name.startswith("elasticdl-job-")  # filled by with_defaults()
+    assert cfg.outputs.prediction_outputs == f"runs/{cfg.job.job_name}/predictions"
 
 
 @pytest.mark.parametrize(
@@ -118,11 +115,11 @@ def test_help_lists_every_flag_with_its_default():
     result = run_cli("train", "--help")
     assert result.returncode == 0, result.stderr
     text = " ".join(result.stdout.split())  # undo argparse's line wrapping
-    for name, f in FIELDS.items():
-        if "train" not in f.metadata["commands"]:
+    for name, f in FLAGS.items():
+        if "train" not in f.commands:
             continue
         assert f"--{name}" in text, name
-        help_text = " ".join(f.metadata["help"].split())
+        help_text = " ".join(f.help.split())
         assert f"{help_text} (default: {f.default!r})" in text, name
     assert "--num_ps_pods" in text
 
@@ -140,7 +137,7 @@ def test_unknown_flag_exits_2_from_the_command():
 
 @pytest.fixture
 def valid(tmp_path) -> JobConfig:
-    cfg = JobConfig(model_zoo=str(tmp_path), model_def="pkg.mod.custom_model", training_data="data/train")
+    cfg = JobConfig.from_flags(model_zoo=str(tmp_path), model_def="pkg.mod.custom_model", training_data="data/train")
     cfg.validate("train")  # the base is valid: each case below breaks exactly one thing
     return cfg
 
@@ -172,7 +169,7 @@ INVALID = [
 @pytest.mark.parametrize("changes, message", INVALID, ids=[str(c) for c, _ in INVALID])
 def test_validate_names_the_flag(valid, changes, message):
     with pytest.raises(ConfigError) as info:
-        dataclasses.replace(valid, **changes).validate("train")
+        valid.replace(**changes).validate("train")
     for part in (message,) if isinstance(message, str) else message:
         assert part in str(info.value)
 
@@ -181,23 +178,22 @@ def test_validate_per_command(valid):
     with pytest.raises(ConfigError, match="--validation_data is required for `elasticdl evaluate`"):
         valid.validate("evaluate")
     with pytest.raises(ConfigError, match="--checkpoint_dir_for_init is required for `elasticdl evaluate`"):
-        dataclasses.replace(valid, validation_data="data/test").validate("evaluate")
+        valid.replace(validation_data="data/test").validate("evaluate")
     with pytest.raises(ConfigError, match="--prediction_data is required for `elasticdl predict`"):
         valid.validate("predict")
     # evaluate reads --validation_data and does not need --training_data.
-    dataclasses.replace(
-        valid, training_data="", validation_data="data/test", checkpoint_dir_for_init=valid.model_zoo
+    valid.replace(
+        training_data="", validation_data="data/test", checkpoint_dir_for_init=valid.training.model_zoo
     ).validate("evaluate")
     with pytest.raises(ConfigError, match="--evaluation_steps needs --validation_data"):
-        dataclasses.replace(valid, evaluation_steps=10).validate("train")
+        valid.replace(evaluation_steps=10).validate("train")
     with pytest.raises(ConfigError, match="Unknown command 'serve'"):
         valid.validate("serve")
 
 
 def test_validate_accepts_edge_values(valid, tmp_path):
-    dataclasses.replace(
-        valid, records_per_task=0, keep_checkpoint_max=0, max_task_retries=0, use_async=True,
-        grads_to_wait=1, log_level="debug", checkpoint_steps=3, checkpoint_dir=str(tmp_path / "ck"),
+    valid.replace(
+        records_per_task=0, keep_checkpoint_max=0, max_task_retries=0, use_async=True, grads_to_wait=1, log_level="debug", checkpoint_steps=3, checkpoint_dir=str(tmp_path / "ck"),
         checkpoint_dir_for_init=str(tmp_path),
     ).validate("train")
 
@@ -231,30 +227,30 @@ def test_parse_kv_params_malformed(text):
 
 
 def test_json_round_trip():
-    cfg = JobConfig(
+    cfg = JobConfig.from_flags(
         model_zoo="zoo", model_def="a.b.c", num_ps=3, use_async=True, task_timeout=1.5,
         model_params="a=1;b='x'", job_name="j",
     )
     back = JobConfig.from_json(cfg.to_json())
     assert back == cfg
-    assert isinstance(back.task_timeout, float) and back.use_async is True
+    assert isinstance(back.elasticity.task_timeout, float) and back.consistency.use_async is True
     assert JobConfig.from_json(JobConfig().to_json()) == JobConfig()
 
 
 def test_with_defaults_names_the_job():
-    cfg = JobConfig(model_def="digits.digits_functional.custom_model").with_defaults()
-    assert cfg.job_name.startswith("elasticdl-digits-")
-    assert cfg.effective_log_dir == os.path.join("runs", cfg.job_name, "logs")
-    named = JobConfig(job_name="mine").with_defaults()
-    assert named.job_name == "mine"
-    assert JobConfig(minibatch_size=16, num_minibatches_per_task=4).effective_records_per_task == 64
-    assert JobConfig(records_per_task=10).effective_records_per_task == 10
+    cfg = JobConfig.from_flags(model_def="digits.digits_functional.custom_model").with_defaults()
+    assert cfg.job.job_name.startswith("elasticdl-digits-")
+    assert cfg.job.effective_log_dir == os.path.join("runs", cfg.job.job_name, "logs")
+    named = JobConfig.from_flags(job_name="mine").with_defaults()
+    assert named.job.job_name == "mine"
+    assert JobConfig.from_flags(minibatch_size=16, num_minibatches_per_task=4).effective_records_per_task == 64
+    assert JobConfig.from_flags(records_per_task=10).effective_records_per_task == 10
 
 
 def test_make_config():
     cfg = api.make_config(model_zoo="zoo", num_ps=2, use_async=True)
-    assert (cfg.model_zoo, cfg.num_ps, cfg.use_async) == ("zoo", 2, True)
-    assert cfg.job_name
+    assert (cfg.training.model_zoo, cfg.elasticity.num_ps, cfg.consistency.use_async) == ("zoo", 2, True)
+    assert cfg.job.job_name
 
 
 def test_make_config_rejects_unknown_options():

@@ -209,7 +209,7 @@ def test_telemetry_summary_per_epoch():
     ],
 )
 def test_conflicting_consistency_flags_are_rejected(tmp_path, flags, words):
-    config = JobConfig(model_zoo=str(tmp_path), model_def="a.b.c", training_data="x", **flags)
+    config = JobConfig.from_flags(model_zoo=str(tmp_path), model_def="a.b.c", training_data="x", **flags)
     with pytest.raises(ConfigError) as err:
         config.validate()
     for word in words:

@@ -246,7 +246,7 @@ def test_pulling_everything_leaves_what_is_held_until_the_answer():
 def test_from_config_and_bad_arguments():
     from elasticdl.config import JobConfig
 
-    config = JobConfig(model_zoo="z", model_def="a.b.c", training_data="x", use_async=True, staleness_bound=3,
+    config = JobConfig.from_flags(model_zoo="z", model_def="a.b.c", training_data="x", use_async=True, staleness_bound=3,
                        get_model_steps=2)
     policy = ConsistencyPolicy.from_config(config, num_ps=3)
     assert (policy.use_async, policy.staleness_bound, policy.get_model_steps, policy.num_ps) == (True, 3, 2, 3)

@@ -28,14 +28,14 @@ def test_priority_spec():
 
 
 def test_initial_workers_get_priorities_by_fraction():
-    manager = InstanceManager(4, "0.5")
+    manager = InstanceManager(4, 0.5)
     launches = manager.initial()
     assert [d.index for d in launches] == [0, 1, 2, 3]
     assert [d.priority for d in launches].count(Priority.HIGH) == 2
 
 
 def test_scale_down_stops_low_priority_first_and_up_refills():
-    manager = InstanceManager(4, "0.5")
+    manager = InstanceManager(4, 0.5)
     manager.initial()
     stops = manager.scale(2)
     assert all(isinstance(d, Stop) for d in stops)
@@ -48,7 +48,7 @@ def test_scale_down_stops_low_priority_first_and_up_refills():
 
 
 def test_crash_relaunches_up_to_the_limit_then_gives_up():
-    manager = InstanceManager(1, "high", relaunch_limit=2)
+    manager = InstanceManager(1, 1.0, relaunch_limit=2)
     (first,) = manager.initial()
     index = first.index
     for _ in range(2):
@@ -62,7 +62,7 @@ def test_crash_relaunches_up_to_the_limit_then_gives_up():
 
 
 def test_preemption_is_replaced_without_counting_a_crash():
-    manager = InstanceManager(1, "high", relaunch_limit=0)
+    manager = InstanceManager(1, 1.0, relaunch_limit=0)
     (first,) = manager.initial()
     (killed,) = manager.on_exit(first.index, -9)  # SIGKILL: preempted
     (left,) = manager.on_exit(killed.index, 0)  # left on a SIGTERM nobody here sent
@@ -74,7 +74,7 @@ def test_preemption_is_replaced_without_counting_a_crash():
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 6), min_size=1, max_size=12), st.sampled_from(["high", "low", "0.3", "0.5"]))
 def test_scaling_reaches_the_desired_count(targets, spec):
-    manager = InstanceManager(2, spec)
+    manager = InstanceManager(2, parse_priority_spec(spec))
     live = {d.index for d in manager.initial()}
     for target in targets:
         for decision in manager.scale(target):

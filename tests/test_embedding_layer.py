@@ -143,5 +143,5 @@ def test_swap_threshold_flag_default_matches_the_layer_default():
     from elasticdl.config import JobConfig
     from elasticdl.model.embedding.swap import DEFAULT_THRESHOLD_MB, threshold_bytes
 
-    assert JobConfig().embedding_swap_threshold_mb == DEFAULT_THRESHOLD_MB == 2.0
+    assert JobConfig().training.embedding_swap_threshold_mb == DEFAULT_THRESHOLD_MB == 2.0
     assert threshold_bytes(2.0) == 2 * 1024 * 1024 and threshold_bytes(-1) is None

@@ -224,7 +224,7 @@ def master_pod_env(monkeypatch):
     from elasticdl.launch.kubernetes import client, manifests
     from elasticdl.model import tf_runtime
 
-    config = JobConfig(model_zoo="/model_zoo", model_def="a.b.c", training_data="/data",
+    config = JobConfig.from_flags(model_zoo="/model_zoo", model_def="a.b.c", training_data="/data",
                        backend="kubernetes", job_name="errors").with_defaults()
     monkeypatch.setenv(manifests.JOB_CONFIG_ENV, config.to_json())
     monkeypatch.setenv(manifests.POD_NAME_ENV, "elasticdl-errors-master")

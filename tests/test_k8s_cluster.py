@@ -171,7 +171,7 @@ def _config(**overrides) -> JobConfig:
     flags = dict(model_zoo="/zoo", model_def="a.b.c", training_data="/d", backend="kubernetes",
                  image_name="elasticdl:test", job_name="unit", num_workers=2,
                  ps_resource_request="cpu=0.1,memory=64Mi", worker_resource_request="cpu=0.1,memory=64Mi")
-    return JobConfig(**{**flags, **overrides}).with_defaults()
+    return JobConfig.from_flags(**{**flags, **overrides}).with_defaults()
 
 
 @pytest.fixture
@@ -235,7 +235,7 @@ def test_a_ps_that_fails_to_start_is_reported_with_its_log(cluster, backend_env)
 
 def test_an_image_that_cannot_be_pulled_is_an_exit_with_a_clear_reason(cluster, backend_env, caplog):
     backend, _ = backend_env
-    backend.config.image_name = "missing/image:v1"
+    backend.config.kubernetes.image_name = "missing/image:v1"
     backend.start("worker", 0, ["--worker_id", "0"])
     exits = wait(backend.poll_exits, what="the image pull failure")
     assert exits[0].reason in ("ErrImagePull", "ImagePullBackOff") and exits[0].returncode == 1

@@ -31,7 +31,7 @@ def k8s_config(**overrides) -> JobConfig:
         backend="kubernetes", image_name="registry.example.com/me/digits:v1", job_name="digits-1",
         namespace="ml", num_workers=3,
     )
-    return JobConfig(**{**flags, **overrides}).with_defaults()
+    return JobConfig.from_flags(**{**flags, **overrides}).with_defaults()
 
 
 FULL = dict(

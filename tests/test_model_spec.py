@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import sys
@@ -129,14 +128,14 @@ def data_file(tmp_path_factory) -> str:
 
 def job(tmp_path, data_file, drop=(), **replace: str) -> JobConfig:
     zoo, model_def, _ = write_model(tmp_path, drop, **replace)
-    return JobConfig(model_zoo=zoo, model_def=model_def, training_data=data_file, minibatch_size=4)
+    return JobConfig.from_flags(model_zoo=zoo, model_def=model_def, training_data=data_file, minibatch_size=4)
 
 
 def check_error(tmp_path, data_file, drop=(), **replace: str) -> tuple[str, str]:
     config = job(tmp_path, data_file, drop, **replace)
     with pytest.raises(ModelSpecError) as info:
         check_job(config)
-    return str(info.value), os.path.join(config.model_zoo, *config.model_def.split(".")[:-1]) + ".py"
+    return str(info.value), os.path.join(config.training.model_zoo, *config.training.model_def.split(".")[:-1]) + ".py"
 
 
 # ---------------------------------------------------------------- load_model_spec
@@ -349,7 +348,7 @@ def test_metric_function_that_raises_fails_at_submit(tmp_path, data_file):
 
 def test_evaluate_needs_eval_metrics_fn(tmp_path, data_file):
     config = job(tmp_path, data_file, drop=("eval_metrics_fn",))
-    config = dataclasses.replace(config, validation_data=data_file, checkpoint_dir_for_init=str(tmp_path))
+    config = config.replace(validation_data=data_file, checkpoint_dir_for_init=str(tmp_path))
     with pytest.raises(ModelSpecError, match="`elasticdl evaluate` needs eval_metrics_fn"):
         check_job(config, "evaluate")
 
@@ -357,8 +356,8 @@ def test_evaluate_needs_eval_metrics_fn(tmp_path, data_file):
 def test_missing_validation_data_is_a_clear_error(tmp_path, data_file):
     from elasticdl.data.errors import NoDataFilesError
 
-    config = dataclasses.replace(job(tmp_path, data_file), validation_data=str(tmp_path / "nowhere"))
+    config = job(tmp_path, data_file).replace(validation_data=str(tmp_path / "nowhere"))
     with pytest.raises(NoDataFilesError, match="nowhere"):
         check_job(config)
     with pytest.raises(ConfigError, match="--validation_data is required for `elasticdl evaluate`"):
-        dataclasses.replace(config, validation_data="").validate("evaluate")
+        config.replace(validation_data="").validate("evaluate")

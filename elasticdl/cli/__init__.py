@@ -32,13 +32,16 @@ def main(argv: list[str] | None = None) -> int:
         from elasticdl.cli.zoo import main as zoo_main
 
         return zoo_main(argv)
-    command, config = config_from_args(argv)
-    configure_logging(config.logging_level, "master")
+    try:
+        command, config = config_from_args(argv)  # structured flags are parsed here
+    except REPORTED as err:
+        return report_exit(f"elasticdl {argv[0]}", err)
+    configure_logging(config.job.logging_level, "master")
     from elasticdl.model.tf_runtime import configure_tensorflow, quiet_tensorflow
 
     # The master process only checks the model and exports it: one thread leaves the
     # cores to the workers. (The Python API leaves the caller's TensorFlow alone.)
-    if config.backend != "kubernetes":  # a Kubernetes client only submits: TensorFlow runs in the pods
+    if config.job.backend != "kubernetes":  # a Kubernetes client only submits: TensorFlow runs in the pods
         quiet_tensorflow()
         configure_tensorflow(1)
     from elasticdl.api import run

@@ -42,7 +42,7 @@ def _run(command: str):
     if manifests.JOB_CONFIG_ENV not in os.environ:
         raise ConfigError(f"${manifests.JOB_CONFIG_ENV} is not set: this runs in the master pod the client creates")
     config = JobConfig.from_json(os.environ[manifests.JOB_CONFIG_ENV])
-    configure_logging(config.logging_level, "master")
+    configure_logging(config.job.logging_level, "master")
     from elasticdl.model.tf_runtime import configure_tensorflow, quiet_tensorflow
 
     quiet_tensorflow()
@@ -56,7 +56,7 @@ def _run(command: str):
         "name": os.environ[manifests.POD_NAME_ENV], "uid": os.environ[manifests.POD_UID_ENV],
     }
     backend = KubernetesBackend(
-        config, K8sClient(config.namespace), owner,
+        config, K8sClient(config.kubernetes.namespace), owner,
         manifests.ClusterSpec(os.environ.get(manifests.CLUSTER_SPEC_ENV, ""), "--cluster_spec"),
     )
     return run(config, command, backend=backend)

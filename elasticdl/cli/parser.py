@@ -1,16 +1,15 @@
-"""The ``elasticdl`` argument parser, built from JobConfig's fields.
+"""The ``elasticdl`` argument parser, built from JobConfig's sections.
 
-Every flag, its default and its help live in one place (elasticdl/config/__init__.py), so
-the CLI, the Python API and the generated reference (docs/cli.md) cannot drift apart.
+Every flag, its default and its help live in one place (elasticdl/config/sections.py), so
+the CLI, the Python API and the generated reference (docs/cli.md) cannot drift apart. Each
+section is an argument group: ``elasticdl train --help`` lists the flags under its title.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import typing
 
-from elasticdl.config import JobConfig
+from elasticdl.config import FLAGS, SECTIONS, JobConfig
 
 SUBCOMMANDS = {
     "train": "Train a model-zoo model with parameter servers and workers.",
@@ -29,19 +28,19 @@ def parse_bool(text: str) -> bool:
 
 
 def _add_config_flags(parser: argparse.ArgumentParser, command: str) -> None:
-    hints = typing.get_type_hints(JobConfig)
-    for f in dataclasses.fields(JobConfig):
-        if command not in f.metadata.get("commands", ()):
+    for section, cls in SECTIONS.items():
+        flags = [f for f in FLAGS.values() if f.section == section and command in f.commands]
+        if not flags:
             continue
-        names = [f"--{f.name}", *f.metadata.get("aliases", ())]
-        kind = hints[f.name]
-        help_text = f"{f.metadata['help']} (default: {f.default!r})"
-        if kind is bool:
-            parser.add_argument(*names, dest=f.name, type=parse_bool, nargs="?", const=True,
-                                default=f.default, metavar="BOOL", help=help_text)
-        else:
-            parser.add_argument(*names, dest=f.name, type=kind, default=f.default,
-                                metavar=f.name.upper(), help=help_text)
+        group = parser.add_argument_group(cls.TITLE, (cls.__doc__ or "").strip())
+        for f in flags:
+            help_text = f"{f.help} (default: {f.default!r})"
+            if f.kind is bool:
+                group.add_argument(f.option, *f.aliases, dest=f.name, type=parse_bool, nargs="?", const=True,
+                                   default=f.default, metavar="BOOL", help=help_text)
+            else:
+                group.add_argument(f.option, *f.aliases, dest=f.name, type=f.kind, default=f.default,
+                                   metavar=f.name.upper(), help=help_text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,4 +70,4 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(argv: list[str]) -> tuple[str, JobConfig]:
     args = vars(build_parser().parse_args(argv))
     command = args.pop("command")
-    return command, JobConfig(**args).with_defaults()
+    return command, JobConfig.from_flags(**args).with_defaults()

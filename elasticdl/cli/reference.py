@@ -3,7 +3,8 @@
     python -m elasticdl.cli.reference > docs/cli.md
 
 The tables come from ``elasticdl.cli.build_parser()``, whose flags come from the fields
-of ``elasticdl.config.JobConfig``; tests/test_docs.py fails when docs/cli.md is stale.
+of JobConfig's sections (one table per section, under its title); tests/test_docs.py fails
+when docs/cli.md is stale.
 The output depends only on the code (no terminal width, no time, no paths), so the same
 code always renders the same file.
 """
@@ -105,7 +106,7 @@ def _default(action: argparse.Action) -> str:
 
 
 def _strip_default(action: argparse.Action) -> str:
-    """The help text without the " (default: ...)" that cli.py appends; the table has a column."""
+    """The help text without the " (default: ...)" that parser.py appends; the table has a column."""
     help_text = action.help or ""
     suffix = f" (default: {action.default!r})"
     return help_text[: -len(suffix)] if help_text.endswith(suffix) else help_text
@@ -128,16 +129,33 @@ def _flag_cell(action: argparse.Action) -> str:
     return f"{names[0]} (alias: {', '.join(names[1:])})"
 
 
-def _flag_table(parser: argparse.ArgumentParser) -> list[str]:
+def _flag_table(actions: list[argparse.Action]) -> list[str]:
     lines = ["| Flag | Type | Default | Description |", "| --- | --- | --- | --- |"]
-    for action in parser._actions:
-        if not action.option_strings or isinstance(action, argparse._HelpAction):
-            continue
+    for action in actions:
         help_text = _strip_default(action)
         lines.append(
             f"| {_flag_cell(action)} | {_type_name(action)} | {_default(action)} | {_cell(help_text)} |"
         )
     return lines
+
+
+def _flag_tables(parser: argparse.ArgumentParser) -> list[str]:
+    """One table per argument group; a JobConfig section's group under its title (### heading)."""
+    from elasticdl.config import SECTIONS
+
+    titles = {cls.TITLE for cls in SECTIONS.values()}
+    out: list[str] = []
+    for group in parser._action_groups:
+        actions = [a for a in group._group_actions
+                   if a.option_strings and not isinstance(a, argparse._HelpAction)]
+        if not actions:
+            continue
+        if group.title in titles:
+            out += [f"### {group.title}", ""]
+            if group.description:
+                out += [_cell(group.description), ""]
+        out += [*_flag_table(actions), ""]
+    return out
 
 
 def render() -> str:
@@ -151,7 +169,7 @@ def render() -> str:
     planned = [command for command in COMMANDS if command not in names]
 
     out = [
-        "<!-- Generated from elasticdl/cli/__init__.py and elasticdl/config/__init__.py; do not edit by hand. -->",
+        "<!-- Generated from elasticdl/cli/parser.py and elasticdl/config/sections.py; do not edit by hand. -->",
         "",
         "# Command-line reference",
         "",
@@ -178,6 +196,8 @@ def render() -> str:
         f"`{parser.prog} COMMAND --help` prints the same list. The Python API takes the same",
         "names as keyword arguments, without the dashes: `elasticdl.train(num_workers=2, ...)`;",
         "aliases work on the command line only.",
+        "The flags of a command come in the sections of `JobConfig` (elasticdl/config/sections.py),",
+        "one table per section; the names stay flat, a flag's section is not part of its name.",
         "",
     ]
     for name, help_text, sub_parser in subcommands:
@@ -190,8 +210,7 @@ def render() -> str:
             f"{parser.prog} {name} [FLAGS]",
             "```",
             "",
-            *_flag_table(sub_parser),
-            "",
+            *_flag_tables(sub_parser),
         ]
     out += [
         "## Checks before anything starts",

@@ -1,420 +1,293 @@
-"""Typed job configuration: one dataclass, validated before any process starts.
+"""Typed job configuration in sections, validated before any process starts.
 
-Every field carries its command-line help in ``metadata``; ``elasticdl.cli`` builds
-the argument parser from these fields, so the CLI, the Python API and the generated
-CLI reference (docs/cli.md) cannot drift apart.
+``JobConfig`` holds one dataclass per section (elasticdl/config/sections.py):
+``config.training.minibatch_size``, ``config.consistency.use_async``,
+``config.kubernetes.volume`` ... The edge stays flat: the command line (elasticdl/cli/parser.py),
+the Python API (``elasticdl.train(minibatch_size=...)``) and ``JobConfig.from_flags`` take the
+flags by name, and structured flags are parsed there, once, into typed values. Every field
+carries its help in ``metadata``, so the CLI, the Python API and the generated CLI reference
+(docs/cli.md) cannot drift apart.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
-import logging
 import os
 import time
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from elasticdl.errors import UserError
 
 BACKENDS = ("local", "kubernetes")
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-COMMANDS = ("train", "evaluate", "predict")
 
 
 class ConfigError(UserError, ValueError):
     """A flag or flag combination that cannot work; the message names the flag and the fix."""
 
 
-def _flag(default: Any, help: str, commands: tuple[str, ...] = COMMANDS, aliases: tuple[str, ...] = ()):
-    return field(default=default, metadata={"help": help, "commands": commands, "aliases": aliases})
+# The sections raise ConfigError: they are imported once it exists.
+from elasticdl.config.sections import (  # noqa: E402
+    COMMANDS,
+    LOG_LEVELS,
+    CheckpointSection,
+    ConsistencySection,
+    DataSection,
+    ElasticitySection,
+    EvaluationSection,
+    JobSection,
+    KubernetesSection,
+    OutputSection,
+    TrainingSection,
+    parse_kv_params,
+    render_kv_params,
+)
+
+__all__ = [
+    "BACKENDS", "COMMANDS", "FLAGS", "LOG_LEVELS", "SECTIONS", "CheckpointSection", "ConfigError",
+    "ConsistencySection", "DataSection", "ElasticitySection", "EvaluationSection", "Flag", "JobConfig",
+    "JobSection", "KubernetesSection", "OutputSection", "TrainingSection", "parse_kv_params",
+    "render_kv_params",
+]
 
 
 @dataclass
 class JobConfig:
-    """Everything a job needs. Build it with the CLI, ``elasticdl.train(...)`` or directly."""
+    """Everything a job needs, in sections. Build it from flags with ``JobConfig.from_flags(...)``,
+    the CLI or ``elasticdl.train(...)``."""
 
-    # The model zoo.
-    model_zoo: str = _flag("", "Directory that holds the model-zoo packages (required).")
-    model_def: str = _flag(
-        "",
-        "The model function or class, as pkg.module.name under --model_zoo "
-        "(e.g. digits.digits_functional.custom_model; required).",
-    )
-    model_params: str = _flag(
-        "", "Keyword arguments for the model function: \"a=1;b=2.5;c='x'\"."
-    )
+    training: TrainingSection = field(default_factory=TrainingSection)
+    data: DataSection = field(default_factory=DataSection)
+    evaluation: EvaluationSection = field(default_factory=EvaluationSection)
+    consistency: ConsistencySection = field(default_factory=ConsistencySection)
+    elasticity: ElasticitySection = field(default_factory=ElasticitySection)
+    checkpoints: CheckpointSection = field(default_factory=CheckpointSection)
+    outputs: OutputSection = field(default_factory=OutputSection)
+    job: JobSection = field(default_factory=JobSection)
+    kubernetes: KubernetesSection = field(default_factory=KubernetesSection)
 
-    # Data.
-    training_data: str = _flag(
-        "",
-        "Training data: a file, a directory, a glob, or several separated by commas "
-        "(TFRecord of tf.train.Example, or .csv/.txt lines).",
-        commands=("train",),
-    )
-    validation_data: str = _flag(
-        "",
-        "Validation data (same forms as --training_data), evaluated with eval_metrics_fn() "
-        "at each epoch's end, every --evaluation_steps versions, and when training ends.",
-        commands=("train", "evaluate"),
-    )
-    prediction_data: str = _flag(
-        "", "Data to predict on (same forms as --training_data).", commands=("predict",)
-    )
-    prediction_outputs: str = _flag(
-        "",
-        "Directory for predictions.csv (one row per input record, in input order) when the "
-        "model zoo has no PredictionOutputsProcessor.",
-        commands=("predict",),
-    )
-    evaluation_steps: int = _flag(
-        0, "Also evaluate every N model versions (0: at epoch ends only).", commands=("train",)
-    )
-    evaluation_start_delay_secs: float = _flag(
-        0.0, "No --evaluation_steps evaluation before this many seconds of training.", commands=("train",)
-    )
-    evaluation_throttle_secs: float = _flag(
-        0.0, "At least this many seconds between two --evaluation_steps evaluations.", commands=("train",)
-    )
-    data_reader_params: str = _flag(
-        "", "Reader options, e.g. \"has_header=True\" for CSV files with a header line."
-    )
-    minibatch_size: int = _flag(64, "Records per minibatch.")
-    num_epochs: int = _flag(1, "Passes over the training data.", commands=("train",))
-    num_minibatches_per_task: int = _flag(
-        8, "Minibatches per task, when --records_per_task is not given."
-    )
-    records_per_task: int = _flag(
-        0, "Records per task (0: --minibatch_size x --num_minibatches_per_task)."
-    )
-    shuffle_seed: int = _flag(0, "Seed for the per-epoch task shuffle.", commands=("train",))
+    # ---------------------------------------------------------------- the flat edge
 
-    # Roles.
-    num_workers: int = _flag(1, "Number of workers.")
-    num_ps: int = _flag(1, "Number of parameter servers.", aliases=("--num_ps_pods",))
-    backend: str = _flag("local", "Where roles run: local (child processes) or kubernetes.")
-    num_threads_per_process: int = _flag(
-        0,
-        "TensorFlow intra-op threads per worker (0: the machine's cores shared "
-        "among the workers, at least 1).",
-    )
+    @classmethod
+    def from_flags(cls, **flags: Any) -> JobConfig:
+        """A JobConfig from flags named like the command line's (``minibatch_size=32``).
 
-    # Consistency.
-    grads_to_wait: int = _flag(
-        1,
-        "Sync mode: gradients gathered (and averaged) per model version.",
-        commands=("train",),
-    )
-    use_async: bool = _flag(
-        False, "Apply each gradient as it arrives, without version checks.", commands=("train",)
-    )
-    staleness_bound: int = _flag(
-        0,
-        "Async only: stale-synchronous parallel; a worker waits while it is more than this "
-        "many steps ahead of the slowest worker holding a task (0: no bound).",
-        commands=("train",),
-    )
-    get_model_steps: int = _flag(
-        1,
-        "Async only: pull the model every N steps, applying the worker's own gradients "
-        "locally in between.",
-        commands=("train",),
-    )
-    sync_version_tolerance: int = _flag(
-        0,
-        "Sync only: accept gradients computed up to K versions behind the model.",
-        commands=("train",),
-    )
-    lr_staleness_modulation: bool = _flag(
-        False,
-        "Divide each gradient's learning rate by its staleness (at least 1).",
-        commands=("train",),
-    )
+        A structured flag takes its command-line text (``model_params="a=1;b=2"``) or the typed
+        value it stands for; a value that does not parse raises ConfigError naming the flag.
+        """
+        sections: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+        for name, raw in _known(flags).items():
+            sections[FLAGS[name].section][name] = FLAGS[name].value(raw)
+        return cls(**{name: SECTIONS[name](**values) for name, values in sections.items()})
 
-    # Embedding tables.
-    embedding_swap_threshold_mb: float = _flag(
-        2.0,
-        "keras.layers.Embedding layers whose table (input_dim x output_dim x 4 bytes) is larger "
-        "than this many MiB become elasticdl.layers.Embedding: their rows live on the parameter "
-        "servers, sharded by id (0: every Embedding; a negative value: none).",
-    )
+    def to_flags(self) -> dict[str, Any]:
+        """Every flag by name, structured ones as text: ``from_flags(**c.to_flags()) == c``."""
+        return {name: f.text(self.flag_value(name)) for name, f in FLAGS.items()}
 
-    # Elasticity.
-    worker_pod_priority: str = _flag(
-        "high",
-        "Worker priority: high, low, or a fraction f (ceil(f*n) workers high, the rest low). "
-        "Scaling down stops low-priority workers first.",
-        commands=("train",),
-    )
-    relaunch_on_worker_failure: int = _flag(
-        3,
-        "Times a crashed worker is relaunched in its slot; one more crash ends the job with its "
-        "error. Preempted or killed workers are replaced without counting.",
-        commands=("train",),
-    )
+    def flag_value(self, name: str) -> Any:
+        """The (typed) value of flag ``name``, from its section."""
+        return getattr(getattr(self, FLAGS[name].section), name)
 
-    etcd_endpoints: str = _flag(
-        "",
-        "etcd (v3) endpoints host:port[,host:port]: the master keeps the task ledger there under "
-        "/elasticdl/<job_name>/ and a restarted master resumes the job (empty: in memory).",
-        commands=("train",),
-    )
-
-    # Fault handling.
-    task_timeout: float = _flag(
-        600.0, "Seconds a task may stay in progress before it goes back to the queue."
-    )
-    max_task_retries: int = _flag(
-        3, "Times a task may fail or time out before it is dropped and reported."
-    )
-
-    # Checkpoints and output.
-    checkpoint_dir: str = _flag("", "Directory for PS checkpoints (empty: no checkpoints).")
-    checkpoint_steps: int = _flag(
-        0, "Checkpoint every N model versions (0: only at the end of training)."
-    )
-    keep_checkpoint_max: int = _flag(3, "Checkpoints to keep (0: keep all).")
-    checkpoint_dir_for_init: str = _flag(
-        "", "A checkpoint (a version-N directory, or a checkpoint dir: its latest) to start from."
-    )
-    output: str = _flag("", "Directory for the exported SavedModel.", commands=("train",))
-    tensorboard_log_dir: str = _flag(
-        "",
-        "Write TensorBoard scalars here (loss, eval metrics, examples/s, live workers).",
-        commands=("train", "evaluate"),
-    )
-
-    # Kubernetes (--backend kubernetes; see docs/kubernetes.md).
-    image_name: str = _flag("", "Kubernetes: the Docker image every pod runs (build it with `elasticdl zoo build`).")
-    namespace: str = _flag("default", "Kubernetes: the namespace of the job's pods.")
-    image_pull_policy: str = _flag("Always", "Kubernetes: Always, IfNotPresent or Never.")
-    master_resource_request: str = _flag(
-        "cpu=0.1,memory=1024Mi", "Kubernetes: the master pod's requests, like cpu=1,memory=4096Mi,gpu=1."
-    )
-    master_resource_limit: str = _flag("", "Kubernetes: the master pod's limits (empty: its requests).")
-    worker_resource_request: str = _flag(
-        "cpu=1,memory=4096Mi", "Kubernetes: each worker pod's requests (gpu=N asks for nvidia.com/gpu)."
-    )
-    worker_resource_limit: str = _flag("", "Kubernetes: each worker pod's limits (empty: its requests).")
-    ps_resource_request: str = _flag("cpu=1,memory=4096Mi", "Kubernetes: each PS pod's requests.")
-    ps_resource_limit: str = _flag("", "Kubernetes: each PS pod's limits (empty: its requests).")
-    master_pod_priority: str = _flag(
-        "", "Kubernetes: the master pod's PriorityClass (high, low or a class name; empty: the default)."
-    )
-    ps_pod_priority: str = _flag(
-        "", "Kubernetes: the PS pods' PriorityClass (high, low or a class name; empty: the default)."
-    )
-    volume: str = _flag(
-        "",
-        "Kubernetes: volumes for every pod: claim_name=c,mount_path=/data or "
-        "host_path=/x,mount_path=/data, several separated by ';'.",
-    )
-    envs: str = _flag("", "Kubernetes: extra environment for every pod: NAME=value,NAME2=value2.")
-    cluster_spec: str = _flag(
-        "",
-        "Kubernetes: a Python file defining with_pod(pod) and/or with_service(service), called "
-        "on every manifest (dicts) before it is created.",
-    )
-    yaml: str = _flag("", "Kubernetes: write the master's manifests to this file instead of submitting them.")
-    detach: bool = _flag(
-        False, "Kubernetes: return once the master pod is submitted instead of following it to the end."
-    )
-
-    # Job.
-    job_name: str = _flag("", "Job name (default: elasticdl-<model>-<time>).")
-    log_level: str = _flag("INFO", "DEBUG, INFO, WARNING or ERROR.")
-    log_dir: str = _flag("", "Where role logs go (default: runs/<job_name>/logs).")
-
-    # ---------------------------------------------------------------- helpers
-
-    @property
-    def effective_records_per_task(self) -> int:
-        return self.records_per_task or self.minibatch_size * self.num_minibatches_per_task
-
-    @property
-    def model_params_dict(self) -> dict[str, Any]:
-        return parse_kv_params(self.model_params, "--model_params")
-
-    @property
-    def data_reader_params_dict(self) -> dict[str, Any]:
-        return parse_kv_params(self.data_reader_params, "--data_reader_params")
-
-    @property
-    def run_dir(self) -> str:
-        return os.path.join("runs", self.job_name)
-
-    @property
-    def effective_log_dir(self) -> str:
-        return self.log_dir or os.path.join(self.run_dir, "logs")
-
-    def with_defaults(self) -> JobConfig:
-        """Fill the defaults that depend on other fields."""
-        cfg = dataclasses.replace(self)
-        cfg.log_level = cfg.log_level.upper()
-        if not cfg.job_name:
-            model = cfg.model_def.rsplit(".", 2)[0].replace(".", "-").replace("_", "-") or "job"
-            cfg.job_name = f"elasticdl-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
-        if not cfg.prediction_outputs:
-            cfg.prediction_outputs = os.path.join(cfg.run_dir, "predictions")
-        return cfg
+    def replace(self, **flags: Any) -> JobConfig:
+        """A copy with some flags changed (by flag name, as ``from_flags`` takes them)."""
+        config = copy.deepcopy(self)
+        for name, raw in _known(flags).items():
+            setattr(getattr(config, FLAGS[name].section), name, FLAGS[name].value(raw))
+        return config
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        """The flags by section, as on the command line (what the roles' processes read)."""
+        flags = self.to_flags()
+        return json.dumps(
+            {section: {name: flags[name] for name, f in FLAGS.items() if f.section == section}
+             for section in SECTIONS},
+            indent=2,
+        )
 
     @classmethod
     def from_json(cls, text: str) -> JobConfig:
-        return cls(**json.loads(text))
+        flags: dict[str, Any] = {}
+        for section, values in json.loads(text).items():
+            if section not in SECTIONS:
+                raise ConfigError(f"the job config has an unknown section {section!r} ({', '.join(SECTIONS)})")
+            for name, value in values.items():
+                if name in FLAGS and FLAGS[name].section != section:
+                    raise ConfigError(f"the job config has {name} in {section!r}; it belongs to {FLAGS[name].section!r}")
+                flags[name] = value
+        return cls.from_flags(**flags)
+
+    # ---------------------------------------------------------------- derived values
+
+    @property
+    def effective_records_per_task(self) -> int:
+        return self.data.records_per_task or self.training.minibatch_size * self.data.num_minibatches_per_task
+
+    def with_defaults(self) -> JobConfig:
+        """Fill the defaults that depend on other fields."""
+        cfg = copy.deepcopy(self)
+        cfg.job.log_level = cfg.job.log_level.upper()
+        if not cfg.job.job_name:
+            model = cfg.training.model_def.rsplit(".", 2)[0].replace(".", "-").replace("_", "-") or "job"
+            cfg.job.job_name = f"elasticdl-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
+        if not cfg.outputs.prediction_outputs:
+            cfg.outputs.prediction_outputs = os.path.join(cfg.job.run_dir, "predictions")
+        return cfg
+
+    # ---------------------------------------------------------------- validation
 
     def validate(self, command: str = "train", check_paths: bool = True) -> None:
         """Raise ConfigError for flags that cannot work, before anything starts.
 
-        ``check_paths=False``: a Kubernetes client, where paths name files in the pods.
+        Structured flags were parsed when the config was built. ``check_paths=False``: a
+        Kubernetes client, where paths name files in the pods.
         """
+        training, data, checkpoints = self.training, self.data, self.checkpoints
         if command not in COMMANDS:
             raise ConfigError(f"Unknown command {command!r}; use one of {', '.join(COMMANDS)}.")
-        if not self.model_zoo:
+        if not training.model_zoo:
             raise ConfigError("--model_zoo is required: the directory holding your model-zoo packages.")
-        if check_paths and not os.path.isdir(self.model_zoo):
-            raise ConfigError(f"--model_zoo {self.model_zoo!r} is not a directory.")
-        if not self.model_def or "." not in self.model_def:
+        if check_paths and not os.path.isdir(training.model_zoo):
+            raise ConfigError(f"--model_zoo {training.model_zoo!r} is not a directory.")
+        if not training.model_def or "." not in training.model_def:
             raise ConfigError(
                 f"--model_def must be pkg.module.name under --model_zoo "
-                f"(e.g. digits.digits_functional.custom_model). Received: {self.model_def!r}"
+                f"(e.g. digits.digits_functional.custom_model). Received: {training.model_def!r}"
             )
-        if command == "train" and not self.training_data:
+        if command == "train" and not data.training_data:
             raise ConfigError("--training_data is required for `elasticdl train`.")
-        if command == "evaluate" and not self.validation_data:
+        if command == "evaluate" and not data.validation_data:
             raise ConfigError("--validation_data is required for `elasticdl evaluate`.")
-        if command == "predict" and not self.prediction_data:
+        if command == "predict" and not data.prediction_data:
             raise ConfigError("--prediction_data is required for `elasticdl predict`.")
-        if command in ("evaluate", "predict") and not self.checkpoint_dir_for_init:
+        if command in ("evaluate", "predict") and not checkpoints.checkpoint_dir_for_init:
             raise ConfigError(
                 f"--checkpoint_dir_for_init is required for `elasticdl {command}`: the model to "
                 f"{command} (a checkpoint written by `elasticdl train --checkpoint_dir`)."
             )
         for name in ("evaluation_steps", "evaluation_start_delay_secs", "evaluation_throttle_secs"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"--{name} must be 0 or more. Received: {name}={getattr(self, name)}")
-        if self.evaluation_steps and not self.validation_data:
+            if self.flag_value(name) < 0:
+                raise ConfigError(f"--{name} must be 0 or more. Received: {name}={self.flag_value(name)}")
+        if self.evaluation.evaluation_steps and not data.validation_data:
             raise ConfigError("--evaluation_steps needs --validation_data: what should be evaluated?")
         for name in ("minibatch_size", "num_epochs", "num_workers", "num_ps", "grads_to_wait",
                      "num_minibatches_per_task"):
-            value = getattr(self, name)
+            value = self.flag_value(name)
             if value < 1:
                 raise ConfigError(f"--{name} must be at least 1. Received: {name}={value}")
         for name in ("records_per_task", "checkpoint_steps", "keep_checkpoint_max",
                      "max_task_retries", "num_threads_per_process", "relaunch_on_worker_failure"):
-            value = getattr(self, name)
+            value = self.flag_value(name)
             if value < 0:
                 raise ConfigError(f"--{name} must be 0 or more. Received: {name}={value}")
-        if self.task_timeout <= 0:
-            raise ConfigError(f"--task_timeout must be positive. Received: {self.task_timeout}")
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}. Received: {self.backend!r}")
-        if self.backend == "kubernetes":
+        if self.elasticity.task_timeout <= 0:
+            raise ConfigError(f"--task_timeout must be positive. Received: {self.elasticity.task_timeout}")
+        if self.job.backend not in BACKENDS:
+            raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}. Received: {self.job.backend!r}")
+        if self.job.backend == "kubernetes":
             from elasticdl.config.kubernetes import OptionError, validate_kubernetes_flags
 
             try:
                 validate_kubernetes_flags(self)
             except OptionError as err:
                 raise ConfigError(str(err)) from None
-        if self.log_level.upper() not in LOG_LEVELS:
-            raise ConfigError(f"--log_level must be one of {', '.join(LOG_LEVELS)}. Received: {self.log_level!r}")
-        self._validate_consistency()
-        from elasticdl.config.priority import parse_priority_spec
-
-        try:
-            parse_priority_spec(self.worker_pod_priority)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-        if self.checkpoint_steps and not self.checkpoint_dir:
+        if self.job.log_level.upper() not in LOG_LEVELS:
+            raise ConfigError(
+                f"--log_level must be one of {', '.join(LOG_LEVELS)}. Received: {self.job.log_level!r}"
+            )
+        self.consistency.validate()
+        if checkpoints.checkpoint_steps and not checkpoints.checkpoint_dir:
             raise ConfigError("--checkpoint_steps needs --checkpoint_dir: where should checkpoints go?")
-        if check_paths and self.checkpoint_dir_for_init and not os.path.exists(self.checkpoint_dir_for_init):
-            raise ConfigError(f"--checkpoint_dir_for_init {self.checkpoint_dir_for_init!r} does not exist.")
+        init = checkpoints.checkpoint_dir_for_init
+        if check_paths and init and not os.path.exists(init):
+            raise ConfigError(f"--checkpoint_dir_for_init {init!r} does not exist.")
         if check_paths:
             self._validate_checkpoint_dir(command)
-        # Parse now so a malformed string fails here, not in a worker.
-        self.model_params_dict  # noqa: B018
-        self.data_reader_params_dict  # noqa: B018
 
     def _validate_checkpoint_dir(self, command: str) -> None:
         """A fresh job must not mix its versions with an old job's: they would collide and be pruned."""
-        if command != "train" or not self.checkpoint_dir or not os.path.isdir(self.checkpoint_dir):
+        directory, init = self.checkpoints.checkpoint_dir, self.checkpoints.checkpoint_dir_for_init
+        if command != "train" or not directory or not os.path.isdir(directory):
             return
-        old = [e for e in os.listdir(self.checkpoint_dir) if e.startswith("version-")]
-        same_dir = self.checkpoint_dir_for_init and os.path.abspath(self.checkpoint_dir_for_init).startswith(
-            os.path.abspath(self.checkpoint_dir)
-        )
-        if old and not same_dir and not self.etcd_endpoints:  # with etcd, a restarted master resumes
+        old = [e for e in os.listdir(directory) if e.startswith("version-")]
+        same_dir = init and os.path.abspath(init).startswith(os.path.abspath(directory))
+        if old and not same_dir and not self.elasticity.etcd_endpoints:  # with etcd, a restarted master resumes
             raise ConfigError(
-                f"--checkpoint_dir {self.checkpoint_dir!r} already holds checkpoints ({len(old)} versions). "
-                f"Pass --checkpoint_dir_for_init {self.checkpoint_dir} to continue from the latest, "
+                f"--checkpoint_dir {directory!r} already holds checkpoints ({len(old)} versions). "
+                f"Pass --checkpoint_dir_for_init {directory} to continue from the latest, "
                 "or choose an empty directory."
             )
 
-    def _validate_consistency(self) -> None:
-        for name in ("staleness_bound", "sync_version_tolerance"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"--{name} must be 0 or more. Received: {name}={getattr(self, name)}")
-        if self.get_model_steps < 1:
-            raise ConfigError(f"--get_model_steps must be at least 1. Received: {self.get_model_steps}")
-        if self.use_async:
-            conflicts = [
-                f"--grads_to_wait={self.grads_to_wait}" if self.grads_to_wait != 1 else "",
-                f"--sync_version_tolerance={self.sync_version_tolerance}" if self.sync_version_tolerance else "",
-            ]
-            conflicts = [c for c in conflicts if c]
-            if conflicts:
+
+# ---------------------------------------------------------------- the flags of the sections
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One flag: the field ``name`` of section ``section`` (an attribute of JobConfig)."""
+
+    name: str
+    section: str
+    kind: type  # on the command line: str, int, float or bool
+    default: Any  # as on the command line (a structured flag's text)
+    help: str
+    commands: tuple[str, ...]
+    aliases: tuple[str, ...]
+    parse: Callable[[str], Any] | None = None  # structured flags: text -> typed value
+    render: Callable[[Any], str] | None = None  # and back
+
+    @property
+    def option(self) -> str:
+        return f"--{self.name}"
+
+    def value(self, raw: Any) -> Any:
+        """The section's value for what a user passed (a structured flag's text is parsed)."""
+        if self.parse is None:
+            return raw
+        if not isinstance(raw, str):  # the typed value itself: checked by writing it as text
+            try:
+                raw = self.render(raw)
+            except (TypeError, AttributeError, ValueError):
                 raise ConfigError(
-                    f"{' and '.join(conflicts)} only apply to sync training, but --use_async is set: "
-                    "drop them or drop --use_async."
-                )
-            return
-        conflicts = [
-            f"--staleness_bound={self.staleness_bound}" if self.staleness_bound else "",
-            f"--get_model_steps={self.get_model_steps}" if self.get_model_steps != 1 else "",
-        ]
-        conflicts = [c for c in conflicts if c]
-        if conflicts:
-            raise ConfigError(
-                f"{' and '.join(conflicts)} only apply to async training: add --use_async "
-                "(stale-synchronous parallel is --use_async with --staleness_bound)."
+                    f"{self.option} takes text like {self.default!r} (or what it stands for). Received: {raw!r}"
+                ) from None
+        return self.parse(raw)
+
+    def text(self, value: Any) -> Any:
+        """The value as the command line would give it."""
+        return self.render(value) if self.render is not None else value
+
+
+def _section_flags() -> tuple[dict[str, type], dict[str, Flag]]:
+    sections = typing.get_type_hints(JobConfig)
+    flags: dict[str, Flag] = {}
+    for section, cls in sections.items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name in flags:
+                raise TypeError(f"--{f.name} is in two sections: {flags[f.name].section} and {section}")
+            meta = f.metadata
+            structured = "parse" in meta
+            flags[f.name] = Flag(
+                name=f.name, section=section, kind=str if structured else hints[f.name],
+                default=meta["text"] if structured else f.default, help=meta["help"],
+                commands=meta["commands"], aliases=meta["aliases"],
+                parse=meta.get("parse"), render=meta.get("render"),
             )
-        if self.lr_staleness_modulation and not self.sync_version_tolerance:
-            raise ConfigError(
-                "--lr_staleness_modulation has no effect in strict sync training (every applied "
-                "gradient has staleness 0): add --use_async or --sync_version_tolerance."
-            )
-
-    @property
-    def consistency_description(self) -> str:
-        if not self.use_async:
-            tolerance = f", version tolerance {self.sync_version_tolerance}" if self.sync_version_tolerance else ""
-            return f"sync SGD, grads_to_wait={self.grads_to_wait}{tolerance}"
-        if self.staleness_bound:
-            return f"stale-synchronous parallel, staleness bound {self.staleness_bound}"
-        return "async SGD" + (f", pull every {self.get_model_steps} steps" if self.get_model_steps > 1 else "")
-
-    @property
-    def logging_level(self) -> int:
-        return getattr(logging, self.log_level.upper())
+    return sections, flags
 
 
-def parse_kv_params(text: str, flag: str) -> dict[str, Any]:
-    """Parse ``"a=1;b=2.5;c='x';d=True"`` into keyword arguments (Python literals, else strings)."""
-    import ast
+# Section attribute -> section class, in the order of --help; flag name -> Flag, by section.
+SECTIONS, FLAGS = _section_flags()
 
-    params: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in text.split(";"))):
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep or not key.isidentifier():
-            raise ConfigError(
-                f"{flag} must look like \"a=1;b=2.5;c='x'\". Cannot parse {item!r} in {text!r}."
-            )
-        raw = raw.strip()
-        try:
-            params[key] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError, TypeError):  # TypeError: e.g. {[]: 1}, an unhashable key
-            params[key] = raw  # a bare word such as relu
-    return params
+
+def _known(flags: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(flags) - set(FLAGS))
+    if unknown:
+        raise ConfigError(
+            f"unknown option(s) {', '.join(unknown)}; see `elasticdl train --help` for the list."
+        )
+    return flags

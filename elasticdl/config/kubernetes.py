@@ -1,7 +1,8 @@
 """The Kubernetes flags as typed values: resources, volumes, envs, priorities, names.
 
-Pure functions (no Kubernetes client): ``validate_kubernetes_flags`` runs in
-``JobConfig.validate`` so a string that does not parse fails at submit time.
+Pure functions (no Kubernetes client): the parsers run when a JobConfig is built from flags
+(elasticdl/config/sections.py), ``validate_kubernetes_flags`` in ``JobConfig.validate``, so a
+string that does not parse fails at submit time.
 """
 
 from __future__ import annotations
@@ -120,31 +121,27 @@ MAX_PREFIX = 63 - len("-master")
 
 
 def validate_kubernetes_flags(config: JobConfig) -> None:
-    """Raise OptionError for Kubernetes flags that cannot work."""
-    if not config.image_name:
+    """Raise OptionError for Kubernetes flags that cannot work (resources, volumes and envs
+    were parsed when the config was built)."""
+    k8s, job_name = config.kubernetes, config.job.job_name
+    if not k8s.image_name:
         raise OptionError(
             "--backend kubernetes needs --image_name: the image every pod runs "
             "(build it with `elasticdl zoo build`, see docs/kubernetes.md)"
         )
-    prefix = name_prefix(config.job_name)
-    if not _DNS_LABEL.match(config.job_name) or len(prefix) > MAX_PREFIX:
+    prefix = name_prefix(job_name)
+    if not _DNS_LABEL.match(job_name) or len(prefix) > MAX_PREFIX:
         raise OptionError(
-            f"--job_name {config.job_name!r} cannot name Kubernetes pods and services: use lower-case "
+            f"--job_name {job_name!r} cannot name Kubernetes pods and services: use lower-case "
             f"letters, digits and '-', starting with a letter, at most {MAX_PREFIX} characters with the "
             "elasticdl- prefix"
         )
-    if not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", config.namespace) or len(config.namespace) > 63:
-        raise OptionError(f"--namespace {config.namespace!r} is not a valid namespace name")
-    if config.image_pull_policy not in IMAGE_PULL_POLICIES:
+    if not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", k8s.namespace) or len(k8s.namespace) > 63:
+        raise OptionError(f"--namespace {k8s.namespace!r} is not a valid namespace name")
+    if k8s.image_pull_policy not in IMAGE_PULL_POLICIES:
         raise OptionError(
             f"--image_pull_policy must be one of {', '.join(IMAGE_PULL_POLICIES)}. "
-            f"Received: {config.image_pull_policy!r}"
+            f"Received: {k8s.image_pull_policy!r}"
         )
-    for role in ("master", "worker", "ps"):
-        for kind in ("request", "limit"):
-            flag = f"{role}_resource_{kind}"
-            parse_resources(getattr(config, flag), f"--{flag}")
-    parse_volumes(config.volume)
-    parse_envs(config.envs)
-    if config.cluster_spec and not config.cluster_spec.endswith(".py"):
-        raise OptionError(f"--cluster_spec must be a Python file (.py). Received: {config.cluster_spec!r}")
+    if k8s.cluster_spec and not k8s.cluster_spec.endswith(".py"):
+        raise OptionError(f"--cluster_spec must be a Python file (.py). Received: {k8s.cluster_spec!r}")

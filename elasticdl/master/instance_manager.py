@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from elasticdl.config.priority import high_count, parse_priority_spec
+from elasticdl.config.priority import high_count
 
 
 class Priority(enum.StrEnum):
@@ -55,8 +55,8 @@ Decision = Launch | Stop | GiveUp
 
 
 class InstanceManager:
-    def __init__(self, desired: int, priority_spec: str = "high", relaunch_limit: int = 3):
-        self.fraction = parse_priority_spec(priority_spec)
+    def __init__(self, desired: int, high_fraction: float = 1.0, relaunch_limit: int = 3):
+        self.fraction = high_fraction  # --worker_pod_priority: the share of high-priority workers
         self.relaunch_limit = relaunch_limit
         self.desired = 0
         self._slots: dict[int, Slot] = {}  # by process index

@@ -65,25 +65,28 @@ class Job:
         self.checked = checked
         self.config = cfg = checked.config
         self.command = command
-        self.backend = backend or LocalBackend(cfg.effective_log_dir, echo=cfg.log_level.upper() == "DEBUG")
+        self.backend = backend or LocalBackend(cfg.job.effective_log_dir, echo=cfg.job.log_level.upper() == "DEBUG")
         self.poll_seconds = poll_seconds
-        self.has_header = bool(cfg.data_reader_params_dict.get("has_header", False))
+        self.has_header = cfg.data.has_header
 
         self.main_tasks: TaskManager | None = None
         if command in ("train", "predict"):
             self.main_tasks = TaskManager(
                 make_shards(checked.files, cfg.effective_records_per_task),
-                num_epochs=cfg.num_epochs if command == "train" else 1,
-                task_timeout=cfg.task_timeout,
-                max_task_retries=cfg.max_task_retries,
-                seed=cfg.shuffle_seed,
+                num_epochs=cfg.training.num_epochs if command == "train" else 1,
+                task_timeout=cfg.elasticity.task_timeout,
+                max_task_retries=cfg.elasticity.max_task_retries,
+                seed=cfg.data.shuffle_seed,
                 task_type=TaskType.TRAINING if command == "train" else TaskType.PREDICTION,
                 shuffle=command == "train",
             )
         records = sum(n for _, n in checked.files)
-        self.progress = TrainingProgress(records, cfg.num_epochs if command == "train" else 1)
+        self.progress = TrainingProgress(records, cfg.training.num_epochs if command == "train" else 1)
         self.clocks = WorkerClocks()
-        self.instances = InstanceManager(cfg.num_workers, cfg.worker_pod_priority, cfg.relaunch_on_worker_failure)
+        elasticity = cfg.elasticity
+        self.instances = InstanceManager(
+            elasticity.num_workers, elasticity.worker_pod_priority, elasticity.relaunch_on_worker_failure
+        )
         self.dispatcher = TaskDispatcher(self.main_tasks, None)
         self.evaluation: EvaluationService | None = None
         self.controller: c.Controller | None = None
@@ -128,7 +131,7 @@ class Job:
         if num_workers < 0:
             raise ValueError(f"--num_workers must be 0 or more. Received: {num_workers}")
         self._events.put(c.ScaleRequested(num_workers))
-        return f"scaling job {self.config.job_name} to {num_workers} workers"
+        return f"scaling job {self.config.job.job_name} to {num_workers} workers"
 
     def _store_lost(self, why: str) -> None:
         """From a store thread: stop handing out tasks now, then let the loop fail the job."""
@@ -140,19 +143,19 @@ class Job:
     def run(self) -> JobReport:
         cfg = self.config
         started = time.monotonic()
-        os.makedirs(cfg.effective_log_dir, exist_ok=True)
-        master_log = master_log_handler(os.path.join(cfg.effective_log_dir, "master.log"))
+        os.makedirs(cfg.job.effective_log_dir, exist_ok=True)
+        master_log = master_log_handler(os.path.join(cfg.job.effective_log_dir, "master.log"))
         logging.getLogger().addHandler(master_log)
         report = JobReport(
-            cfg.job_name,
+            cfg.job.job_name,
             command=self.command,
-            log_dir=cfg.effective_log_dir,
-            consistency=cfg.consistency_description if self.command == "train" else "",
-            tensorboard_log_dir=cfg.tensorboard_log_dir,
+            log_dir=cfg.job.effective_log_dir,
+            consistency=cfg.consistency.description if self.command == "train" else "",
+            tensorboard_log_dir=cfg.outputs.tensorboard_log_dir,
         )
         succeeded = False
         try:
-            if self.state.open(self.main_tasks) and cfg.checkpoint_dir:
+            if self.state.open(self.main_tasks) and cfg.checkpoints.checkpoint_dir:
                 self._restore_latest_checkpoint()
             self._start()
             self._loop()
@@ -177,34 +180,34 @@ class Job:
         report.add_tasks(self.main_tasks, self.progress)
         report.stopped_early = self.controller.stop_reason
         report.add_instances(self.instances, self.controller.ps_relaunches)
-        report.state_store = "etcd" if cfg.etcd_endpoints else "memory"
+        report.state_store = "etcd" if cfg.elasticity.etcd_endpoints else "memory"
         report.resumed = self.state.resumed
         if self.state.in_etcd:
             report.add_outages(self.state.outages)
         report.add_evaluations(self.evaluation)
-        report.report_file = os.path.abspath(os.path.join(cfg.run_dir, "report.json"))
+        report.report_file = os.path.abspath(os.path.join(cfg.job.run_dir, "report.json"))
         with open(report.report_file, "w") as f:
             f.write(report.to_json())
         return report
 
     def _restore_latest_checkpoint(self) -> None:
         """A resumed job: the PS come back from the latest checkpoint (updates since then are lost)."""
-        import dataclasses
-
         from elasticdl.model import checkpoint
-        if checkpoint.complete_versions(self.config.checkpoint_dir):
-            self.config = dataclasses.replace(self.config, checkpoint_dir_for_init=self.config.checkpoint_dir)
-            logger.info("the parameter servers restore the latest checkpoint in %s", self.config.checkpoint_dir)
+
+        directory = self.config.checkpoints.checkpoint_dir
+        if checkpoint.complete_versions(directory):
+            self.config = self.config.replace(checkpoint_dir_for_init=directory)
+            logger.info("the parameter servers restore the latest checkpoint in %s", directory)
 
     # ------------------------------------------------------------ set-up
 
     def _start(self) -> None:
         cfg = self.config
-        os.makedirs(cfg.run_dir, exist_ok=True)
-        config_file = os.path.join(cfg.run_dir, "job_config.json")
+        os.makedirs(cfg.job.run_dir, exist_ok=True)
+        config_file = os.path.join(cfg.job.run_dir, "job_config.json")
         with open(config_file, "w") as f:
             f.write(cfg.to_json())
-        optimizer_file = os.path.join(cfg.run_dir, "optimizer.json")
+        optimizer_file = os.path.join(cfg.job.run_dir, "optimizer.json")
         with open(optimizer_file, "w") as f:
             json.dump(self.checked.optimizer_spec.to_json_dict(), f)
 
@@ -214,37 +217,40 @@ class Job:
         elasticdl_pb2_grpc.add_MasterServicer_to_server(servicer, self._server)
         self.master_address = self.backend.bind_master(self._server)
         self._server.start()
-        with open(os.path.join(cfg.run_dir, "master.addr"), "w") as f:
+        with open(os.path.join(cfg.job.run_dir, "master.addr"), "w") as f:
             f.write(self.master_address)  # `elasticdl scale --job_name` finds the master here
         self.state.publish_master(self.master_address)
-        logger.info("master serving on %s; logs in %s", self.master_address, cfg.effective_log_dir)
+        logger.info("master serving on %s; logs in %s", self.master_address, cfg.job.effective_log_dir)
 
-        for ps_id in range(cfg.num_ps):
+        for ps_id in range(cfg.elasticity.num_ps):
             self._ps_args[ps_id] = ["--job_config", config_file, "--optimizer_spec", optimizer_file,
                                     "--ps_id", str(ps_id)]
             self.backend.start("ps", ps_id, self._ps_args[ps_id])
         self.ps_addresses = self._wait_for_ps()
         logger.info(
             "parameter servers at %s%s", ", ".join(self.ps_addresses),
-            f" ({cfg.consistency_description})" if self.command == "train" else "",
+            f" ({cfg.consistency.description})" if self.command == "train" else "",
         )
         from elasticdl.model.trainer import Trainer
         from elasticdl.rpc.ps_client import PSClient
 
         self._ps = PSClient(self.ps_addresses)
-        self._trainer = Trainer(self.checked.spec, cfg.model_params_dict, cfg.embedding_swap_threshold_mb)
+        self._trainer = Trainer(
+            self.checked.spec, cfg.training.model_params, cfg.training.embedding_swap_threshold_mb
+        )
         self._trainer.ensure_built(self.checked.sample_features)
         self._model = self._trainer.model
         self._model.stop_training = False  # Keras callbacks set it to end training
         self._start_evaluation_service()
-        if cfg.tensorboard_log_dir:
+        if cfg.outputs.tensorboard_log_dir:
             from elasticdl.master.tensorboard import TensorBoardWriter
 
-            self.tensorboard = TensorBoardWriter(cfg.tensorboard_log_dir)
-            logger.info("TensorBoard: tensorboard --logdir %s", cfg.tensorboard_log_dir)
+            self.tensorboard = TensorBoardWriter(cfg.outputs.tensorboard_log_dir)
+            logger.info("TensorBoard: tensorboard --logdir %s", cfg.outputs.tensorboard_log_dir)
         self.controller = c.Controller(
             self.command, self.dispatcher, self.instances, self.clocks,
-            sync_mode=not cfg.use_async, evaluation_steps=cfg.evaluation_steps, keeps_ledger=self.state.keeps_ledger,
+            sync_mode=not cfg.consistency.use_async, evaluation_steps=cfg.evaluation.evaluation_steps,
+            keeps_ledger=self.state.keeps_ledger,
         )
         if self.command == "train":
             from elasticdl.callbacks import CallbackList
@@ -257,36 +263,36 @@ class Job:
             from elasticdl.model.prediction import PARTS
 
             # Parts left by an earlier run must never be joined into this one's output.
-            shutil.rmtree(os.path.join(cfg.prediction_outputs, PARTS), ignore_errors=True)
+            shutil.rmtree(os.path.join(cfg.outputs.prediction_outputs, PARTS), ignore_errors=True)
         self._worker_args = ["--job_config", config_file, "--command", self.command,
                              "--master_addr", self.master_address, "--ps_addrs", ",".join(self.ps_addresses)]
         for decision in self.controller.start():
             self._carry_out(decision)
-        logger.info("started %d workers", cfg.num_workers)
+        logger.info("started %d workers", cfg.elasticity.num_workers)
 
     def _start_evaluation_service(self) -> None:
         cfg = self.config
-        if self.command not in ("train", "evaluate") or not cfg.validation_data:
+        if self.command not in ("train", "evaluate") or not cfg.data.validation_data:
             return
         if not check_eval_metrics(self.checked.spec):
             return
-        files = [(p, count_records(p, self.has_header)) for p in resolve_data_files(cfg.validation_data)]
+        files = [(p, count_records(p, self.has_header)) for p in resolve_data_files(cfg.data.validation_data)]
         self.evaluation = EvaluationService(
             make_shards(files, cfg.effective_records_per_task),
             metrics_fn=self.checked.spec.eval_metrics_fn,
             snapshot=self._take_snapshot,
-            evaluation_steps=cfg.evaluation_steps,
-            start_delay_secs=cfg.evaluation_start_delay_secs,
-            throttle_secs=cfg.evaluation_throttle_secs,
-            max_task_retries=cfg.max_task_retries,
-            task_timeout=cfg.task_timeout,
+            evaluation_steps=cfg.evaluation.evaluation_steps,
+            start_delay_secs=cfg.evaluation.evaluation_start_delay_secs,
+            throttle_secs=cfg.evaluation.evaluation_throttle_secs,
+            max_task_retries=cfg.elasticity.max_task_retries,
+            task_timeout=cfg.elasticity.task_timeout,
         )
         self.dispatcher.evaluation = self.evaluation
 
     def _wait_for_ps(self) -> list[str]:
         """The backend knows where its PS serve (local: ready files; Kubernetes: their services)."""
         try:
-            return self.backend.ps_addresses(self.config.num_ps, PS_START_TIMEOUT)
+            return self.backend.ps_addresses(self.config.elasticity.num_ps, PS_START_TIMEOUT)
         except RoleExitedError as err:
             raise JobFailedError(c.describe_exit(err.exit, "failed to start")) from None
         except TimeoutError as err:
@@ -401,8 +407,8 @@ class Job:
         port = self.ps_addresses[exit_.index].rsplit(":", 1)[1]
         args += ["--port", port]
         restore = ""
-        if cfg.checkpoint_dir and checkpoint.complete_versions(cfg.checkpoint_dir):
-            restore = cfg.checkpoint_dir
+        if cfg.checkpoints.checkpoint_dir and checkpoint.complete_versions(cfg.checkpoints.checkpoint_dir):
+            restore = cfg.checkpoints.checkpoint_dir
             args += ["--restore_from", restore]
         logger.error(
             "%s; relaunching it on port %s %s", c.describe_exit(exit_, "died"), port,
@@ -481,7 +487,7 @@ class Job:
             logger.info("epoch %d consistency: %s", epoch + 1, since.describe())
             self._telemetry_mark = total
         else:
-            logger.info("job consistency (%s): %s", self.config.consistency_description, total.describe())
+            logger.info("job consistency (%s): %s", self.config.consistency.description, total.describe())
         return total.to_dict()
 
     def _render(self, final: bool = False) -> None:
@@ -497,17 +503,17 @@ class Job:
         cfg = self.config
         report.model_version = max(self._sync_model(), self.model_version)
         if self.command == "train":
-            if cfg.checkpoint_dir:
+            if cfg.checkpoints.checkpoint_dir:
                 report.checkpoint = self._ps.save_checkpoint()[0]
                 logger.info("final checkpoint: %s", report.checkpoint)
             self.callbacks.on_train_end({"model_version": report.model_version})
-            if cfg.output:
-                report.saved_model = export_saved_model(self._serving_model(), cfg.output)
+            if cfg.outputs.output:
+                report.saved_model = export_saved_model(self._serving_model(), cfg.outputs.output)
         if self.command == "predict" and self.checked.spec.prediction_outputs_processor is None:
             from elasticdl.model.prediction import join_parts
 
             shards = make_shards(self.checked.files, cfg.effective_records_per_task)
-            report.predictions = join_parts(cfg.prediction_outputs, shards)
+            report.predictions = join_parts(cfg.outputs.prediction_outputs, shards)
             logger.info("predictions: %s", report.predictions)
         if self.evaluation is not None and self.evaluation.results:
             last = self.evaluation.results[-1]

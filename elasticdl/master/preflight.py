@@ -32,12 +32,12 @@ class CheckedJob:
 
 def check_job(config: JobConfig, command: str = "train") -> CheckedJob:
     config.validate(command)
-    spec = load_model_spec(config.model_zoo, config.model_def)
+    spec = load_model_spec(config.training.model_zoo, config.training.model_def)
     optimizer_spec = _check_optimizer(spec)
     metrics = check_eval_metrics(spec)
-    has_header = bool(config.data_reader_params_dict.get("has_header", False))
-    data = {"train": config.training_data, "evaluate": config.validation_data,
-            "predict": config.prediction_data}[command]
+    has_header = config.data.has_header
+    data = {"train": config.data.training_data, "evaluate": config.data.validation_data,
+            "predict": config.data.prediction_data}[command]
     if command == "evaluate" and not metrics:
         raise ModelSpecError(
             f"{spec.module_path}: `elasticdl evaluate` needs eval_metrics_fn() -> {{name: metric}}."
@@ -45,8 +45,8 @@ def check_job(config: JobConfig, command: str = "train") -> CheckedJob:
     files = [(path, count_records(path, has_header)) for path in resolve_data_files(data)]
     if sum(n for _, n in files) == 0:
         raise ModelSpecError(f"the data in {data!r} holds no records")
-    if config.validation_data and command == "train":
-        resolve_data_files(config.validation_data)  # fail now on a typo, not after training
+    if config.data.validation_data and command == "train":
+        resolve_data_files(config.data.validation_data)  # fail now on a typo, not after training
         if not metrics:
             logger.warning(
                 "--validation_data is set but %s defines no eval_metrics_fn(): no metrics will be "
@@ -54,7 +54,7 @@ def check_job(config: JobConfig, command: str = "train") -> CheckedJob:
             )
     if command == "train":
         _check_callbacks(spec)
-    if config.tensorboard_log_dir:
+    if config.outputs.tensorboard_log_dir:
         try:
             import tensorboard  # noqa: F401  (tf.summary needs it; TensorFlow does not bring it)
         except ImportError:
@@ -102,7 +102,7 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> An
     from elasticdl.model.trainer import Trainer, make_dataset
 
     path = next(p for p, n in files if n > 0)
-    n = min(config.minibatch_size, dict(files)[path])
+    n = min(config.training.minibatch_size, dict(files)[path])
     records = list(itertools.islice(read_records(path, 0, n, has_header), n))
     dataset = make_dataset(spec, records, mode, DatasetMetadata(record_format(path)), n)
     try:
@@ -117,7 +117,7 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> An
         ) from err
     if mode == Mode.PREDICTION:
         features = batch[0] if isinstance(batch, tuple) and len(batch) == 2 else batch
-        trainer = Trainer(spec, config.model_params_dict, config.embedding_swap_threshold_mb)
+        trainer = Trainer(spec, config.training.model_params, config.training.embedding_swap_threshold_mb)
         trainer.ensure_built(features)
         return features
     if not isinstance(batch, tuple) or len(batch) != 2:
@@ -126,7 +126,7 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> An
             f"Received elements of type {type(batch).__name__}"
         )
     features, labels = batch
-    trainer = Trainer(spec, config.model_params_dict, config.embedding_swap_threshold_mb)
+    trainer = Trainer(spec, config.training.model_params, config.training.embedding_swap_threshold_mb)
     trainer.ensure_built(features)
     predictions = trainer.model(features, training=False)
     if metrics:

@@ -24,16 +24,16 @@ logger = logging.getLogger("elasticdl.ps")
 def settings_from_config(config: JobConfig, ps_id: int) -> PSSettings:
     return PSSettings(
         ps_id=ps_id,
-        num_ps=config.num_ps,
-        grads_to_wait=config.grads_to_wait,
-        use_async=config.use_async,
-        checkpoint_dir=config.checkpoint_dir,
-        checkpoint_steps=config.checkpoint_steps,
-        keep_checkpoint_max=config.keep_checkpoint_max,
-        checkpoint_dir_for_init=config.checkpoint_dir_for_init,
-        sync_version_tolerance=config.sync_version_tolerance,
-        lr_staleness_modulation=config.lr_staleness_modulation,
-        minibatch_size=config.minibatch_size,
+        num_ps=config.elasticity.num_ps,
+        grads_to_wait=config.consistency.grads_to_wait,
+        use_async=config.consistency.use_async,
+        checkpoint_dir=config.checkpoints.checkpoint_dir,
+        checkpoint_steps=config.checkpoints.checkpoint_steps,
+        keep_checkpoint_max=config.checkpoints.keep_checkpoint_max,
+        checkpoint_dir_for_init=config.checkpoints.checkpoint_dir_for_init,
+        sync_version_tolerance=config.consistency.sync_version_tolerance,
+        lr_staleness_modulation=config.consistency.lr_staleness_modulation,
+        minibatch_size=config.training.minibatch_size,
     )
 
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         config = JobConfig.from_json(f.read())
     with open(args.optimizer_spec) as f:
         spec = OptimizerSpec.from_json_dict(json.load(f))
-    configure_logging(config.logging_level, f"ps-{args.ps_id}")
+    configure_logging(config.job.logging_level, f"ps-{args.ps_id}")
 
     settings = settings_from_config(config, args.ps_id)
     if args.restore_from:
@@ -66,14 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     port = bind_role(server, args.port)
     server.start()
     logger.info("serving on 127.0.0.1:%d (%s, %s)", port, spec.name,
-                config.consistency_description)
+                config.consistency.description)
     registration = None
-    if config.etcd_endpoints:
+    if config.elasticity.etcd_endpoints:
         # Registered with a lease: the address disappears from etcd when this PS does.
         from elasticdl.store import EtcdStateStore, StateStoreError
 
         try:
-            registration = EtcdStateStore(config.etcd_endpoints, config.job_name).publish_address(
+            registration = EtcdStateStore(config.elasticity.etcd_endpoints, config.job.job_name).publish_address(
                 "ps", args.ps_id, f"127.0.0.1:{port}"
             )
         except StateStoreError as err:

@@ -97,10 +97,10 @@ class ConsistencyPolicy:
     @classmethod
     def from_config(cls, config, num_ps: int) -> ConsistencyPolicy:
         return cls(
-            use_async=config.use_async,
-            staleness_bound=config.staleness_bound,
-            get_model_steps=config.get_model_steps,
-            sync_version_tolerance=config.sync_version_tolerance,
+            use_async=config.consistency.use_async,
+            staleness_bound=config.consistency.staleness_bound,
+            get_model_steps=config.consistency.get_model_steps,
+            sync_version_tolerance=config.consistency.sync_version_tolerance,
             num_ps=num_ps,
         )
 

@@ -27,9 +27,11 @@ def main(argv: list[str] | None = None) -> int:
 
     with open(args.job_config) as f:
         config = JobConfig.from_json(f.read())
-    configure_logging(config.logging_level, f"worker-{args.worker_id}")
+    configure_logging(config.job.logging_level, f"worker-{args.worker_id}")
     quiet_tensorflow()
-    configure_tensorflow(config.num_threads_per_process or default_threads(config.num_workers))
+    configure_tensorflow(
+        config.training.num_threads_per_process or default_threads(config.elasticity.num_workers)
+    )
 
     # Imported after the thread limits: these pull in TensorFlow.
     from elasticdl.model.spec import load_model_spec
@@ -39,18 +41,18 @@ def main(argv: list[str] | None = None) -> int:
     from elasticdl.worker.consistency import ConsistencyPolicy
     from elasticdl.worker.worker import Worker
 
-    spec = load_model_spec(config.model_zoo, config.model_def)
+    spec = load_model_spec(config.training.model_zoo, config.training.model_def)
     ps = PSClient(args.ps_addrs.split(","))
     worker = Worker(
         worker_id=args.worker_id,
         spec=spec,
-        trainer=Trainer(spec, config.model_params_dict, config.embedding_swap_threshold_mb),
+        trainer=Trainer(spec, config.training.model_params, config.training.embedding_swap_threshold_mb),
         master=MasterClient(args.master_addr, args.worker_id),
         ps=ps,
-        minibatch_size=config.minibatch_size,
-        has_header=bool(config.data_reader_params_dict.get("has_header", False)),
+        minibatch_size=config.training.minibatch_size,
+        has_header=config.data.has_header,
         consistency=ConsistencyPolicy.from_config(config, ps.num_ps),
-        prediction_outputs=config.prediction_outputs,
+        prediction_outputs=config.outputs.prediction_outputs,
         may_initialize_ps=args.command == "train",
     )
     # Preemption is a scale-down, not a failure: finish the batch, report, leave (exit 0).

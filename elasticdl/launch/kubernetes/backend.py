@@ -69,7 +69,7 @@ class KubernetesBackend(Backend):
         self.owner = owner
         self.cluster_spec = cluster_spec or ClusterSpec()
         self.pod_ip = pod_ip or os.environ.get(manifests.POD_IP_ENV, "")
-        self.names = JobNames(config.job_name)
+        self.names = JobNames(config.job.job_name)
         self.table = PodTable(pending_warning_seconds)
         self._service_addresses: dict[int, str] = {}  # PS index -> cluster IP:port
         self._held_exits: list[ProcessExit] = []
@@ -88,11 +88,11 @@ class KubernetesBackend(Backend):
     def _priority(self, role: str, index: int, priority: str | None) -> str | None:
         if role != "worker" or priority is not None:
             return priority
-        from elasticdl.config.priority import high_count, parse_priority_spec
+        from elasticdl.config.priority import high_count
 
         # The job loop normally says; otherwise the first ceil(f*n) indices are high.
-        fraction = parse_priority_spec(self.config.worker_pod_priority)
-        return "high" if index < high_count(fraction, self.config.num_workers) else "low"
+        elasticity = self.config.elasticity
+        return "high" if index < high_count(elasticity.worker_pod_priority, elasticity.num_workers) else "low"
 
     def _create(self, body: dict, role: str, index: int) -> dict:
         body = self.cluster_spec.with_pod(body)
@@ -151,7 +151,7 @@ class KubernetesBackend(Backend):
             logger.error(
                 "%s cannot start: %s %s. Check --image_name %s (pushed? `elasticdl zoo push`), "
                 "--image_pull_policy and the cluster's access to the registry.",
-                pod_exit.name, pod_exit.reason, pod_exit.message, self.config.image_name,
+                pod_exit.name, pod_exit.reason, pod_exit.message, self.config.kubernetes.image_name,
             )
             self.client.delete_pod(pod_exit.name, 0)  # it would wait forever
         return ProcessExit(pod_exit.role, pod_exit.index, pod_exit.returncode, tail, pod_exit.reason)

@@ -83,11 +83,10 @@ class RoleSpec:
 
 
 def role_spec(config: JobConfig, role: str, priority: str | None = None) -> RoleSpec:
-    requests = options.parse_resources(getattr(config, f"{role}_resource_request"), f"--{role}_resource_request")
-    limit_text = getattr(config, f"{role}_resource_limit")
-    limits = options.parse_resources(limit_text, f"--{role}_resource_limit") if limit_text else dict(requests)
+    k8s = config.kubernetes
+    requests, limits = k8s.resources(role)
     if priority is None:
-        priority = {"master": config.master_pod_priority, "ps": config.ps_pod_priority}.get(role, "")
+        priority = {"master": k8s.master_pod_priority, "ps": k8s.ps_pod_priority}.get(role, "")
     return RoleSpec(requests, limits, options.priority_class(priority) if priority else "")
 
 
@@ -115,7 +114,7 @@ def _field_env(name: str, path: str) -> dict:
 
 
 def pod_manifest(config: JobConfig, plan: PodPlan, spec: RoleSpec) -> dict:
-    names = JobNames(config.job_name)
+    names = JobNames(config.job.job_name)
     env = [
         _field_env(POD_IP_ENV, "status.podIP"),
         _field_env(POD_NAME_ENV, "metadata.name"),
@@ -124,13 +123,13 @@ def pod_manifest(config: JobConfig, plan: PodPlan, spec: RoleSpec) -> dict:
         {"name": TOKEN_FILE_ENV, "value": f"{TOKEN_MOUNT}/{TOKEN_KEY}"},
     ]
     env += [{"name": k, "value": v} for k, v in ROLE_ENV.items()]
-    env += [{"name": k, "value": v} for k, v in options.parse_envs(config.envs).items()]
+    env += [{"name": k, "value": v} for k, v in config.kubernetes.envs.items()]
     env += [{"name": k, "value": v} for k, v in plan.env.items()]
     volumes: list[dict[str, Any]] = [
         {"name": "elasticdl-token", "secret": {"secretName": names.secret, "defaultMode": 0o400}}
     ]
     mounts: list[dict[str, Any]] = [{"name": "elasticdl-token", "mountPath": TOKEN_MOUNT, "readOnly": True}]
-    for i, volume in enumerate(options.parse_volumes(config.volume)):
+    for i, volume in enumerate(config.kubernetes.volume):
         name = f"volume-{i}"
         if volume.claim_name:
             volumes.append({"name": name, "persistentVolumeClaim": {"claimName": volume.claim_name}})
@@ -147,8 +146,8 @@ def pod_manifest(config: JobConfig, plan: PodPlan, spec: RoleSpec) -> dict:
         resources["limits"] = dict(spec.limits)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
-        "image": config.image_name,
-        "imagePullPolicy": config.image_pull_policy,
+        "image": config.kubernetes.image_name,
+        "imagePullPolicy": config.kubernetes.image_pull_policy,
         "command": list(plan.command),
         "args": list(plan.args),
         "env": env,
@@ -174,7 +173,7 @@ def pod_manifest(config: JobConfig, plan: PodPlan, spec: RoleSpec) -> dict:
         pod_spec["priorityClassName"] = spec.priority_class
     metadata: dict[str, Any] = {
         "name": names.pod(plan.role, plan.index),
-        "namespace": config.namespace,
+        "namespace": config.kubernetes.namespace,
         "labels": names.labels(plan.role, plan.index),
     }
     if plan.owner:
@@ -184,15 +183,15 @@ def pod_manifest(config: JobConfig, plan: PodPlan, spec: RoleSpec) -> dict:
 
 def service_manifest(config: JobConfig, role: str, index: int, port: int, owner: dict | None) -> dict:
     """A ClusterIP service in front of one pod: its address survives the pod's relaunch."""
-    names = JobNames(config.job_name)
+    names = JobNames(config.job.job_name)
     metadata: dict[str, Any] = {
         "name": names.service(role, index),
-        "namespace": config.namespace,
+        "namespace": config.kubernetes.namespace,
         "labels": names.labels(role, index),
     }
     if owner:
         metadata["ownerReferences"] = [owner]
-    selector = {JOB_LABEL: config.job_name, ROLE_LABEL: role, INDEX_LABEL: str(index)}
+    selector = {JOB_LABEL: config.job.job_name, ROLE_LABEL: role, INDEX_LABEL: str(index)}
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -206,10 +205,10 @@ def service_manifest(config: JobConfig, role: str, index: int, port: int, owner:
 
 
 def secret_manifest(config: JobConfig, token: str, owner: dict | None) -> dict:
-    names = JobNames(config.job_name)
+    names = JobNames(config.job.job_name)
     metadata: dict[str, Any] = {
         "name": names.secret,
-        "namespace": config.namespace,
+        "namespace": config.kubernetes.namespace,
         "labels": names.labels("master"),
     }
     if owner:

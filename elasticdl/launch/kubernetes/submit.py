@@ -51,7 +51,7 @@ class SubmittedJob:
 def build_master_objects(config: JobConfig, command: str, token: str) -> list[dict]:
     """[secret, service, pod] for the master, after the --cluster_spec hook (no owners yet)."""
     try:
-        cluster_spec = manifests.ClusterSpec.from_file(config.cluster_spec)
+        cluster_spec = manifests.ClusterSpec.from_file(config.kubernetes.cluster_spec)
         pod = cluster_spec.with_pod(manifests.master_pod_manifest(config, command, cluster_spec.source))
         service = cluster_spec.with_service(
             manifests.service_manifest(config, "master", 0, manifests.MASTER_PORT, None)
@@ -65,15 +65,15 @@ def submit(config: JobConfig, command: str, client: K8sClient | None = None) -> 
     config.validate(command, check_paths=False)  # paths name files inside the image and volumes
     secret, service, pod = build_master_objects(config, command, new_token())
     name = pod["metadata"]["name"]
-    job = SubmittedJob(config.job_name, config.namespace, name)
-    if config.yaml:
-        with open(config.yaml, "w", encoding="utf-8") as f:
+    job = SubmittedJob(config.job.job_name, config.kubernetes.namespace, name)
+    if config.kubernetes.yaml:
+        with open(config.kubernetes.yaml, "w", encoding="utf-8") as f:
             f.write(manifests.dumps_yaml([secret, service, pod]))
-        job.yaml = config.yaml
-        print(f"wrote the master's Secret, Service and Pod to {config.yaml}; submit them with "
-              f"`kubectl apply -f {config.yaml}`", file=sys.stderr)
+        job.yaml = config.kubernetes.yaml
+        print(f"wrote the master's Secret, Service and Pod to {config.kubernetes.yaml}; submit them with "
+              f"`kubectl apply -f {config.kubernetes.yaml}`", file=sys.stderr)
         return job
-    client = client or K8sClient(config.namespace)
+    client = client or K8sClient(config.kubernetes.namespace)
     created = client.create_pod(pod)
     owner = manifests.owner_reference(created)
     try:
@@ -83,15 +83,15 @@ def submit(config: JobConfig, command: str, client: K8sClient | None = None) -> 
     except K8sError:
         client.delete_pod(name, 0)  # no half-submitted job
         raise
-    print(f"submitted job {config.job_name}: pod {name} in namespace {config.namespace} "
-          f"(follow it with `kubectl logs -f {name} -n {config.namespace}`)", file=sys.stderr)
-    if config.detach:
+    print(f"submitted job {config.job.job_name}: pod {name} in namespace {config.kubernetes.namespace} "
+          f"(follow it with `kubectl logs -f {name} -n {config.kubernetes.namespace}`)", file=sys.stderr)
+    if config.kubernetes.detach:
         return job
     try:
         job.report = follow(client, name)
     except KeyboardInterrupt:
         print(f"\nstopped following; the job goes on in the cluster. Stop it with "
-              f"`kubectl delete pod {name} -n {config.namespace}`", file=sys.stderr)
+              f"`kubectl delete pod {name} -n {config.kubernetes.namespace}`", file=sys.stderr)
         raise SystemExit(130) from None
     return job
 

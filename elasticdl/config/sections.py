@@ -1,0 +1,472 @@
+"""The job's configuration in sections: one dataclass per concern, each field one flag.
+
+A field's ``metadata`` carries its command-line help, the commands that take it and its
+aliases. A *structured* flag (``"a=1;b=2"``, ``"cpu=1,memory=4096Mi"``, ``"high"`` ...) is
+typed as text on the command line and held as the value its text means (a dict, a list of
+Volume, a fraction ...); its metadata also carries how to parse the text and how to write the
+value back as text (the JSON handed to the pods). ``JobConfig`` (elasticdl/config/__init__.py)
+holds one instance of every section and is the only place that turns flat flags into sections.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from elasticdl.config import ConfigError
+from elasticdl.config.kubernetes import OptionError, Volume, parse_envs, parse_resources, parse_volumes
+from elasticdl.config.priority import parse_priority_spec
+
+COMMANDS = ("train", "evaluate", "predict")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def flag(default: Any, help: str, commands: tuple[str, ...] = COMMANDS, aliases: tuple[str, ...] = ()):
+    """A field that is a flag as it is (str, int, float or bool)."""
+    return field(default=default, metadata={"help": help, "commands": commands, "aliases": aliases})
+
+
+def structured(
+    text: str,
+    help: str,
+    parse: Callable[[str], Any],
+    render: Callable[[Any], str],
+    commands: tuple[str, ...] = COMMANDS,
+    aliases: tuple[str, ...] = (),
+):
+    """A field typed as text on the command line (default ``text``), held as ``parse(text)``.
+
+    ``parse`` raises ConfigError naming the flag; ``render(parse(t))`` parses back to the same value.
+    """
+    return field(
+        default_factory=lambda: parse(text),
+        metadata={"help": help, "commands": commands, "aliases": aliases, "text": text,
+                  "parse": parse, "render": render},
+    )
+
+
+# ---------------------------------------------------------------- parsing and writing back
+
+
+def parse_kv_params(text: str, flag: str) -> dict[str, Any]:
+    """Parse ``"a=1;b=2.5;c='x';d=True"`` into keyword arguments (Python literals, else strings)."""
+    params: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise ConfigError(
+                f"{flag} must look like \"a=1;b=2.5;c='x'\". Cannot parse {item!r} in {text!r}."
+            )
+        raw = raw.strip()
+        try:
+            params[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError, TypeError):  # TypeError: e.g. {[]: 1}, an unhashable key
+            params[key] = raw  # a bare word such as relu
+    return params
+
+
+def _literal(value: Any) -> str:
+    """Python source that ``ast.literal_eval`` reads back as ``value``: repr, but infinities as 1e999."""
+    if isinstance(value, float) and math.isinf(value):
+        return "1e999" if value > 0 else "-1e999"
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_literal, value)) + "]"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(map(_literal, value)) + ("," if len(value) == 1 else "") + ")"
+    if isinstance(value, set) and value:
+        return "{" + ", ".join(map(_literal, value)) + "}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def render_kv_params(params: dict[str, Any]) -> str:
+    """The text ``parse_kv_params`` reads back as ``params``."""
+    return ";".join(f"{key}={_literal(value)}" for key, value in params.items())
+
+
+def _kv_params(flag: str) -> Callable[[str], dict[str, Any]]:
+    return lambda text: parse_kv_params(text, flag)
+
+
+def _option(parse: Callable[[str, str], Any], flag: str) -> Callable[[str], Any]:
+    """A Kubernetes flag's parser, raising ConfigError with its message."""
+
+    def parse_flag(text: str) -> Any:
+        try:
+            return parse(text, flag)
+        except OptionError as err:
+            raise ConfigError(str(err)) from None
+
+    return parse_flag
+
+
+def _render_pairs(pairs: dict[str, str]) -> str:
+    return ",".join(f"{name}={value}" for name, value in pairs.items())
+
+
+def _render_volumes(volumes: list[Volume]) -> str:
+    specs = []
+    for v in volumes:
+        parts = [f"claim_name={v.claim_name}" if v.claim_name else f"host_path={v.host_path}",
+                 f"mount_path={v.mount_path}"]
+        parts += [f"sub_path={v.sub_path}"] if v.sub_path else []
+        parts += ["read_only=true"] if v.read_only else []
+        specs.append(",".join(parts))
+    return ";".join(specs)
+
+
+def _parse_priority(text: str) -> float:
+    try:
+        return parse_priority_spec(text)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def _render_priority(fraction: float) -> str:
+    return {1.0: "high", 0.0: "low"}.get(fraction, repr(float(fraction)))
+
+
+def _parse_endpoints(text: str) -> list[str]:
+    endpoints = [e.strip() for e in text.split(",") if e.strip()]
+    if text.strip() and not endpoints:
+        raise ConfigError(f"--etcd_endpoints names no endpoint (host:port[,host:port]). Received: {text!r}")
+    return endpoints
+
+
+# ---------------------------------------------------------------- the sections
+
+
+@dataclass
+class TrainingSection:
+    """The model and how it is trained."""
+
+    TITLE: ClassVar[str] = "Model and training"
+
+    model_zoo: str = flag("", "Directory that holds the model-zoo packages (required).")
+    model_def: str = flag(
+        "",
+        "The model function or class, as pkg.module.name under --model_zoo "
+        "(e.g. digits.digits_functional.custom_model; required).",
+    )
+    model_params: dict[str, Any] = structured(
+        "", "Keyword arguments for the model function: \"a=1;b=2.5;c='x'\".",
+        _kv_params("--model_params"), render_kv_params,
+    )
+    minibatch_size: int = flag(64, "Records per minibatch.")
+    num_epochs: int = flag(1, "Passes over the training data.", commands=("train",))
+    num_threads_per_process: int = flag(
+        0,
+        "TensorFlow intra-op threads per worker (0: the machine's cores shared "
+        "among the workers, at least 1).",
+    )
+    embedding_swap_threshold_mb: float = flag(
+        2.0,
+        "keras.layers.Embedding layers whose table (input_dim x output_dim x 4 bytes) is larger "
+        "than this many MiB become elasticdl.layers.Embedding: their rows live on the parameter "
+        "servers, sharded by id (0: every Embedding; a negative value: none).",
+    )
+
+
+@dataclass
+class DataSection:
+    """What the job reads, and how it is cut into tasks."""
+
+    TITLE: ClassVar[str] = "Data and tasks"
+
+    training_data: str = flag(
+        "",
+        "Training data: a file, a directory, a glob, or several separated by commas "
+        "(TFRecord of tf.train.Example, or .csv/.txt lines).",
+        commands=("train",),
+    )
+    validation_data: str = flag(
+        "",
+        "Validation data (same forms as --training_data), evaluated with eval_metrics_fn() "
+        "at each epoch's end, every --evaluation_steps versions, and when training ends.",
+        commands=("train", "evaluate"),
+    )
+    prediction_data: str = flag(
+        "", "Data to predict on (same forms as --training_data).", commands=("predict",)
+    )
+    data_reader_params: dict[str, Any] = structured(
+        "", "Reader options, e.g. \"has_header=True\" for CSV files with a header line.",
+        _kv_params("--data_reader_params"), render_kv_params,
+    )
+    num_minibatches_per_task: int = flag(
+        8, "Minibatches per task, when --records_per_task is not given."
+    )
+    records_per_task: int = flag(
+        0, "Records per task (0: --minibatch_size x --num_minibatches_per_task)."
+    )
+    shuffle_seed: int = flag(0, "Seed for the per-epoch task shuffle.", commands=("train",))
+
+    @property
+    def has_header(self) -> bool:
+        return bool(self.data_reader_params.get("has_header", False))
+
+
+@dataclass
+class EvaluationSection:
+    """When evaluation rounds run during training (besides each epoch's end)."""
+
+    TITLE: ClassVar[str] = "Evaluation"
+
+    evaluation_steps: int = flag(
+        0, "Also evaluate every N model versions (0: at epoch ends only).", commands=("train",)
+    )
+    evaluation_start_delay_secs: float = flag(
+        0.0, "No --evaluation_steps evaluation before this many seconds of training.", commands=("train",)
+    )
+    evaluation_throttle_secs: float = flag(
+        0.0, "At least this many seconds between two --evaluation_steps evaluations.", commands=("train",)
+    )
+
+
+@dataclass
+class ConsistencySection:
+    """How fresh a model a gradient must be computed on: sync, async or stale-synchronous."""
+
+    TITLE: ClassVar[str] = "Consistency"
+
+    grads_to_wait: int = flag(
+        1,
+        "Sync mode: gradients gathered (and averaged) per model version.",
+        commands=("train",),
+    )
+    use_async: bool = flag(
+        False, "Apply each gradient as it arrives, without version checks.", commands=("train",)
+    )
+    staleness_bound: int = flag(
+        0,
+        "Async only: stale-synchronous parallel; a worker waits while it is more than this "
+        "many steps ahead of the slowest worker holding a task (0: no bound).",
+        commands=("train",),
+    )
+    get_model_steps: int = flag(
+        1,
+        "Async only: pull the model every N steps, applying the worker's own gradients "
+        "locally in between.",
+        commands=("train",),
+    )
+    sync_version_tolerance: int = flag(
+        0,
+        "Sync only: accept gradients computed up to K versions behind the model.",
+        commands=("train",),
+    )
+    lr_staleness_modulation: bool = flag(
+        False,
+        "Divide each gradient's learning rate by its staleness (at least 1).",
+        commands=("train",),
+    )
+
+    @property
+    def description(self) -> str:
+        if not self.use_async:
+            tolerance = f", version tolerance {self.sync_version_tolerance}" if self.sync_version_tolerance else ""
+            return f"sync SGD, grads_to_wait={self.grads_to_wait}{tolerance}"
+        if self.staleness_bound:
+            return f"stale-synchronous parallel, staleness bound {self.staleness_bound}"
+        return "async SGD" + (f", pull every {self.get_model_steps} steps" if self.get_model_steps > 1 else "")
+
+    def validate(self) -> None:
+        for name in ("staleness_bound", "sync_version_tolerance"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name} must be 0 or more. Received: {name}={getattr(self, name)}")
+        if self.get_model_steps < 1:
+            raise ConfigError(f"--get_model_steps must be at least 1. Received: {self.get_model_steps}")
+        if self.use_async:
+            conflicts = [
+                f"--grads_to_wait={self.grads_to_wait}" if self.grads_to_wait != 1 else "",
+                f"--sync_version_tolerance={self.sync_version_tolerance}" if self.sync_version_tolerance else "",
+            ]
+            conflicts = [c for c in conflicts if c]
+            if conflicts:
+                raise ConfigError(
+                    f"{' and '.join(conflicts)} only apply to sync training, but --use_async is set: "
+                    "drop them or drop --use_async."
+                )
+            return
+        conflicts = [
+            f"--staleness_bound={self.staleness_bound}" if self.staleness_bound else "",
+            f"--get_model_steps={self.get_model_steps}" if self.get_model_steps != 1 else "",
+        ]
+        conflicts = [c for c in conflicts if c]
+        if conflicts:
+            raise ConfigError(
+                f"{' and '.join(conflicts)} only apply to async training: add --use_async "
+                "(stale-synchronous parallel is --use_async with --staleness_bound)."
+            )
+        if self.lr_staleness_modulation and not self.sync_version_tolerance:
+            raise ConfigError(
+                "--lr_staleness_modulation has no effect in strict sync training (every applied "
+                "gradient has staleness 0): add --use_async or --sync_version_tolerance."
+            )
+
+
+@dataclass
+class ElasticitySection:
+    """How many roles run, how workers are preempted and relaunched, how tasks are retried."""
+
+    TITLE: ClassVar[str] = "Elasticity and fault handling"
+
+    num_workers: int = flag(1, "Number of workers.")
+    num_ps: int = flag(1, "Number of parameter servers.", aliases=("--num_ps_pods",))
+    worker_pod_priority: float = structured(
+        "high",
+        "Worker priority: high, low, or a fraction f (ceil(f*n) workers high, the rest low). "
+        "Scaling down stops low-priority workers first.",
+        _parse_priority, _render_priority,
+        commands=("train",),
+    )
+    relaunch_on_worker_failure: int = flag(
+        3,
+        "Times a crashed worker is relaunched in its slot; one more crash ends the job with its "
+        "error. Preempted or killed workers are replaced without counting.",
+        commands=("train",),
+    )
+    task_timeout: float = flag(
+        600.0, "Seconds a task may stay in progress before it goes back to the queue."
+    )
+    max_task_retries: int = flag(
+        3, "Times a task may fail or time out before it is dropped and reported."
+    )
+    etcd_endpoints: list[str] = structured(
+        "",
+        "etcd (v3) endpoints host:port[,host:port]: the master keeps the task ledger there under "
+        "/elasticdl/<job_name>/ and a restarted master resumes the job (empty: in memory).",
+        _parse_endpoints, ",".join,
+        commands=("train",),
+    )
+
+
+@dataclass
+class CheckpointSection:
+    """Where the parameter servers write checkpoints, and which one a job starts from."""
+
+    TITLE: ClassVar[str] = "Checkpoints"
+
+    checkpoint_dir: str = flag("", "Directory for PS checkpoints (empty: no checkpoints).")
+    checkpoint_steps: int = flag(
+        0, "Checkpoint every N model versions (0: only at the end of training)."
+    )
+    keep_checkpoint_max: int = flag(3, "Checkpoints to keep (0: keep all).")
+    checkpoint_dir_for_init: str = flag(
+        "", "A checkpoint (a version-N directory, or a checkpoint dir: its latest) to start from."
+    )
+
+
+@dataclass
+class OutputSection:
+    """What a job leaves behind besides checkpoints and logs."""
+
+    TITLE: ClassVar[str] = "Outputs"
+
+    output: str = flag("", "Directory for the exported SavedModel.", commands=("train",))
+    prediction_outputs: str = flag(
+        "",
+        "Directory for predictions.csv (one row per input record, in input order) when the "
+        "model zoo has no PredictionOutputsProcessor.",
+        commands=("predict",),
+    )
+    tensorboard_log_dir: str = flag(
+        "",
+        "Write TensorBoard scalars here (loss, eval metrics, examples/s, live workers).",
+        commands=("train", "evaluate"),
+    )
+
+
+@dataclass
+class JobSection:
+    """The job's name, where its roles run, and its logs."""
+
+    TITLE: ClassVar[str] = "Job and logging"
+
+    job_name: str = flag("", "Job name (default: elasticdl-<model>-<time>).")
+    backend: str = flag("local", "Where roles run: local (child processes) or kubernetes.")
+    log_level: str = flag("INFO", "DEBUG, INFO, WARNING or ERROR.")
+    log_dir: str = flag("", "Where role logs go (default: runs/<job_name>/logs).")
+
+    @property
+    def run_dir(self) -> str:
+        return os.path.join("runs", self.job_name)
+
+    @property
+    def effective_log_dir(self) -> str:
+        return self.log_dir or os.path.join(self.run_dir, "logs")
+
+    @property
+    def logging_level(self) -> int:
+        import logging
+
+        return getattr(logging, self.log_level.upper())
+
+
+@dataclass
+class KubernetesSection:
+    """The pods of --backend kubernetes (see docs/kubernetes.md)."""
+
+    TITLE: ClassVar[str] = "Kubernetes"
+
+    image_name: str = flag("", "Kubernetes: the Docker image every pod runs (build it with `elasticdl zoo build`).")
+    namespace: str = flag("default", "Kubernetes: the namespace of the job's pods.")
+    image_pull_policy: str = flag("Always", "Kubernetes: Always, IfNotPresent or Never.")
+    master_resource_request: dict[str, str] = structured(
+        "cpu=0.1,memory=1024Mi", "Kubernetes: the master pod's requests, like cpu=1,memory=4096Mi,gpu=1.",
+        _option(parse_resources, "--master_resource_request"), _render_pairs,
+    )
+    master_resource_limit: dict[str, str] = structured(
+        "", "Kubernetes: the master pod's limits (empty: its requests).",
+        _option(parse_resources, "--master_resource_limit"), _render_pairs,
+    )
+    worker_resource_request: dict[str, str] = structured(
+        "cpu=1,memory=4096Mi", "Kubernetes: each worker pod's requests (gpu=N asks for nvidia.com/gpu).",
+        _option(parse_resources, "--worker_resource_request"), _render_pairs,
+    )
+    worker_resource_limit: dict[str, str] = structured(
+        "", "Kubernetes: each worker pod's limits (empty: its requests).",
+        _option(parse_resources, "--worker_resource_limit"), _render_pairs,
+    )
+    ps_resource_request: dict[str, str] = structured(
+        "cpu=1,memory=4096Mi", "Kubernetes: each PS pod's requests.",
+        _option(parse_resources, "--ps_resource_request"), _render_pairs,
+    )
+    ps_resource_limit: dict[str, str] = structured(
+        "", "Kubernetes: each PS pod's limits (empty: its requests).",
+        _option(parse_resources, "--ps_resource_limit"), _render_pairs,
+    )
+    master_pod_priority: str = flag(
+        "", "Kubernetes: the master pod's PriorityClass (high, low or a class name; empty: the default)."
+    )
+    ps_pod_priority: str = flag(
+        "", "Kubernetes: the PS pods' PriorityClass (high, low or a class name; empty: the default)."
+    )
+    volume: list[Volume] = structured(
+        "",
+        "Kubernetes: volumes for every pod: claim_name=c,mount_path=/data or "
+        "host_path=/x,mount_path=/data, several separated by ';'.",
+        _option(parse_volumes, "--volume"), _render_volumes,
+    )
+    envs: dict[str, str] = structured(
+        "", "Kubernetes: extra environment for every pod: NAME=value,NAME2=value2.",
+        _option(parse_envs, "--envs"), _render_pairs,
+    )
+    cluster_spec: str = flag(
+        "",
+        "Kubernetes: a Python file defining with_pod(pod) and/or with_service(service), called "
+        "on every manifest (dicts) before it is created.",
+    )
+    yaml: str = flag("", "Kubernetes: write the master's manifests to this file instead of submitting them.")
+    detach: bool = flag(
+        False, "Kubernetes: return once the master pod is submitted instead of following it to the end."
+    )
+
+    def resources(self, role: str) -> tuple[dict[str, str], dict[str, str]]:
+        """(requests, limits) of a role's pods: master, worker or ps; no limits given: the requests."""
+        requests = getattr(self, f"{role}_resource_request")
+        return dict(requests), dict(getattr(self, f"{role}_resource_limit") or requests)
