@@ -1,4 +1,4 @@
-"""The docs stay true to the code: the generated CLI reference, flag coverage, links."""
+"""The docs stay true to the code: the generated CLI reference, flag coverage, links, the module map."""
 
 from __future__ import annotations
 
@@ -179,3 +179,91 @@ def test_python_examples_parse(doc):
             ast.parse(block)
         except SyntaxError as err:
             pytest.fail(f"{doc.relative_to(REPO)}: a python example does not parse: {err}\n{block}")
+
+
+# ---------------------------------------------------------------- docs/architecture.md's module map
+
+ARCHITECTURE_MD = DOCS / "architecture.md"
+PACKAGE = REPO / "elasticdl"
+
+
+def _defines_something(init: Path) -> bool:
+    """An __init__.py with a function or class of its own (not only a docstring and re-exports)."""
+    tree = ast.parse(init.read_text(encoding="utf-8"))
+    return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for node in tree.body)
+
+
+def _package_paths() -> list[Path]:
+    """Every package (directory) and module under elasticdl/ that the module map must list.
+
+    Skipped: __pycache__, the generated elasticdl/proto/*_pb2*.py, and __init__.py files that
+    define nothing of their own (their package's row covers them).
+    """
+    paths = []
+    for root, dirs, files in os.walk(PACKAGE):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        here = Path(root)
+        paths.append(here)
+        for name in sorted(files):
+            path = here / name
+            if not name.endswith(".py"):
+                continue
+            if here == PACKAGE / "proto" and "_pb2" in name:
+                continue
+            if name == "__init__.py" and not _defines_something(path):
+                continue
+            paths.append(path)
+    return paths
+
+
+def _module_map_links() -> list[str]:
+    """The link targets of the '## Module map' section of docs/architecture.md, as written."""
+    text = ARCHITECTURE_MD.read_text(encoding="utf-8")
+    section = re.search(r"^## Module map[ \t]*$(.*?)(?=^## |\Z)", text, flags=re.M | re.S)
+    assert section, "docs/architecture.md has no '## Module map' section"
+    return _LINK.findall(_strip_code(section.group(1)))
+
+
+def _resolve(target: str) -> Path:
+    return (DOCS / target.split("#", 1)[0]).resolve()
+
+
+def test_the_walk_finds_packages_and_modules():
+    found = {p.relative_to(REPO).as_posix() for p in _package_paths()}
+    assert {"elasticdl", "elasticdl/master", "elasticdl/master/controller.py", "elasticdl/cli/__init__.py",
+            "elasticdl/model/embedding"} <= found
+    assert "elasticdl/master/__init__.py" not in found  # a docstring only: the package row covers it
+    assert not any("_pb2" in p or "__pycache__" in p for p in found)
+
+
+def test_module_map_lists_every_package_and_module():
+    linked = {_resolve(target) for target in _module_map_links()}
+    missing = [p.relative_to(REPO).as_posix() + ("/" if p.is_dir() else "")
+               for p in _package_paths() if p.resolve() not in linked]
+    assert not missing, (
+        f"docs/architecture.md's module map does not list {missing}: add a row for each, "
+        "linking to it (e.g. [elasticdl/master/controller.py](../elasticdl/master/controller.py)), "
+        "with one line on what it holds."
+    )
+
+
+def test_module_map_links_only_to_paths_that_exist():
+    links = _module_map_links()
+    assert len(links) > 50, "the module map looks empty"
+    broken = [target for target in links if not _resolve(target).exists()]
+    assert not broken, (
+        f"docs/architecture.md's module map links to paths that do not exist: {broken} "
+        "(renamed, moved or deleted? update or remove the row)"
+    )
+
+
+def test_architecture_quotes_the_import_contracts_of_pyproject():
+    """docs/architecture.md quotes the dependency rules; they must be the ones lint-imports checks."""
+    import tomllib
+
+    blocks = re.findall(r"^```toml\n(.*?)^```", ARCHITECTURE_MD.read_text(encoding="utf-8"), flags=re.S | re.M)
+    assert blocks, "docs/architecture.md quotes no contracts (a ```toml block)"
+    quoted = [c for block in blocks for c in tomllib.loads(block)["tool"]["importlinter"]["contracts"]]
+    with open(REPO / "pyproject.toml", "rb") as f:
+        actual = tomllib.load(f)["tool"]["importlinter"]["contracts"]
+    assert quoted == actual, "the contracts quoted in docs/architecture.md differ from pyproject.toml's: quote them again"
