@@ -296,6 +296,20 @@ def test_a_dead_ps_is_relaunched_up_to_the_limit():
     assert ctl.ps_relaunches == 3
 
 
+def test_a_relaunched_ps_is_recorded_as_a_rollback_from_the_version_the_job_had_reached():
+    ctl, _, _, _ = make()
+    ctl.start()
+    ctl.step(c.VersionReported(120))
+    ctl.step(exit_of(0, code=-9, role="ps"))
+    ctl.step(c.PSRelaunched(0, restored_version=80))
+    ctl.step(exit_of(1, code=-9, role="ps"))
+    ctl.step(c.PSRelaunched(1, restored_version=None))
+    assert [r.to_dict() for r in ctl.rollbacks] == [
+        {"ps": 0, "from_version": 120, "to_version": 80},
+        {"ps": 1, "from_version": 120, "to_version": None},
+    ]
+
+
 def test_a_ps_exit_after_the_job_is_done_is_not_relaunched():
     ctl, dispatcher, _, _ = make(workers=1, epochs=1, tasks=1)
     ctl.start()

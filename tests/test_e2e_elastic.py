@@ -111,3 +111,7 @@ def test_ps_killed_and_restored_from_checkpoint(digits, tmp_path):  # noqa: F811
     assert report["ps_relaunches"] == 1
     assert report["metrics"]["accuracy"] >= 0.90
     assert "from the latest checkpoint" in _master_log(tmp_path, job)
+    # The report names the rollback: the checkpoint version the PS went back to, and from where.
+    (rollback,) = report["ps_rollbacks"]
+    assert rollback["ps"] == 0 and rollback["to_version"] >= 40 and rollback["to_version"] % 20 == 0
+    assert rollback["from_version"] >= rollback["to_version"]

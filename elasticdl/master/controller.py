@@ -110,9 +110,18 @@ class LiveWorkersNotTold:
     """``TellLiveWorkers`` found a PS unreachable: tell it again later."""
 
 
+@dataclass(frozen=True)
+class PSRelaunched:
+    """The job carried out ``RelaunchPS``: the PS restores checkpoint ``restored_version``
+    (None: no checkpoint, it starts empty and the workers give it their copy)."""
+
+    index: int
+    restored_version: int | None
+
+
 Event = (
     Tick | RoleExited | TaskReported | VersionReported | ScaleRequested | StopRequested | StoreLost
-    | EpochEnded | EpochEndDeferred | LiveWorkersNotTold
+    | EpochEnded | EpochEndDeferred | LiveWorkersNotTold | PSRelaunched
 )
 
 
@@ -203,6 +212,19 @@ Decision = (
 )
 
 
+@dataclass(frozen=True)
+class PSRollback:
+    """A PS came back older than the model it held: the updates after ``to_version`` are lost
+    on that shard (``to_version`` None: it restarted empty, refilled from a worker's copy)."""
+
+    ps: int
+    from_version: int
+    to_version: int | None
+
+    def to_dict(self) -> dict:
+        return {"ps": self.ps, "from_version": self.from_version, "to_version": self.to_version}
+
+
 def describe_exit(exit_: ProcessExit, what: str) -> str:
     tail = "\n".join("    " + line for line in exit_.log_tail.rstrip().splitlines()[-12:])
     return f"{exit_.role}-{exit_.index} {what} (exit code {exit_.returncode}); its last lines:\n{tail}"
@@ -244,6 +266,7 @@ class Controller:
         self.failures: list[ProcessExit] = []  # workers that exited non-zero
         self.model_version = 0
         self.ps_relaunches = 0
+        self.rollbacks: list[PSRollback] = []
         self.stop_reason = ""
         self.epoch_done = -1  # the last training epoch whose end was handled
         self._ending: EndEpoch | None = None  # issued, its outcome not back yet
@@ -311,6 +334,8 @@ class Controller:
                 self._ending = None
             case LiveWorkersNotTold():
                 self._live_workers_told = -1
+            case PSRelaunched(index=index, restored_version=restored):
+                self.rollbacks.append(PSRollback(index, self.model_version, restored))
         return []
 
     def _on_worker_exit(self, exit_: ProcessExit) -> list[Decision]:

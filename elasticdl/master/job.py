@@ -180,6 +180,7 @@ class Job:
         report.add_tasks(self.main_tasks, self.progress)
         report.stopped_early = self.controller.stop_reason
         report.add_instances(self.instances, self.controller.ps_relaunches)
+        report.ps_rollbacks = [r.to_dict() for r in self.controller.rollbacks]
         report.state_store = "etcd" if cfg.elasticity.etcd_endpoints else "memory"
         report.resumed = self.state.resumed
         if self.state.in_etcd:
@@ -357,7 +358,7 @@ class Job:
                 logger.info("asking worker %d to leave (scale-down)", index)
                 self.backend.request_stop("worker", index, WORKER_STOP_GRACE_SECS)
             case c.RelaunchPS(exit=exit_):
-                self._relaunch_ps(exit_)
+                return [self._relaunch_ps(exit_)]
             case c.TellLiveWorkers(count=count):
                 try:
                     self._ps.set_live_workers(count)
@@ -399,15 +400,18 @@ class Job:
             return [c.StopRequested("a callback set model.stop_training")]
         return []
 
-    def _relaunch_ps(self, exit_) -> None:
+    def _relaunch_ps(self, exit_) -> c.PSRelaunched:
         """A dead PS comes back on the same address, from the latest checkpoint if there is one."""
         from elasticdl.model import checkpoint
+
         cfg = self.config
         args = list(self._ps_args[exit_.index])
         port = self.ps_addresses[exit_.index].rsplit(":", 1)[1]
         args += ["--port", port]
-        restore = ""
-        if cfg.checkpoints.checkpoint_dir and checkpoint.complete_versions(cfg.checkpoints.checkpoint_dir):
+        restore, versions = "", []
+        if cfg.checkpoints.checkpoint_dir:
+            versions = checkpoint.complete_versions(cfg.checkpoints.checkpoint_dir)
+        if versions:
             restore = cfg.checkpoints.checkpoint_dir
             args += ["--restore_from", restore]
         logger.error(
@@ -416,6 +420,10 @@ class Job:
             else "empty: the workers give it their copy of its variables (no --checkpoint_dir)",
         )
         self.backend.start("ps", exit_.index, args)
+        if versions and versions[-1] < self.model_version:
+            logger.warning("ps-%d goes back from version %d to %d: its updates in between are lost "
+                           "(the report lists it under ps_rollbacks)", exit_.index, self.model_version, versions[-1])
+        return c.PSRelaunched(exit_.index, versions[-1] if versions else None)
 
     def _end_epoch(self, decision: c.EndEpoch) -> list:
         """Telemetry (and the model, for callbacks without evaluation): every PS call first, so

@@ -39,6 +39,9 @@ class JobReport:
     worker_relaunches: int = 0
     worker_preemptions: int = 0
     ps_relaunches: int = 0
+    # Each PS that came back older than the model it held: its updates after to_version are
+    # lost (to_version None: it restarted empty and took a worker's copy of its variables).
+    ps_rollbacks: list[dict] = field(default_factory=list)
     state_store: str = "memory"
     resumed: bool = False  # continued a ledger a previous master left in etcd
     etcd_outages: list[dict] = field(default_factory=list)
