@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--job_name", required=True, metavar="JOB_NAME",
                        help="The job to scale (its master's address is in runs/<job_name>/master.addr).")
     scale.add_argument("--num_workers", required=True, type=int, metavar="NUM_WORKERS",
-                       help="The number of workers wanted from now on.")
+                       help="The number of workers wanted from now on (at most the job's --max_workers).")
     scale.add_argument("--master_addr", default="", metavar="MASTER_ADDR",
                        help="host:port of the master, instead of looking it up by --job_name (default: '').")
     from elasticdl.cli.zoo import add_zoo_parser

@@ -23,10 +23,14 @@ VALIDATION_RULES: tuple[tuple[str, tuple[dict, ...]], ...] = (
     ("`--model_def` is not `pkg.module.name`", ({"model_def": ""}, {"model_def": "custom_model"})),
     ("`--training_data` is missing (`train`)", ({"training_data": ""},)),
     (
-        "`--minibatch_size`, `--num_epochs`, `--num_workers`, `--num_ps`, `--grads_to_wait`, "
+        "`--minibatch_size`, `--num_epochs`, `--num_workers`, `--max_workers`, `--num_ps`, `--grads_to_wait`, "
         "`--num_minibatches_per_task` or `--get_model_steps` is below 1",
-        tuple({name: 0} for name in ("minibatch_size", "num_epochs", "num_workers", "num_ps",
+        tuple({name: 0} for name in ("minibatch_size", "num_epochs", "num_workers", "max_workers", "num_ps",
                                      "grads_to_wait", "num_minibatches_per_task", "get_model_steps")),
+    ),
+    (
+        "`--num_workers` is more than `--max_workers` (which `elasticdl scale` cannot pass either)",
+        ({"num_workers": 65}, {"num_workers": 3, "max_workers": 2}),
     ),
     (
         "`--records_per_task`, `--checkpoint_steps`, `--keep_checkpoint_max`, `--max_task_retries`, "

@@ -173,11 +173,14 @@ class JobConfig:
                 raise ConfigError(f"--{name} must be 0 or more. Received: {name}={self.flag_value(name)}")
         if self.evaluation.evaluation_steps and not data.validation_data:
             raise ConfigError("--evaluation_steps needs --validation_data: what should be evaluated?")
-        for name in ("minibatch_size", "num_epochs", "num_workers", "num_ps", "grads_to_wait",
+        for name in ("minibatch_size", "num_epochs", "num_workers", "max_workers", "num_ps", "grads_to_wait",
                      "num_minibatches_per_task"):
             value = self.flag_value(name)
             if value < 1:
                 raise ConfigError(f"--{name} must be at least 1. Received: {name}={value}")
+        problem = self.elasticity.workers_problem(self.elasticity.num_workers)
+        if problem:
+            raise ConfigError(problem)
         for name in ("records_per_task", "checkpoint_steps", "keep_checkpoint_max",
                      "max_task_retries", "num_threads_per_process", "relaunch_on_worker_failure"):
             value = self.flag_value(name)

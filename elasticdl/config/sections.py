@@ -316,6 +316,11 @@ class ElasticitySection:
     TITLE: ClassVar[str] = "Elasticity and fault handling"
 
     num_workers: int = flag(1, "Number of workers.")
+    max_workers: int = flag(
+        64,
+        "Most workers the job may ever have: --num_workers and `elasticdl scale --num_workers` "
+        "may not ask for more (fixed when the job starts).",
+    )
     num_ps: int = flag(1, "Number of parameter servers.", aliases=("--num_ps_pods",))
     worker_pod_priority: float = structured(
         "high",
@@ -343,6 +348,17 @@ class ElasticitySection:
         _parse_endpoints, ",".join,
         commands=("train",),
     )
+
+    def workers_problem(self, num_workers: int) -> str:
+        """Why the job may not have ``num_workers`` workers ('' when it may): at submit time
+        and for each `elasticdl scale`."""
+        if num_workers > self.max_workers:
+            return (
+                f"--num_workers {num_workers} is more than --max_workers {self.max_workers}: ask for at "
+                f"most {self.max_workers} workers, or start the job with a larger --max_workers "
+                "(it cannot change while the job runs)."
+            )
+        return ""
 
 
 @dataclass

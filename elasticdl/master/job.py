@@ -130,6 +130,9 @@ class Job:
             raise ValueError("only training jobs can be scaled")
         if num_workers < 0:
             raise ValueError(f"--num_workers must be 0 or more. Received: {num_workers}")
+        problem = self.config.elasticity.workers_problem(num_workers)
+        if problem:
+            raise ValueError(problem)
         self._events.put(c.ScaleRequested(num_workers))
         return f"scaling job {self.config.job.job_name} to {num_workers} workers"
 

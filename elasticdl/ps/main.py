@@ -14,7 +14,7 @@ from elasticdl.config import JobConfig
 from elasticdl.launch.child import die_with_parent
 from elasticdl.logs import configure_logging
 from elasticdl.model.optimizers import OptimizerSpec, make_optimizer
-from elasticdl.ps.server import ParameterServer, PSSettings
+from elasticdl.ps.server import SERVER_THREADS, ParameterServer, PSSettings
 from elasticdl.ps.servicer import PServerServicer
 from elasticdl.rpc.channel import add_service, bind_role, make_server
 
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = dataclasses.replace(settings, checkpoint_dir_for_init=args.restore_from)
     core = ParameterServer(settings, make_optimizer(spec))
     core.restore()
-    server = make_server()
+    server = make_server(max_workers=SERVER_THREADS)  # see MAX_WAITING_PULLS
     add_service(server, "PServer", PServerServicer(core))
     port = bind_role(server, args.port)
     server.start()

@@ -28,6 +28,21 @@ from elasticdl.rpc.push_outcome import PushOutcome
 
 logger = logging.getLogger(__name__)
 
+# A sync worker waits in a pull for the next version, and a waiting pull holds a thread of
+# the PS's gRPC pool: with more sync workers than threads, none would be left for the pushes
+# that make the version. Hence the PS serves on SERVER_THREADS threads (ps/main.py), of which
+# at most MAX_WAITING_PULLS wait for a version at a time, each at most WAIT_SLICE_SECONDS;
+# any other waiting pull is answered "not yet" at once (its own version, no parameters) and
+# the client asks again with backoff (rpc/ps_client.py) until its own timeout. So at least
+# 3/4 of the threads are always free for pushes and pulls, whatever the number of workers.
+# Up to 16 sync workers wake the moment the version moves, as before; more poll, each poll
+# holding a thread for about a ms (64 waiters: the first push answered in ~2 ms, every
+# waiter awake within ~0.1 s; docs/consistency.md). A grpc.aio server would hold no thread
+# while waiting, but would need an event loop in the PS and async interceptors.
+SERVER_THREADS = 64
+MAX_WAITING_PULLS = SERVER_THREADS // 4
+WAIT_SLICE_SECONDS = 2.0
+
 
 @dataclass(frozen=True)
 class PSSettings:
@@ -53,7 +68,13 @@ def make_updating_strategy(settings: PSSettings) -> GradientUpdatingStrategy:
 
 
 class ParameterServer:
-    def __init__(self, settings: PSSettings, optimizer: Optimizer):
+    def __init__(
+        self,
+        settings: PSSettings,
+        optimizer: Optimizer,
+        max_waiting_pulls: int = MAX_WAITING_PULLS,
+        wait_slice: float = WAIT_SLICE_SECONDS,
+    ):
         self.settings = settings
         self.shard = ParameterShard(optimizer, ps_id=settings.ps_id, num_ps=settings.num_ps)
         self.strategy = make_updating_strategy(settings)
@@ -63,6 +84,10 @@ class ParameterServer:
         self._snapshots: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
         self._table_snapshots: dict[int, dict[str, FrozenTable]] = {}
         self._learning_rate: float | None = None  # set by the master (a LearningRateScheduler)
+        self.max_waiting_pulls = max_waiting_pulls
+        self.wait_slice = wait_slice
+        self.waiting_pulls = 0  # pulls waiting for a version now (under the lock)
+        self.pulls_told_not_yet = 0  # waiting pulls answered at once: every slot was taken
 
     def restore(self) -> None:
         """Load --checkpoint_dir_for_init, if given (call before serving)."""
@@ -156,14 +181,26 @@ class ParameterServer:
     ):
         """(initialized, version, params); params are empty when the worker is current.
 
-        With ``wait_for_newer`` the call blocks (up to ``timeout`` seconds) while the model
-        is still at ``worker_version``: a sync worker waits there for the others' gradients.
+        With ``wait_for_newer`` the call blocks (up to ``timeout`` seconds, at most
+        ``wait_slice``) while the model is still at ``worker_version``: a sync worker waits
+        there for the others' gradients. When ``max_waiting_pulls`` pulls wait already, it
+        answers at once instead: the model is still at ``worker_version``, ask again (see
+        MAX_WAITING_PULLS). A timeout that is not a positive number waits for nothing.
         With ``encode``, returns ``encode(initialized, version, params)``, called under the
         lock on the live arrays: serializing them is then their only copy.
         """
         with self._lock:
-            if wait_for_newer:
-                self._version_changed.wait_for(lambda: self.shard.version != worker_version, timeout)
+            if wait_for_newer and timeout > 0 and self.shard.version == worker_version:
+                if self.waiting_pulls < self.max_waiting_pulls:
+                    self.waiting_pulls += 1
+                    try:
+                        self._version_changed.wait_for(
+                            lambda: self.shard.version != worker_version, min(timeout, self.wait_slice)
+                        )
+                    finally:
+                        self.waiting_pulls -= 1
+                else:
+                    self.pulls_told_not_yet += 1
             if not self.shard.initialized:
                 answer = False, self.shard.version, {}
             elif worker_version == self.shard.version:

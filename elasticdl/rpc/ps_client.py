@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import random
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -23,6 +25,12 @@ _PUSH_TENSORS_FIELD = elasticdl_pb2.PushGradientsRequest.DESCRIPTOR.fields_by_na
 # A PS's part of the model larger than this travels in 1 MB streamed messages; a smaller one
 # in one message (a streamed call costs 1-3 ms more than a unary one in Python gRPC).
 STREAM_ABOVE_BYTES = 4 << 20
+# A waiting pull that a PS answered "not yet" (the model did not move; the PS lets only a few
+# pulls wait at once, each briefly: elasticdl/ps/server.py MAX_WAITING_PULLS) asks again,
+# at most every POLL_FIRST_SECONDS at first, then less often, at least every
+# POLL_MAX_SECONDS, until the model moves or the caller's timeout passes.
+POLL_FIRST_SECONDS = 0.01
+POLL_MAX_SECONDS = 0.1
 # The protocol's enum, member for member by name (a missing member fails here, at import).
 _OUTCOMES = {elasticdl_pb2.PushOutcome.Value(outcome.name): outcome for outcome in PushOutcome}
 
@@ -94,14 +102,35 @@ class PSClient:
     def pull(
         self, versions: list[int], wait_for_newer: list[bool] | None = None, timeout: float = 30.0
     ) -> list[PullResult]:
-        """Pull from every PS; where ``wait_for_newer[i]``, PS i answers once its model moved."""
+        """Pull from every PS; where ``wait_for_newer[i]``, PS i answers once its model moved
+        past ``versions[i]``, or with ``versions[i]`` once ``timeout`` seconds passed."""
         waits = wait_for_newer or [False] * len(versions)
         return self._each([
-            functools.partial(self._pull_one, ps, elasticdl_pb2.PullDenseParametersRequest(
-                version=v, wait_for_newer=w, timeout_seconds=timeout if w else 0.0
-            ))
+            functools.partial(self._pull_newer, ps, v, timeout) if w else
+            functools.partial(self._pull_one, ps, elasticdl_pb2.PullDenseParametersRequest(version=v))
             for ps, (v, w) in enumerate(zip(versions, waits))
         ])
+
+    def _pull_newer(self, ps: int, version: int, timeout: float) -> PullResult:
+        """Ask PS ``ps`` until its model moved past ``version`` or ``timeout`` passed.
+
+        Each call may wait on the PS for a while, or be answered "not yet" at once; the next
+        asks no sooner than the current poll interval (jittered) after the previous began.
+        """
+        deadline = time.monotonic() + timeout
+        interval = POLL_FIRST_SECONDS
+        while True:
+            began = time.monotonic()
+            result = self._pull_one(ps, elasticdl_pb2.PullDenseParametersRequest(
+                version=version, wait_for_newer=True, timeout_seconds=max(deadline - began, 0.0),
+            ))
+            now = time.monotonic()
+            if result.version != version or not result.initialized or now >= deadline:
+                return result
+            pause = min(began + random.uniform(0.5, 1.0) * interval, deadline) - now
+            if pause > 0:
+                time.sleep(pause)
+            interval = min(interval * 2, POLL_MAX_SECONDS)
 
     def pull_snapshot(self, snapshot_id: int) -> list[PullResult]:
         request = elasticdl_pb2.PullDenseParametersRequest(snapshot_id=snapshot_id)
