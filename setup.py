@@ -21,7 +21,8 @@ setup(
         "cpu": ["tensorflow-cpu>=2.18", "tensorboard"],
         "gpu": ["tensorflow[and-cuda]>=2.18", "tensorboard"],
         "dev": ["pytest>=8", "pytest-timeout", "hypothesis", "ruff", "scikit-learn", "grpcio-tools>=1.70",
-                "kubernetes-validate", "matplotlib", "import-linter>=2.16"],  # matplotlib: the benchmarks' chart
+                "kubernetes-validate", "matplotlib", "import-linter>=2.16",
+                "bandit>=1.8"],  # matplotlib: the benchmarks' chart
     },
     entry_points={"console_scripts": ["elasticdl=elasticdl.cli:main"]},
 )

@@ -470,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     out_dir = os.path.abspath(args.out)
     os.makedirs(os.path.join(out_dir, "logs"), exist_ok=True)
+    from elasticdl.rpc.auth import ensure_process_token
+
+    ensure_process_token(out_dir)  # every gRPC server needs a job token: the suite is one "job"
     started = time.time()
     # One case at a time: the quick suite is CPU-bound on 2 cores, running cases side by
     # side saves nothing.

@@ -93,6 +93,10 @@ def main(argv: list[str]) -> None:
     floats = int(float(argv[0])) if argv else 10_000_000
     rounds = int(argv[1]) if len(argv) > 1 else 5
     nbytes = 4 * floats
+    from elasticdl.rpc.auth import ensure_process_token
+
+    # Every gRPC server needs a job token: the servers started below inherit this one.
+    ensure_process_token(os.path.abspath(os.path.join("runs", "benchmarks", "prototype")))
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.stream_ps_prototype", "serve", str(floats)],
                             stdout=subprocess.PIPE, text=True)
     from benchmarks.dataplane import _measure_echo_stream, _measure_elasticdl, _model, _start_ps, _wait_file

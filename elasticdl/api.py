@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import os
 
 from elasticdl.config import ConfigError, JobConfig
 from elasticdl.errors import UserError
@@ -23,6 +24,11 @@ logger = logging.getLogger(__name__)
 class MasterUnreachableError(UserError, ConnectionError):
     """`scale` found no master at the job's address: the job is not running, or
     --job_name/--master_addr names another one."""
+
+
+class ScaleTokenError(UserError, PermissionError):
+    """`scale` has no token for the job, or the master refused it (UNAUTHENTICATED): the
+    token file is not this job's, or this user may not read it."""
 
 
 def make_config(**flags) -> JobConfig:
@@ -71,6 +77,26 @@ def predict(**flags):
     return run(make_config(**flags), "predict")
 
 
+def _job_token(run_dir: str, job_name: str) -> str:
+    """The token the job's master wrote to runs/<job>/token (0600), else $ELASTICDL_TOKEN_FILE's."""
+    from elasticdl.rpc import auth
+
+    path = os.path.join(run_dir, auth.TOKEN_FILE_NAME)
+    try:
+        if os.path.exists(path):
+            return auth.read_token_file(path, "the job's token file")
+        token = auth.job_token()
+    except auth.TokenError as err:
+        raise ScaleTokenError(str(err)) from None
+    if token is None:
+        raise ScaleTokenError(
+            f"no token for job {job_name!r}: {path} does not exist and ${auth.TOKEN_FILE_ENV} is not set. "
+            "Every call to a job needs the token its master wrote there: run this where the job was started, "
+            f"as the user who started it, or set ${auth.TOKEN_FILE_ENV}."
+        )
+    return token
+
+
 def scale(job_name: str, num_workers: int, master_addr: str = "", timeout: float = 10.0) -> str:
     """Change the number of workers of a running training job; returns the master's answer.
 
@@ -78,20 +104,22 @@ def scale(job_name: str, num_workers: int, master_addr: str = "", timeout: float
 
         elasticdl.scale(job_name="digits-demo", num_workers=4)
     """
-    import os
+    import grpc
 
     from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
     from elasticdl.rpc.channel import make_channel, wait_for_channel
 
+    run_dir = os.path.join("runs", job_name)
     if not master_addr:
-        addr_file = os.path.join("runs", job_name, "master.addr")
+        addr_file = os.path.join(run_dir, "master.addr")
         if not os.path.exists(addr_file):
             raise ConfigError(
                 f"no running job {job_name!r} here: {addr_file} does not exist. Run this where the job "
                 "was started, or pass --master_addr."
             )
         master_addr = open(addr_file).read().strip()
-    channel = make_channel(master_addr)
+    token = _job_token(run_dir, job_name)
+    channel = make_channel(master_addr, token)
     try:
         wait_for_channel(channel, master_addr, timeout)
         reply = elasticdl_pb2_grpc.MasterStub(channel).scale(
@@ -99,6 +127,13 @@ def scale(job_name: str, num_workers: int, master_addr: str = "", timeout: float
         )
     except ConnectionError as err:
         raise MasterUnreachableError(f"{err}: is job {job_name!r} running?") from None
+    except grpc.RpcError as err:
+        if err.code() != grpc.StatusCode.UNAUTHENTICATED:
+            raise
+        raise ScaleTokenError(
+            f"the master at {master_addr} refused our token for job {job_name!r}: it is not this job's "
+            "(a job restarted since, or --master_addr names another job). Run this where the job was started."
+        ) from None
     finally:
         channel.close()
     if not reply.accepted:

@@ -1,3 +1,28 @@
 """Shared fixtures."""
 
+import os
+import shutil
+import tempfile
+
+import pytest
 from etcd_fixture import etcd_process, etcd_server  # noqa: F401  (pytest finds fixtures by name)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def job_token():
+    """Every gRPC server refuses to start without a job token (elasticdl/rpc/auth.py): the
+    tests act as one job whose token file is named in the environment, as in a pod, so a
+    server or client a test makes, and every process it starts, has it. Tests of the token
+    itself (tests/test_k8s_security.py, tests/test_local_security.py) set or unset it."""
+    from elasticdl.rpc import auth
+
+    directory = tempfile.mkdtemp(prefix="elasticdl-test-token-")
+    path = auth.write_private(os.path.join(directory, "token"), auth.new_token() + "\n")
+    previous = os.environ.get(auth.TOKEN_FILE_ENV)
+    os.environ[auth.TOKEN_FILE_ENV] = path
+    yield path
+    shutil.rmtree(directory, ignore_errors=True)
+    if previous is None:
+        os.environ.pop(auth.TOKEN_FILE_ENV, None)
+    else:
+        os.environ[auth.TOKEN_FILE_ENV] = previous

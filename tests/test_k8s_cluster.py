@@ -183,6 +183,7 @@ def backend_env(cluster, tmp_path, monkeypatch):
     client.create_secret(manifests.secret_manifest(config, token, None))
     token_file = tmp_path / "token"
     token_file.write_text(token)
+    token_file.chmod(0o600)  # a token file every user may read is refused
     monkeypatch.setenv(security.TOKEN_FILE_ENV, str(token_file))
     config_file, optimizer_file = tmp_path / "job_config.json", tmp_path / "optimizer.json"
     config_file.write_text(config.to_json())

@@ -15,7 +15,7 @@ import sys
 import time
 
 import pytest
-from k8s_fake.harness import FakeCluster
+from k8s_fake.harness import FakeCluster, deploy_role_rules
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_ZOO = os.path.join(REPO, "model_zoo")
@@ -33,7 +33,8 @@ def digits(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with FakeCluster(tmp_path_factory.mktemp("cluster")) as c:
+    # The master's service account may do only what the Role of dockerfiles/deploy.yaml grants.
+    with FakeCluster(tmp_path_factory.mktemp("cluster"), master_rules=deploy_role_rules()) as c:
         yield c
 
 

@@ -23,9 +23,11 @@ def test_init_writes_a_dockerfile_from_the_base_image(tmp_path):
     assert text.splitlines()[1:] == [
         "FROM registry.example.com/elasticdl:gpu",
         "COPY . /model_zoo",
+        "USER root",
         "RUN pip install --no-cache-dir -r /model_zoo/requirements.txt "
         "--extra-index-url https://pypi.example.com/simple",
         "ENV ELASTICDL_MODEL_ZOO=/model_zoo",
+        "USER 1000:1000",  # the pods' runAsUser: the image runs as non-root too
     ]
 
 
@@ -33,6 +35,7 @@ def test_init_without_requirements_installs_nothing(tmp_path):
     zoo.init(str(tmp_path))
     text = (tmp_path / "Dockerfile").read_text()
     assert f"FROM {zoo.DEFAULT_BASE_IMAGE}" in text and "RUN" not in text
+    assert text.splitlines()[-1] == "USER 1000:1000" and "USER root" not in text
 
 
 def test_build_and_push_without_a_docker_engine_fail_clearly(tmp_path):

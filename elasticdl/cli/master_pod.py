@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run(command: str):
     if manifests.JOB_CONFIG_ENV not in os.environ:
         raise ConfigError(f"${manifests.JOB_CONFIG_ENV} is not set: this runs in the master pod the client creates")
-    config = JobConfig.from_json(os.environ[manifests.JOB_CONFIG_ENV])
+    # Values of --envs reach this pod from the job's Secret, never in its config: a config
+    # written by hand with values keeps them out of the PS and worker pods all the same.
+    config = manifests.without_secret_values(JobConfig.from_json(os.environ[manifests.JOB_CONFIG_ENV]))
     configure_logging(config.job.logging_level, "master")
     from elasticdl.model.tf_runtime import configure_tensorflow, quiet_tensorflow
 

@@ -30,6 +30,7 @@ import tarfile
 from urllib.parse import quote, urlparse
 
 from elasticdl.errors import REPORTED, UserError, report_exit
+from elasticdl.launch.kubernetes.manifests import RUN_AS_USER
 
 DEFAULT_BASE_IMAGE = "elasticdl:cpu"
 ZOO_MOUNT = "/model_zoo"
@@ -53,8 +54,10 @@ def dockerfile(base_image: str, has_requirements: bool, extra_pypi_index: str = 
     ]
     if has_requirements:
         index = f" --extra-index-url {extra_pypi_index}" if extra_pypi_index else ""
+        lines.append("USER root")  # pip installs where the non-root user may not write
         lines.append(f"RUN pip install --no-cache-dir -r {ZOO_MOUNT}/requirements.txt{index}")
     lines.append(f"ENV ELASTICDL_MODEL_ZOO={ZOO_MOUNT}")
+    lines.append(f"USER {RUN_AS_USER}:{RUN_AS_USER}")  # pods run as non-root (docs/kubernetes.md#security)
     return "\n".join(lines) + "\n"
 
 

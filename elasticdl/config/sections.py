@@ -469,7 +469,8 @@ class KubernetesSection:
         _option(parse_volumes, "--volume"), _render_volumes,
     )
     envs: dict[str, str] = structured(
-        "", "Kubernetes: extra environment for every pod: NAME=value,NAME2=value2.",
+        "", "Kubernetes: extra environment for every pod: NAME=value,NAME2=value2. "
+        "Every value counts as a secret: it is kept in the job's Secret.",
         _option(parse_envs, "--envs"), _render_pairs,
     )
     cluster_spec: str = flag(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import grpc
 
 from elasticdl.errors import JobFailure
+from elasticdl.rpc import auth
 
 # The environment of every role process, on every backend (a user's --envs override it).
 ROLE_ENV = {
@@ -86,6 +87,12 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def bind_master(self, server: grpc.Server) -> str:
         """Bind the master's gRPC server where its roles can reach it; returns the address to give them."""
+
+    def token(self) -> str:
+        """The job's token: the master's server requires it, its clients send it, and every role
+        this backend starts gets it (never on a command line). By default the one in
+        ``$ELASTICDL_TOKEN_FILE`` (a pod's mounted Secret); TokenError without one."""
+        return auth.require_token("the master")
 
     @abc.abstractmethod
     def ps_addresses(self, num_ps: int, timeout: float) -> list[str]:

@@ -3,6 +3,10 @@
 Each child's output goes, line by line, to ``<log_dir>/<role>-<i>.log`` (and, with
 ``echo``, to the console with a ``[role-i]`` prefix). Children die with the parent (see ``child.py``) and are
 stopped, SIGTERM then SIGKILL, when the job ends or the user presses Ctrl-C.
+
+Every child gets the job's token (``token()``) in a 0600 file in a 0700 directory of the
+backend's own, named by ``$ELASTICDL_TOKEN_FILE`` in its environment: never on its
+command line, which every local user can read.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import grpc
 
 from elasticdl.launch.api import ROLE_ENV, Backend, ProcessExit, RoleExitedError
 from elasticdl.launch.child import PARENT_PID_ENV
+from elasticdl.rpc import auth
 from elasticdl.rpc.channel import bind_local
 
 logger = logging.getLogger(__name__)
@@ -65,16 +70,37 @@ class LocalBackend(Backend):
         self.log_dir = log_dir
         self.echo = echo
         self._children: dict[tuple[str, int], _Child] = {}
-        self._ready_dir = ""  # where each PS writes its bound port (see ps_addresses)
+        self._ready_dir = ""  # 0700: each PS's bound port (see ps_addresses) and the token file
+        self._token: str | None = None
+        self._token_file = ""
         os.makedirs(log_dir, exist_ok=True)
 
     def bind_master(self, server: grpc.Server) -> str:
         return f"127.0.0.1:{bind_local(server)}"
 
-    def _ready_file(self, index: int) -> str:
+    def _private_dir(self) -> str:
         if not self._ready_dir:
-            self._ready_dir = tempfile.mkdtemp(prefix="elasticdl-ps-ready-")
-        return os.path.join(self._ready_dir, f"ps-{index}.port")
+            self._ready_dir = tempfile.mkdtemp(prefix="elasticdl-ps-ready-")  # mode 0700
+        return self._ready_dir
+
+    def _ready_file(self, index: int) -> str:
+        return os.path.join(self._private_dir(), f"ps-{index}.port")
+
+    def token(self) -> str:
+        """The token in ``$ELASTICDL_TOKEN_FILE`` if it is set, else a fresh one for this job."""
+        if self._token is None:
+            inherited = os.environ.get(auth.TOKEN_FILE_ENV, "")
+            if inherited:
+                self._token, self._token_file = auth.read_token_file(inherited), os.path.abspath(inherited)
+            else:
+                self._token = auth.new_token()
+        return self._token
+
+    def _child_token_file(self) -> str:
+        token = self.token()
+        if not self._token_file or not os.path.exists(self._token_file):
+            self._token_file = auth.write_private(os.path.join(self._private_dir(), "token"), token + "\n")
+        return self._token_file
 
     def ps_addresses(self, num_ps: int, timeout: float) -> list[str]:
         files = [self._ready_file(i) for i in range(num_ps)]
@@ -97,6 +123,7 @@ class LocalBackend(Backend):
             args = [*args, "--ready_file", ready]
         child_env = {**ROLE_ENV, **os.environ, **(env or {})}
         child_env[PARENT_PID_ENV] = str(os.getpid())
+        child_env[auth.TOKEN_FILE_ENV] = self._child_token_file()
         popen = subprocess.Popen(
             [sys.executable, "-m", _MODULES[role], *args],
             stdout=subprocess.PIPE,

@@ -37,6 +37,7 @@ from elasticdl.master.servicer import MasterServicer
 from elasticdl.master.task_manager import TaskManager, TaskType
 from elasticdl.master.telemetry import StalenessSummary, summarize
 from elasticdl.proto import elasticdl_pb2_grpc
+from elasticdl.rpc import auth
 from elasticdl.rpc.channel import make_server
 from elasticdl.store import StateStoreError
 
@@ -98,6 +99,7 @@ class Job:
         self._worker_args: list[str] = []
         self._ps_args: dict[int, list[str]] = {}
         self._server = None
+        self._token = ""  # the job's token (see _start)
         self._ps = None  # the master's own PSClient
         self._trainer = None
         self._model = None  # the master's copy of the model (callbacks, export)
@@ -215,12 +217,16 @@ class Job:
         with open(optimizer_file, "w") as f:
             json.dump(self.checked.optimizer_spec.to_json_dict(), f)
 
-        self._server = make_server()
+        # Every role requires the job's token (elasticdl/rpc/auth.py): the backend's, which
+        # it also hands to each role it starts; `elasticdl scale` reads it beside master.addr.
+        self._token = self.backend.token()
+        self._server = make_server(token=self._token)
         servicer = MasterServicer(self.dispatcher, self.progress, self.clocks,
                                   scale=self.request_scale, notify=self._events.put)
         elasticdl_pb2_grpc.add_MasterServicer_to_server(servicer, self._server)
         self.master_address = self.backend.bind_master(self._server)
         self._server.start()
+        auth.write_private(os.path.join(cfg.job.run_dir, auth.TOKEN_FILE_NAME), self._token + "\n")
         with open(os.path.join(cfg.job.run_dir, "master.addr"), "w") as f:
             f.write(self.master_address)  # `elasticdl scale --job_name` finds the master here
         self.state.publish_master(self.master_address)
@@ -238,7 +244,7 @@ class Job:
         from elasticdl.model.trainer import Trainer
         from elasticdl.rpc.ps_client import PSClient
 
-        self._ps = PSClient(self.ps_addresses)
+        self._ps = PSClient(self.ps_addresses, token=self._token)
         self._trainer = Trainer(
             self.checked.spec, cfg.training.model_params, cfg.training.embedding_swap_threshold_mb
         )

@@ -23,7 +23,7 @@ PARTS = "parts"
 
 
 def _part_path(outputs_dir: str, path: str, start: int) -> str:
-    key = hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]
+    key = hashlib.sha1(os.path.abspath(path).encode(), usedforsecurity=False).hexdigest()[:12]  # a file name
     return os.path.join(outputs_dir, PARTS, f"{key}-{start:012d}.npy")
 
 

@@ -11,11 +11,13 @@ import signal
 import threading
 
 from elasticdl.config import JobConfig
+from elasticdl.errors import report_exit
 from elasticdl.launch.child import die_with_parent
 from elasticdl.logs import configure_logging
 from elasticdl.model.optimizers import OptimizerSpec, make_optimizer
 from elasticdl.ps.server import SERVER_THREADS, ParameterServer, PSSettings
 from elasticdl.ps.servicer import PServerServicer
+from elasticdl.rpc.auth import TokenError, require_token
 from elasticdl.rpc.channel import add_service, bind_role, make_server
 
 logger = logging.getLogger("elasticdl.ps")
@@ -49,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         "--restore_from", default="", help="a relaunched PS: restore its shard from this checkpoint dir"
     )
     args = parser.parse_args(argv)
+    try:  # first: a PS without the job's token would serve anyone who reaches its port
+        token = require_token(f"parameter server {args.ps_id}")
+    except TokenError as err:
+        return report_exit(f"elasticdl ps-{args.ps_id}", err)
 
     with open(args.job_config) as f:
         config = JobConfig.from_json(f.read())
@@ -61,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = dataclasses.replace(settings, checkpoint_dir_for_init=args.restore_from)
     core = ParameterServer(settings, make_optimizer(spec))
     core.restore()
-    server = make_server(max_workers=SERVER_THREADS)  # see MAX_WAITING_PULLS
+    server = make_server(max_workers=SERVER_THREADS, token=token)  # see MAX_WAITING_PULLS
     add_service(server, "PServer", PServerServicer(core))
     port = bind_role(server, args.port)
     server.start()

@@ -1,12 +1,19 @@
-"""Per-job token authentication for every gRPC call in a cluster.
+"""Per-job token authentication for every gRPC call, in every mode (fail closed).
 
-In local mode every server binds to 127.0.0.1 and no token is needed. On Kubernetes the
-client makes a random token per job and keeps it in a Secret that is mounted into every
-pod of the job; ``ELASTICDL_TOKEN_FILE`` names the mounted file. Then:
+Every job has one random token. Every gRPC server of the job (the master, each PS) is
+made with it and refuses a call without that exact token with ``UNAUTHENTICATED``,
+before the servicer runs, so a refused call changes nothing; a server is never made
+without a token (``TokenError``: it would serve anyone who can reach its port). Every
+channel sends ``authorization: Bearer <token>``.
 
-- every channel from ``grpc_utils.make_channel`` sends ``authorization: Bearer <token>``;
-- every server from ``grpc_utils.make_server`` refuses a call without that exact token
-  with ``UNAUTHENTICATED``, before the servicer runs, so a refused call changes nothing.
+Where the token comes from:
+
+- on Kubernetes, the client makes it and keeps it in the job's Secret, mounted into every
+  pod; ``$ELASTICDL_TOKEN_FILE`` names the mounted file;
+- in local mode, the master makes it (or takes ``$ELASTICDL_TOKEN_FILE`` if set) and hands
+  it to the PS and workers it starts as a 0600 file named in their environment, never on
+  their command line; it also writes ``runs/<job>/token`` (0600) beside ``master.addr`` for
+  ``elasticdl scale``.
 
 Example::
 
@@ -21,19 +28,23 @@ import collections
 import hmac
 import os
 import secrets
+import stat
+import tempfile
 
 import grpc
 
 from elasticdl.errors import JobFailure
 
 TOKEN_FILE_ENV = "ELASTICDL_TOKEN_FILE"
+TOKEN_FILE_NAME = "token"  # runs/<job>/token, beside master.addr (local mode)
 METADATA_KEY = "authorization"
 _PREFIX = "Bearer "
 
 
 class TokenError(JobFailure, RuntimeError):
-    """A pod of the job has no readable token (its Secret is not mounted, or empty): it cannot
-    talk to the others, so the job cannot go on."""
+    """A role has no readable token (its Secret is not mounted, the file is missing, empty or
+    readable by every user): it cannot talk to the others, and must not serve, so the job
+    cannot go on."""
 
 
 def new_token() -> str:
@@ -41,30 +52,82 @@ def new_token() -> str:
     return secrets.token_urlsafe(32)
 
 
-def job_token() -> str | None:
-    """The token of the job this process belongs to, or None outside a cluster (local mode)."""
-    path = os.environ.get(TOKEN_FILE_ENV, "")
-    if not path:
-        return None
+def read_token_file(path: str, source: str = TOKEN_FILE_ENV) -> str:
+    """The token in ``path``; TokenError if it cannot be read, is empty or is world-readable."""
     try:
         with open(path, encoding="utf-8") as f:
+            mode = os.fstat(f.fileno()).st_mode
             token = f.read().strip()
     except OSError as err:
         raise TokenError(
-            f"{TOKEN_FILE_ENV}={path} cannot be read ({err}); the job's token Secret is not mounted"
+            f"{source}={path} cannot be read ({err}); the job's token is not there (on Kubernetes: its "
+            "Secret is not mounted)"
         ) from err
+    if mode & stat.S_IROTH:
+        raise TokenError(
+            f"{source}={path} is readable by every user (mode {stat.S_IMODE(mode):04o}), so the token "
+            f"guards nothing: chmod 600 {path}"
+        )
     if not token:
-        raise TokenError(f"{TOKEN_FILE_ENV}={path} is empty; the job's token Secret holds no token")
+        raise TokenError(f"{source}={path} is empty; the job's token file (or Secret) holds no token")
     return token
 
 
-def server_interceptors() -> list[grpc.ServerInterceptor]:
-    token = job_token()
-    return [TokenAuthInterceptor(token)] if token else []
+def job_token() -> str | None:
+    """The token in the file ``$ELASTICDL_TOKEN_FILE`` names, or None when it is not set."""
+    path = os.environ.get(TOKEN_FILE_ENV, "")
+    return read_token_file(path) if path else None
 
 
-def secure_channel(channel: grpc.Channel) -> grpc.Channel:
+def require_token(who: str) -> str:
+    """The job's token for ``who`` (a role about to serve or call), or a TokenError saying why not."""
     token = job_token()
+    if token is None:
+        raise TokenError(
+            f"{who} refuses to start without the job's token: ${TOKEN_FILE_ENV} is not set. The master "
+            "hands the token to the PS and workers it starts (on Kubernetes, through the job's Secret); "
+            f"to start one by hand, set ${TOKEN_FILE_ENV} to a 0600 file holding the job's token"
+        )
+    return token
+
+
+def write_private(path: str, text: str) -> str:
+    """Write ``text`` to ``path`` readable by its owner only (0600), atomically, whatever was there."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", text=True)  # mkstemp: mode 0600
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return path
+
+
+def ensure_process_token(directory: str) -> str:
+    """The token of ``$ELASTICDL_TOKEN_FILE``; without one, a fresh token written to
+    ``<directory>/token`` (0600) and named in this process's environment, for the servers it
+    makes and the processes it starts (benchmarks and tools that are no ``Job``)."""
+    token = job_token()
+    if token is None:
+        token = new_token()
+        os.makedirs(directory, exist_ok=True)
+        os.environ[TOKEN_FILE_ENV] = write_private(os.path.join(directory, "token"), token + "\n")
+    return token
+
+
+def server_interceptors(token: str) -> list[grpc.ServerInterceptor]:
+    if not token:
+        raise TokenError("a gRPC server needs the job's token: it would serve anyone who can reach it")
+    return [TokenAuthInterceptor(token)]
+
+
+def secure_channel(channel: grpc.Channel, token: str | None = None) -> grpc.Channel:
+    """``channel`` sending ``token`` (default: the job's) with every call. Without any token
+    the channel sends none, and every server of a job refuses its calls (UNAUTHENTICATED)."""
+    token = token or job_token()
     return grpc.intercept_channel(channel, TokenCallInterceptor(token)) if token else channel
 
 

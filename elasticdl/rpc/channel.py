@@ -19,11 +19,16 @@ _OPTIONS = [
 ]
 
 
-def make_server(max_workers: int = 16) -> grpc.Server:
-    """In a cluster (a job token is mounted) the server refuses calls without the token."""
+def make_server(max_workers: int = 16, token: str | None = None) -> grpc.Server:
+    """A server that refuses every call without the job's token (UNAUTHENTICATED).
+
+    ``token`` defaults to the one in ``$ELASTICDL_TOKEN_FILE``; with neither, no server is
+    made (``auth.TokenError``): whatever address it is bound to, it fails closed.
+    """
+    token = token or security.require_token("a gRPC server of the job")
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers), options=_OPTIONS,
-        interceptors=security.server_interceptors(),
+        interceptors=security.server_interceptors(token),
     )
 
 
@@ -36,7 +41,10 @@ def bind_local(server: grpc.Server, port: int = 0) -> int:
 
 
 def bind_role(server: grpc.Server, port: int = 0) -> int:
-    """127.0.0.1 locally; in a Kubernetes pod its own IP (ELASTICDL_POD_IP, from the pod spec)."""
+    """127.0.0.1 locally; in a Kubernetes pod its own IP (ELASTICDL_POD_IP, from the pod spec).
+
+    Either way the server came from ``make_server``, so it serves only callers with the token.
+    """
     host = os.environ.get(POD_IP_ENV, "")
     if not host:
         return bind_local(server, port)
@@ -46,9 +54,9 @@ def bind_role(server: grpc.Server, port: int = 0) -> int:
     return bound
 
 
-def make_channel(address: str) -> grpc.Channel:
-    """In a cluster every call carries the job's token (see elasticdl/rpc/auth.py)."""
-    return security.secure_channel(grpc.insecure_channel(address, options=_OPTIONS))
+def make_channel(address: str, token: str | None = None) -> grpc.Channel:
+    """Every call carries ``token`` (default: the job's, see elasticdl/rpc/auth.py)."""
+    return security.secure_channel(grpc.insecure_channel(address, options=_OPTIONS), token)
 
 
 def wait_for_channel(channel: grpc.Channel, address: str, timeout: float) -> None:

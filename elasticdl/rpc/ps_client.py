@@ -72,9 +72,10 @@ class PSStats:
 
 
 class PSClient:
-    def __init__(self, addresses: list[str], connect_timeout: float = 60.0):
+    def __init__(self, addresses: list[str], connect_timeout: float = 60.0, token: str | None = None):
+        """``token``: the job's (default: the one in ``$ELASTICDL_TOKEN_FILE``)."""
         self.addresses = addresses
-        self._channels = [make_channel(a) for a in addresses]
+        self._channels = [make_channel(a, token) for a in addresses]
         for channel, address in zip(self._channels, addresses):
             wait_for_channel(channel, address, connect_timeout)
         # Streamed pulls answer in bytes: their tensors are read as views, not copied twice.

@@ -8,9 +8,11 @@ import signal
 import sys
 
 from elasticdl.config import JobConfig
+from elasticdl.errors import report_exit
 from elasticdl.launch.child import die_with_parent
 from elasticdl.logs import configure_logging
 from elasticdl.model.tf_runtime import configure_tensorflow, default_threads, quiet_tensorflow
+from elasticdl.rpc.auth import TokenError, require_token
 
 logger = logging.getLogger("elasticdl.worker")
 
@@ -24,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ps_addrs", required=True, help="comma-separated, in PS id order")
     parser.add_argument("--command", default="train", help="the job's command: train, evaluate or predict")
     args = parser.parse_args(argv)
+    try:  # every call to the master and the PS carries the job's token: without it, none would pass
+        require_token(f"worker {args.worker_id}")
+    except TokenError as err:
+        return report_exit(f"elasticdl worker-{args.worker_id}", err)
 
     with open(args.job_config) as f:
         config = JobConfig.from_json(f.read())
@@ -54,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         consistency=ConsistencyPolicy.from_config(config, ps.num_ps),
         prediction_outputs=config.outputs.prediction_outputs,
         may_initialize_ps=args.command == "train",
+        max_bad_records=config.data.max_bad_records if args.command != "predict" else 0,
     )
     # Preemption is a scale-down, not a failure: finish the batch, report, leave (exit 0).
     signal.signal(signal.SIGTERM, lambda *_: worker.request_stop())

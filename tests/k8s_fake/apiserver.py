@@ -5,7 +5,8 @@ watch (resourceVersion, 410 Gone once compacted, bookmarks), pod status patches,
 binding and log subresources. It refuses what a real server refuses: a duplicate name
 (409 AlreadyExists), a missing namespace or object (404 NotFound), an invalid object
 (422 Invalid: the OpenAPI schema through kubernetes-validate, plus the semantic checks a
-real server makes), a missing token (401) and, when a test says so, RBAC (403).
+real server makes), a missing token (401) and, when a test says so, RBAC (403): a
+(user, verb, resource) it forbids, or all a Role's rules do not grant (``grant_only``).
 Deleting a pod bound to a node is graceful (deletionTimestamp; the kubelet finishes it);
 deleting an owner deletes its dependents (ownerReferences), as the garbage collector does.
 
@@ -373,6 +374,15 @@ _PATH = re.compile(
 )
 
 
+def rbac_grants(rules: list[dict], verb: str, resource: str) -> bool:
+    """Whether RBAC ``rules`` (a Role's) let ``verb`` on ``resource`` (``pods/log``...) of the core group."""
+    return any(
+        "" in rule.get("apiGroups", ()) and {resource, "*"} & set(rule.get("resources", ()))
+        and {verb, "*"} & set(rule.get("verbs", ()))
+        for rule in rules
+    )
+
+
 class FakeApiServer:
     """``with FakeApiServer() as api:`` serves on ``api.url``; ``api.store`` holds the objects."""
 
@@ -380,6 +390,7 @@ class FakeApiServer:
         self.store = Store(service_subnet)
         self.tokens = tokens or {"admin-token": "admin"}  # bearer token -> user name
         self.forbidden: set[tuple[str, str, str]] = set()  # (user, verb, resource) refused with 403
+        self.roles: dict[str, list[dict]] = {}  # user -> RBAC rules: all that user may do (see grant_only)
         self.log_paths: dict[tuple[str, str], str] = {}  # (ns, pod) -> the kubelet's log file
         self.requests: list[tuple[str, str, str]] = []  # (user, verb, resource), for tests
         self._fail_next: list[int] = []  # HTTP codes to answer the next requests with
@@ -414,6 +425,10 @@ class FakeApiServer:
 
     def forbid(self, user: str, verb: str, resource: str) -> None:
         self.forbidden.add((user, verb, resource))
+
+    def grant_only(self, user: str, rules: list[dict]) -> None:
+        """RBAC for ``user``: a request no rule grants (core API group) is refused with 403."""
+        self.roles[user] = rules
 
     def fail_next(self, *codes: int, method: str = "GET", user: str = "admin") -> None:
         """Answer the next ``method`` requests of ``user`` with these HTTP error codes (e.g. 500, 503)."""
@@ -484,7 +499,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _authorize(self, user: str, verb: str, resource: str, ns: str | None) -> None:
         self.api.requests.append((user, verb, resource))
-        if (user, verb, resource) in self.api.forbidden or (user, "*", resource) in self.api.forbidden:
+        rules = self.api.roles.get(user)
+        refused = rules is not None and not rbac_grants(rules, verb, resource)
+        if refused or (user, verb, resource) in self.api.forbidden or (user, "*", resource) in self.api.forbidden:
             group, _, sub = resource.partition("/")
             where = f' in the namespace "{ns}"' if ns else " at the cluster scope"
             raise ApiError(403, "Forbidden",

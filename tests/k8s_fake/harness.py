@@ -25,6 +25,15 @@ ADMIN_TOKEN = "admin-token"
 KUBELET_TOKEN = "kubelet-token"
 MASTER_TOKEN = "master-sa-token"
 MASTER_USER = "system:serviceaccount:{ns}:elasticdl"
+DEPLOY_YAML = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                           "dockerfiles", "deploy.yaml")
+
+
+def deploy_role_rules(path: str = DEPLOY_YAML) -> list[dict]:
+    """The rules of the master's Role in dockerfiles/deploy.yaml."""
+    with open(path) as f:
+        [role] = [d for d in yaml.safe_load_all(f) if d and d["kind"] == "Role"]
+    return role["rules"]
 
 
 def write_kubeconfig(path: str, server: str, token: str) -> str:
@@ -41,7 +50,9 @@ def write_kubeconfig(path: str, server: str, token: str) -> str:
 
 class FakeCluster:
     def __init__(self, base_dir, namespaces=("default",), capacity: int = 32, unpullable=(),
-                 extra_env: dict[str, str] | None = None):
+                 extra_env: dict[str, str] | None = None, master_rules: list[dict] | None = None):
+        """``master_rules``: the master's service account may do only what these RBAC rules
+        grant (e.g. ``deploy_role_rules()``); by default it may do anything."""
         self.base_dir = str(base_dir)
         octet = random.randint(0, 120)
         self.master_user = MASTER_USER.format(ns=namespaces[0] if namespaces else "default")
@@ -49,6 +60,8 @@ class FakeCluster:
             {ADMIN_TOKEN: "admin", KUBELET_TOKEN: "system:node:fake-node", MASTER_TOKEN: self.master_user},
             service_subnet=f"127.{130 + octet}",
         )
+        if master_rules is not None:
+            self.api.grant_only(self.master_user, master_rules)
         for ns in namespaces:
             self.api.create_namespace(ns)
         self.kubeconfig = write_kubeconfig(os.path.join(self.base_dir, "kubeconfig"), self.api.url, ADMIN_TOKEN)

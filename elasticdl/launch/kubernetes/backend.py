@@ -9,6 +9,8 @@
   (``137`` → ``-9``); ``ProcessExit.reason`` says Deleted, Evicted, OOMKilled, ImagePullBackOff...
 - Files the local backend passes by path (``--job_config``) travel in the pod's
   environment; ``elasticdl.launch.kubernetes.pod_entry`` writes them back to files in the pod.
+  The job config goes without the values of ``--envs`` (pods read them from the job's Secret).
+- The job's token is the mounted Secret's (``Backend.token``); every pod mounts it.
 """
 
 from __future__ import annotations
@@ -186,6 +188,9 @@ class KubernetesBackend(Backend):
         if record is not None and record.state is PodPhase.EXITED:
             self._delete_and_wait(name, 0)  # a relaunch under the same name (PS)
         pod_args, file_env = inline_file_args(args)
+        config_env = file_env_name("--job_config")
+        if config_env in file_env:  # --envs values reach pods from the job's Secret, never in their config
+            file_env[config_env] = manifests.without_secret_values(JobConfig.from_json(file_env[config_env])).to_json()
         port = None
         if role == "ps":
             self._ensure_ps_service(index)

@@ -6,7 +6,7 @@ worker pods. Unless --detach, the client follows the master: it reports a master
 cannot be scheduled or cannot pull its image, streams its log, and ends with the master's
 outcome: the report on success; on failure the master's exit code (elasticdl/errors.py):
 2 when it found the input wrong, else 1. ``--yaml FILE`` writes the manifests instead of
-submitting them.
+submitting them, readable by the submitter only (0600: the file holds the job's Secret).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from elasticdl.errors import EXIT_USER_ERROR, JobFailedError, UserError
 from elasticdl.launch.kubernetes import manifests
 from elasticdl.launch.kubernetes.client import K8sClient, K8sClusterError, K8sContainerError, K8sError
 from elasticdl.launch.kubernetes.pod_state import FATAL_WAITING, view
-from elasticdl.rpc.auth import new_token
+from elasticdl.rpc.auth import new_token, write_private
 
 logger = logging.getLogger(__name__)
 
@@ -67,10 +67,13 @@ def submit(config: JobConfig, command: str, client: K8sClient | None = None) -> 
     name = pod["metadata"]["name"]
     job = SubmittedJob(config.job.job_name, config.kubernetes.namespace, name)
     if config.kubernetes.yaml:
-        with open(config.kubernetes.yaml, "w", encoding="utf-8") as f:
-            f.write(manifests.dumps_yaml([secret, service, pod]))
+        try:
+            write_private(config.kubernetes.yaml, manifests.dumps_yaml([secret, service, pod]))  # 0600
+        except OSError as err:
+            raise ConfigError(f"--yaml {config.kubernetes.yaml!r} cannot be written: {err}") from None
         job.yaml = config.kubernetes.yaml
-        print(f"wrote the master's Secret, Service and Pod to {config.kubernetes.yaml}; submit them with "
+        print(f"wrote the master's Secret, Service and Pod to {config.kubernetes.yaml} (mode 0600: it holds "
+              f"the job's token and --envs values); submit them with "
               f"`kubectl apply -f {config.kubernetes.yaml}`", file=sys.stderr)
         return job
     client = client or K8sClient(config.kubernetes.namespace)
