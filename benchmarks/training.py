@@ -141,6 +141,7 @@ def run_elasticdl(spec_json: dict) -> dict:
     import tensorflow  # noqa: F401  (imported before the clock starts, as for the other competitors)
 
     from elasticdl import api
+    from elasticdl.config import suggest_job_name
     from elasticdl.launch.local import LocalBackend
     from elasticdl.rpc.ps_client import PSClient
 
@@ -184,7 +185,7 @@ def run_elasticdl(spec_json: dict) -> dict:
             num_workers=nw, num_ps=spec_json.get("num_ps", 1),
             use_async=spec_json.get("use_async", False),
             num_threads_per_process=max(1, spec_json["threads"] // nw),
-            job_name=f"{spec_json['tag']}-{model_cfg['name']}", log_level="WARNING",
+            job_name=suggest_job_name(f"{spec_json['tag']}-{model_cfg['name']}"), log_level="WARNING",
             **model_cfg.get("job_flags", {}),
         )
         backend = InstrumentedBackend(config.job.effective_log_dir)

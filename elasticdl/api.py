@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 
-from elasticdl.config import ConfigError, JobConfig
+from elasticdl.config import ConfigError, JobConfig, check_job_name
 from elasticdl.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -109,6 +109,7 @@ def scale(job_name: str, num_workers: int, master_addr: str = "", timeout: float
     from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
     from elasticdl.rpc.channel import make_channel, wait_for_channel
 
+    check_job_name(job_name)  # never a path: runs/../../x would read outside runs/
     run_dir = os.path.join("runs", job_name)
     if not master_addr:
         addr_file = os.path.join(run_dir, "master.addr")

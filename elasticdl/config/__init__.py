@@ -30,7 +30,8 @@ class ConfigError(UserError, ValueError):
     """A flag or flag combination that cannot work; the message names the flag and the fix."""
 
 
-# The sections raise ConfigError: they are imported once it exists.
+# The sections and the path checks raise ConfigError: they are imported once it exists.
+from elasticdl.config.paths import check_job_name, check_writable_dir, suggest_job_name  # noqa: E402
 from elasticdl.config.sections import (  # noqa: E402
     COMMANDS,
     LOG_LEVELS,
@@ -50,8 +51,8 @@ from elasticdl.config.sections import (  # noqa: E402
 __all__ = [
     "BACKENDS", "COMMANDS", "FLAGS", "LOG_LEVELS", "SECTIONS", "CheckpointSection", "ConfigError",
     "ConsistencySection", "DataSection", "ElasticitySection", "EvaluationSection", "Flag", "JobConfig",
-    "JobSection", "KubernetesSection", "OutputSection", "TrainingSection", "parse_kv_params",
-    "render_kv_params",
+    "JobSection", "KubernetesSection", "OutputSection", "TrainingSection", "check_job_name",
+    "check_writable_dir", "parse_kv_params", "render_kv_params", "suggest_job_name",
 ]
 
 
@@ -130,8 +131,8 @@ class JobConfig:
         """Fill the defaults that depend on other fields."""
         cfg = copy.deepcopy(self)
         cfg.job.log_level = cfg.job.log_level.upper()
-        if not cfg.job.job_name:
-            model = cfg.training.model_def.rsplit(".", 2)[0].replace(".", "-").replace("_", "-") or "job"
+        if not cfg.job.job_name:  # a DNS label that fits Kubernetes' names: elasticdl-<model>-<time>
+            model = suggest_job_name(cfg.training.model_def.rsplit(".", 2)[0], max_length=30)
             cfg.job.job_name = f"elasticdl-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
         if not cfg.outputs.prediction_outputs:
             cfg.outputs.prediction_outputs = os.path.join(cfg.job.run_dir, "predictions")
@@ -148,6 +149,8 @@ class JobConfig:
         training, data, checkpoints = self.training, self.data, self.checkpoints
         if command not in COMMANDS:
             raise ConfigError(f"Unknown command {command!r}; use one of {', '.join(COMMANDS)}.")
+        if self.job.job_name:  # empty until with_defaults() names the job
+            check_job_name(self.job.job_name)
         if not training.model_zoo:
             raise ConfigError("--model_zoo is required: the directory holding your model-zoo packages.")
         if check_paths and not os.path.isdir(training.model_zoo):
@@ -209,6 +212,22 @@ class JobConfig:
             raise ConfigError(f"--checkpoint_dir_for_init {init!r} does not exist.")
         if check_paths:
             self._validate_checkpoint_dir(command)
+            self._validate_output_dirs(command)
+
+    def _validate_output_dirs(self, command: str) -> None:
+        """Every directory the job writes is a writable directory, or creatable, with room: found
+        now, not when the job ends (the final checkpoint, the export, the report). On
+        Kubernetes this runs in the master pod, where the volumes are mounted as in every pod."""
+        job, outputs = self.job, self.outputs
+        dirs = [("runs/<job_name> (the job's directory)", job.run_dir), ("--log_dir", job.log_dir)]
+        if command == "train":
+            dirs += [("--checkpoint_dir", self.checkpoints.checkpoint_dir), ("--output", outputs.output)]
+        if command in ("train", "evaluate"):
+            dirs.append(("--tensorboard_log_dir", outputs.tensorboard_log_dir))
+        if command == "predict":
+            dirs.append(("--prediction_outputs", outputs.prediction_outputs))
+        for flag, path in dirs:
+            check_writable_dir(flag, path)
 
     def _validate_checkpoint_dir(self, command: str) -> None:
         """A fresh job must not mix its versions with an old job's: they would collide and be pruned."""

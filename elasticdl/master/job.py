@@ -32,7 +32,7 @@ from elasticdl.master.instance_manager import InstanceManager, Launch, Stop
 from elasticdl.master.job_state import JobState, job_fingerprint
 from elasticdl.master.preflight import CheckedJob, check_eval_metrics
 from elasticdl.master.progress import TrainingProgress
-from elasticdl.master.report import JobReport
+from elasticdl.master.report import CheckpointFailures, JobReport
 from elasticdl.master.servicer import MasterServicer
 from elasticdl.master.task_manager import TaskManager, TaskType
 from elasticdl.master.telemetry import StalenessSummary, summarize
@@ -107,6 +107,8 @@ class Job:
         self.tensorboard = None
         self._epoch_loss_mark = (0.0, 0)
         self._telemetry_mark = StalenessSummary()
+        self._checkpoint_failures = CheckpointFailures()
+        self._step = "start"  # what the job is doing, for the report of a failure
 
     # ------------------------------------------------------------ JobControl (callbacks)
 
@@ -146,6 +148,8 @@ class Job:
     # ------------------------------------------------------------ run
 
     def run(self) -> JobReport:
+        """Run the job; its report. Whatever happens, runs/<job_name>/report.json is written: a
+        job that failed (also at its very end) raises its error after writing what failed."""
         cfg = self.config
         started = time.monotonic()
         os.makedirs(cfg.job.effective_log_dir, exist_ok=True)
@@ -159,42 +163,77 @@ class Job:
             tensorboard_log_dir=cfg.outputs.tensorboard_log_dir,
         )
         succeeded = False
+        self._step = "start"
         try:
             if self.state.open(self.main_tasks) and cfg.checkpoints.checkpoint_dir:
                 self._restore_latest_checkpoint()
             self._start()
+            self._step = "training" if self.command == "train" else self.command
             self._loop()
             if self.command == "train":
-                report.staleness = self._epoch_telemetry(self._ps.stats())
+                report.staleness = self._epoch_telemetry(self._ps_stats())
             self._finish(report)
             succeeded = True
+        except BaseException as err:
+            report.failed(self._step, err)
+            raise
         finally:
-            self.backend.stop_all()
-            if self._ps is not None:
-                self._ps.close()
-            if self._server is not None:
-                self._server.stop(grace=1)
-            if self.tensorboard is not None:
-                self.tensorboard.close()
-            job_done = succeeded and self.dispatcher.finished and self.dispatcher.main_finished
-            self.state.close(self.main_tasks, job_done)
-            logging.getLogger().removeHandler(master_log)
-            master_log.close()
-        report.seconds = round(time.monotonic() - started, 2)
-        report.model_version = max(report.model_version, self.model_version)
-        report.add_tasks(self.main_tasks, self.progress)
-        report.stopped_early = self.controller.stop_reason
-        report.add_instances(self.instances, self.controller.ps_relaunches)
-        report.ps_rollbacks = [r.to_dict() for r in self.controller.rollbacks]
-        report.state_store = "etcd" if cfg.elasticity.etcd_endpoints else "memory"
-        report.resumed = self.state.resumed
-        if self.state.in_etcd:
-            report.add_outages(self.state.outages)
-        report.add_evaluations(self.evaluation)
-        report.report_file = os.path.abspath(os.path.join(cfg.job.run_dir, "report.json"))
-        with open(report.report_file, "w") as f:
-            f.write(report.to_json())
+            try:
+                self._stop_everything(succeeded)
+            except BaseException as err:
+                if report.status == "succeeded":
+                    report.failed("stopping the roles", err)
+                raise
+            finally:
+                self._complete_report(report, started)
+                logging.getLogger().removeHandler(master_log)
+                master_log.close()
         return report
+
+    def _stop_everything(self, succeeded: bool) -> None:
+        self.backend.stop_all()
+        if self._ps is not None:
+            self._ps.close()
+        if self._server is not None:
+            self._server.stop(grace=1)
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        job_done = succeeded and self.dispatcher.finished and self.dispatcher.main_finished
+        self.state.close(self.main_tasks, job_done)
+
+    def _complete_report(self, report: JobReport, started: float) -> None:
+        """Fill in the report and write report.json. On a failed job nothing here may hide its
+        error: a problem is logged instead."""
+        cfg = self.config
+        try:
+            report.seconds = round(time.monotonic() - started, 2)
+            report.model_version = max(report.model_version, self.model_version)
+            report.add_tasks(self.main_tasks, self.progress)
+            if self.controller is not None:
+                report.stopped_early = self.controller.stop_reason
+                report.add_instances(self.instances, self.controller.ps_relaunches)
+                report.ps_rollbacks = [r.to_dict() for r in self.controller.rollbacks]
+            report.state_store = "etcd" if cfg.elasticity.etcd_endpoints else "memory"
+            report.resumed = self.state.resumed
+            if self.state.in_etcd:
+                report.add_outages(self.state.outages)
+            report.add_evaluations(self.evaluation)
+            report.checkpoint_failures = self._checkpoint_failures.total
+            report.checkpoint_errors = list(self._checkpoint_failures.errors)
+        except Exception:
+            if report.status == "succeeded":
+                raise
+            logger.exception("the report of the failed job is incomplete")
+        path = os.path.abspath(os.path.join(cfg.job.run_dir, "report.json"))
+        try:
+            report.report_file = path
+            report.write(path)
+        except OSError as err:
+            report.report_file = ""
+            logger.error("could not write the job's report to %s: %s", path, err)
+            return
+        if report.status != "succeeded":
+            logger.error("the job %s at %s: %s; report: %s", report.status, report.failed_step, report.error, path)
 
     def _restore_latest_checkpoint(self) -> None:
         """A resumed job: the PS come back from the latest checkpoint (updates since then are lost)."""
@@ -438,7 +477,7 @@ class Job:
         """Telemetry (and the model, for callbacks without evaluation): every PS call first, so
         that a PS restart leaves nothing half done."""
         try:
-            stats = self._ps.stats()
+            stats = self._ps_stats()
             version = self._sync_model() if decision.sync_model else 0
         except grpc.RpcError as err:
             if err.code() != grpc.StatusCode.UNAVAILABLE:
@@ -469,9 +508,17 @@ class Job:
                 raise c.PSUnavailable(str(err.details())) from None
             raise
 
+    def _ps_stats(self) -> list:
+        """Every PS's stats; checkpoint writes that failed since the last look are logged."""
+        stats = self._ps.stats()
+        for message in self._checkpoint_failures.note(stats):
+            logger.error("a checkpoint could not be written (%s); training goes on, the PS tries again "
+                         "at its next checkpoint", message)
+        return stats
+
     def _poll_version(self) -> int:
         try:
-            return min(s.version for s in self._ps.stats())
+            return min(s.version for s in self._ps_stats())
         except grpc.RpcError:
             return 0  # a PS is restarting: ask again at the next poll (the controller ignores lower versions)
 
@@ -518,20 +565,43 @@ class Job:
         from elasticdl.model.export import export_saved_model
 
         cfg = self.config
+        self._step = "final model pull"
         report.model_version = max(self._sync_model(), self.model_version)
         if self.command == "train":
             if cfg.checkpoints.checkpoint_dir:
-                report.checkpoint = self._ps.save_checkpoint()[0]
+                self._step = "final checkpoint"
+                try:
+                    report.checkpoint = self._ps.save_checkpoint()[0]
+                except grpc.RpcError as err:
+                    raise JobFailedError(
+                        f"the final checkpoint in --checkpoint_dir {cfg.checkpoints.checkpoint_dir} failed: "
+                        f"{err.details()}"
+                    ) from None
                 logger.info("final checkpoint: %s", report.checkpoint)
+            self._step = "on_train_end"
             self.callbacks.on_train_end({"model_version": report.model_version})
             if cfg.outputs.output:
-                report.saved_model = export_saved_model(self._serving_model(), cfg.outputs.output)
+                self._step = "export"
+                try:
+                    report.saved_model = export_saved_model(self._serving_model(), cfg.outputs.output)
+                except OSError as err:
+                    raise JobFailedError(
+                        f"exporting the SavedModel to --output {cfg.outputs.output} failed: {err}"
+                    ) from err
         if self.command == "predict" and self.checked.spec.prediction_outputs_processor is None:
             from elasticdl.model.prediction import join_parts
 
+            self._step = "prediction join"
             shards = make_shards(self.checked.files, cfg.effective_records_per_task)
-            report.predictions = join_parts(cfg.outputs.prediction_outputs, shards)
+            try:
+                report.predictions = join_parts(cfg.outputs.prediction_outputs, shards)
+            except OSError as err:
+                raise JobFailedError(
+                    f"joining the predictions in --prediction_outputs {cfg.outputs.prediction_outputs} "
+                    f"failed: {err}"
+                ) from err
             logger.info("predictions: %s", report.predictions)
+        self._step = "done"
         if self.evaluation is not None and self.evaluation.results:
             last = self.evaluation.results[-1]
             logger.info(

@@ -13,9 +13,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from elasticdl.config import JobConfig
+from elasticdl.config.paths import MIN_FREE_BYTES, check_writable_dir
 from elasticdl.data.sources import count_records, read_records, record_format, resolve_data_files
 from elasticdl.mode import Mode
-from elasticdl.model.optimizers import OptimizerSpec, UnsupportedOptimizerError, optimizer_spec_from_keras
+from elasticdl.model.optimizers import (
+    OptimizerSpec,
+    UnsupportedOptimizerError,
+    make_optimizer,
+    optimizer_spec_from_keras,
+)
 from elasticdl.model.spec import DatasetMetadata, ModelSpec, ModelSpecError, load_model_spec
 
 logger = logging.getLogger(__name__)
@@ -60,8 +66,23 @@ def check_job(config: JobConfig, command: str = "train") -> CheckedJob:
         except ImportError:
             raise ModelSpecError("--tensorboard_log_dir needs the tensorboard package: pip install tensorboard") from None
     mode = {"train": Mode.TRAINING, "evaluate": Mode.EVALUATION, "predict": Mode.PREDICTION}[command]
-    features = _check_one_batch(spec, config, files, has_header, metrics, mode)
+    features, trainer = _check_one_batch(spec, config, files, has_header, metrics, mode)
+    if command == "train":
+        _check_room_for_the_model(config, optimizer_spec, trainer)
     return CheckedJob(config, spec, optimizer_spec, files, features)
+
+
+def _check_room_for_the_model(config: JobConfig, optimizer_spec: OptimizerSpec, trainer) -> None:
+    """--checkpoint_dir has room for one checkpoint of the dense model (its variables and the
+    optimizer's slots), --output for the SavedModel: a full disk fails now, not after training.
+    (config.validate checked that both are writable directories, or creatable.)"""
+    parameter_bytes = sum(int(v.numpy().nbytes) for v in trainer.variables.values())
+    slots = len(make_optimizer(optimizer_spec).slot_names)
+    if config.checkpoints.checkpoint_dir:
+        check_writable_dir("--checkpoint_dir", config.checkpoints.checkpoint_dir,
+                           MIN_FREE_BYTES + parameter_bytes * (1 + slots))
+    if config.outputs.output:
+        check_writable_dir("--output", config.outputs.output, MIN_FREE_BYTES + parameter_bytes)
 
 
 def _check_optimizer(spec: ModelSpec) -> OptimizerSpec:
@@ -96,7 +117,8 @@ def check_eval_metrics(spec: ModelSpec) -> dict[str, Any]:
     return metrics
 
 
-def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> Any:
+def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> tuple[Any, Any]:
+    """(one batch of features, the model-built Trainer)."""
     import tensorflow as tf
 
     from elasticdl.model.trainer import Trainer, make_dataset
@@ -119,7 +141,7 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> An
         features = batch[0] if isinstance(batch, tuple) and len(batch) == 2 else batch
         trainer = Trainer(spec, config.training.model_params, config.training.embedding_swap_threshold_mb)
         trainer.ensure_built(features)
-        return features
+        return features, trainer
     if not isinstance(batch, tuple) or len(batch) != 2:
         raise ModelSpecError(
             f"{spec.module_path}: in {mode} mode dataset_fn must yield (features, labels) pairs. "
@@ -132,7 +154,7 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> An
     if metrics:
         _check_metrics_on(spec, labels, predictions)
     if mode == Mode.EVALUATION:
-        return features
+        return features, trainer
     try:
         loss = spec.loss(labels, predictions)
     except Exception as err:
@@ -152,7 +174,7 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> An
         "".join(f"; embedding table {i.name} (rows of {i.dim}) on the parameter servers"
                 for i in trainer.embeddings.infos.values()),
     )
-    return features
+    return features, trainer
 
 
 def _check_metrics_on(spec: ModelSpec, labels, predictions) -> None:

@@ -1,10 +1,17 @@
-"""The job's report: what ``elasticdl train|evaluate|predict`` prints and writes to report.json."""
+"""The job's report: what ``elasticdl train|evaluate|predict`` prints and writes to report.json.
+
+The master writes report.json whatever the outcome: a job that failed (also at its end: the
+final checkpoint, the export, the prediction join) has ``status`` "failed", the step that
+failed and the error, and still raises that error (its exit code is in ``exit_code``).
+"""
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 
+from elasticdl.errors import exit_status
 from elasticdl.master.evaluation_service import EvaluationService
 from elasticdl.master.instance_manager import InstanceManager
 from elasticdl.master.progress import TrainingProgress
@@ -15,6 +22,10 @@ from elasticdl.master.task_manager import TaskManager
 class JobReport:
     job_name: str
     command: str = "train"
+    status: str = "succeeded"  # or "failed", "interrupted"
+    failed_step: str = ""  # where a failed job stopped: start, training, final checkpoint, export, ...
+    error: str = ""  # the error that ended it, as the command prints it
+    exit_code: int = 0
     seconds: float = 0.0
     epochs: int = 0
     records_trained: int = 0
@@ -47,9 +58,32 @@ class JobReport:
     etcd_outages: list[dict] = field(default_factory=list)
     consistency: str = ""
     staleness: dict = field(default_factory=dict)
+    # PS checkpoint writes that failed during the job (training went on; the next one retried).
+    checkpoint_failures: int = 0
+    checkpoint_errors: list[str] = field(default_factory=list)  # distinct messages, the first few
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    def failed(self, step: str, err: BaseException) -> None:
+        """The job stopped at ``step`` with ``err`` (which the job raises after writing this)."""
+        self.exit_code, message = exit_status(err)
+        self.status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+        self.failed_step = step
+        self.error = message
+
+    def write(self, path: str) -> None:
+        """Write the report to ``path`` atomically (a temp file, then rename)."""
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                f.write(self.to_json())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
 
     def add_tasks(self, tasks: TaskManager | None, progress: TrainingProgress) -> None:
         """Epochs, records and their repeats (training), dropped tasks (training and prediction)."""
@@ -85,3 +119,33 @@ class JobReport:
         self.etcd_outages = [
             {"seconds": round(o.seconds, 2), "error": o.error, "snapshots_kept": o.snapshots_kept} for o in outages
         ]
+
+
+MAX_CHECKPOINT_ERRORS = 5
+
+
+class CheckpointFailures:
+    """Checkpoint write failures the PS count (in their stats), noticed by the master.
+
+    A PS counts its failures from its start; a relaunched PS counts from 0 again.
+    """
+
+    def __init__(self):
+        self._seen: dict[int, int] = {}  # PS index -> its count at the last look
+        self.total = 0
+        self.errors: list[str] = []
+
+    def note(self, stats: list) -> list[str]:
+        """The messages of failures new since the last look, one per PS that had some."""
+        new = []
+        for ps, s in enumerate(stats):
+            count = s.checkpoint_failures
+            last = self._seen.get(ps, 0)
+            fresh = count - last if count >= last else count  # fewer: the PS was relaunched
+            self._seen[ps] = count
+            if fresh > 0:
+                self.total += fresh
+                new.append(f"PS {ps}: {s.checkpoint_error}")
+                if s.checkpoint_error not in self.errors and len(self.errors) < MAX_CHECKPOINT_ERRORS:
+                    self.errors.append(s.checkpoint_error)
+        return new

@@ -1,6 +1,8 @@
 """PS shard checkpoints: ``<dir>/version-<v>/ps-<i>-of-<n>.npz``.
 
-Each PS writes its own file (atomically: a temp file, then rename). A version directory
+Each PS writes its own file atomically: a hidden temp file in the version directory,
+fsynced, renamed over the final name, then the directory fsynced, so a crash or a full disk
+leaves either the whole file or none (never a partial ``ps-*.npz``). A version directory
 is complete when all ``n`` files are there. Restoring reads every file of a version and
 keeps the variables that hash to this PS, so a job may restart on a different number
 of parameter servers. Embedding tables are saved as their ids, rows and per-row slots;
@@ -13,12 +15,13 @@ import glob
 import json
 import os
 import re
+import secrets
 import shutil
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from elasticdl.errors import UserError
+from elasticdl.errors import JobFailure, UserError
 from elasticdl.model.embedding.table import TableInfo
 from elasticdl.model.sharding import ps_for_variable
 
@@ -28,6 +31,11 @@ _SHARD_FILE = re.compile(r"^ps-(\d+)-of-(\d+)\.npz$")
 
 class CheckpointError(UserError, ValueError):
     """No usable checkpoint where one was asked for."""
+
+
+class CheckpointWriteError(JobFailure, OSError):
+    """A shard could not be written (a full disk, a directory that became unwritable); no
+    partial file is left behind."""
 
 
 @dataclass
@@ -50,8 +58,52 @@ class ShardState:
 
 
 def save_shard(checkpoint_dir: str, ps_id: int, num_ps: int, state: ShardState) -> str:
+    """Write this PS's shard of ``state`` atomically; its path. CheckpointWriteError on failure."""
     version_dir = os.path.join(checkpoint_dir, f"version-{state.version}")
-    os.makedirs(version_dir, exist_ok=True)
+    path = os.path.join(version_dir, f"ps-{ps_id}-of-{num_ps}.npz")
+    try:
+        if not os.path.isdir(version_dir):
+            os.makedirs(version_dir, exist_ok=True)
+            _fsync_dir(checkpoint_dir)  # the new version directory's entry
+        write_atomically(path, lambda f: np.savez(f, **_arrays(state)))
+    except OSError as err:
+        raise CheckpointWriteError(
+            f"could not write checkpoint {path}: {err.strerror or err}"
+        ) from err
+    return path
+
+
+def write_atomically(path: str, write) -> None:
+    """``write(file)`` into a hidden temp file next to ``path``, fsync it, rename it over
+    ``path`` and fsync the directory. On any error the temp file is removed: ``path`` is
+    either the old file (or absent) or the whole new one."""
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(directory or ".")
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _arrays(state: ShardState) -> dict[str, np.ndarray]:
     arrays: dict[str, np.ndarray] = {
         "__version__": np.array(state.version, dtype=np.int64),
         "__step__": np.array(state.step, dtype=np.int64),
@@ -67,11 +119,7 @@ def save_shard(checkpoint_dir: str, ps_id: int, num_ps: int, state: ShardState) 
         arrays[f"embedding_rows:{name}"] = table.rows
         for slot_name, slot in table.slots.items():
             arrays[f"embedding_slot:{slot_name}:{name}"] = slot
-    path = os.path.join(version_dir, f"ps-{ps_id}-of-{num_ps}.npz")
-    tmp = path + ".tmp.npz"
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
-    return path
+    return arrays
 
 
 def complete_versions(checkpoint_dir: str) -> list[int]:

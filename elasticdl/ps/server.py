@@ -81,6 +81,10 @@ class ParameterServer:
         self._lock = threading.Lock()
         self._version_changed = threading.Condition(self._lock)
         self._last_checkpoint_version = -1
+        # Checkpoints are written off the lock (a copy taken under it), one at a time.
+        self._checkpoint_lock = threading.Lock()
+        self.checkpoint_failures = 0  # writes that failed (under the lock); the next one retries
+        self.checkpoint_error = ""  # the last failure's message
         self._snapshots: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
         self._table_snapshots: dict[int, dict[str, FrozenTable]] = {}
         self._learning_rate: float | None = None  # set by the master (a LearningRateScheduler)
@@ -216,6 +220,7 @@ class ParameterServer:
     ):
         """The PushResult; with ``encode``, ``encode(result, params)`` called under the lock, where
         ``params`` are the live parameters when this push made a new version, else None."""
+        due = None
         with self._lock:
             try:
                 self.shard.check_gradients(grads)
@@ -233,13 +238,14 @@ class ParameterServer:
                     learning_rate = self._learning_rate
                 result = self.strategy.push(self.shard, grads, version, learning_rate)
                 if self.shard.version != before:
-                    self._on_new_version()
-            if encode is None:
-                return result
-            return encode(result, self.shard.params if result.applied else None)
+                    due = self._on_new_version()
+            reply = result if encode is None else encode(result, self.shard.params if result.applied else None)
+        self._write_due_checkpoint(due)  # off the lock; never fails the push, which was applied
+        return reply
 
     def set_live_workers(self, count: int) -> None:
         """The master's count of workers holding a task (sync mode adapts grads_to_wait)."""
+        due = None
         with self._lock:
             before_wait, before_version = self.strategy.grads_to_wait, self.shard.version
             self.strategy.set_live_workers(self.shard, count)
@@ -251,7 +257,8 @@ class ParameterServer:
                     self.strategy.grads_to_wait * self.settings.minibatch_size,
                 )
             if self.shard.version != before_version:
-                self._on_new_version()
+                due = self._on_new_version()
+        self._write_due_checkpoint(due)
 
     def stats(self) -> tuple[int, UpdateTelemetry, int]:
         """(version, telemetry totals, grads_to_wait): a consistent snapshot for the master.
@@ -265,21 +272,28 @@ class ParameterServer:
             )
             return self.shard.version, totals, self.strategy.grads_to_wait
 
-    def _on_new_version(self) -> None:
-        """Called with the lock held whenever an update produced a version."""
+    def checkpoint_health(self) -> tuple[int, str]:
+        """(checkpoint writes that failed, the last failure's message), for the master."""
+        with self._lock:
+            return self.checkpoint_failures, self.checkpoint_error
+
+    def _on_new_version(self) -> checkpoint.ShardState | None:
+        """Called with the lock held whenever an update produced a version; a copy of the
+        shard when a checkpoint is due, for the caller to write once it released the lock."""
         self._version_changed.notify_all()
         # Only a version an update produced is checkpointed: not the initial or restored model.
-        if self._checkpoint_due():
-            self._save_locked()
+        return self._copy_locked() if self._checkpoint_due() else None
 
     def save_checkpoint(self) -> str:
-        """Write this shard now (the end of training); '' without --checkpoint_dir."""
+        """Write this shard now (the end of training); '' without --checkpoint_dir.
+        CheckpointWriteError when it cannot be written (also counted, as for a due one)."""
         with self._lock:
             if not self.settings.checkpoint_dir or not self.shard.initialized:
                 return ""
             if self._last_checkpoint_version == self.shard.version:
                 return self._path_for(self.shard.version)
-            return self._save_locked()
+            state = self._copy_locked()
+        return self._write_checkpoint(state)
 
     def _checkpoint_due(self) -> bool:
         steps = self.settings.checkpoint_steps
@@ -293,16 +307,47 @@ class ParameterServer:
     def _path_for(self, version: int) -> str:
         return f"{self.settings.checkpoint_dir}/version-{version}"
 
-    def _save_locked(self) -> str:
+    def _copy_locked(self) -> checkpoint.ShardState:
+        """A copy of the shard (under the lock): updates go on while it is written."""
         tables = {}
         for name, table in self.shard.embeddings.items():
-            ids, rows, slots = table.state()
+            ids, rows, slots = table.state()  # copies
             tables[name] = checkpoint.TableState(table.info, ids, rows, slots)
-        state = checkpoint.ShardState(
-            self.shard.version, self.shard.step, self.shard.params, self.shard.slots, tables
+        return checkpoint.ShardState(
+            self.shard.version, self.shard.step,
+            {n: v.copy() for n, v in self.shard.params.items()},
+            {n: {s: v.copy() for s, v in slots.items()} for n, slots in self.shard.slots.items()},
+            tables,
         )
-        checkpoint.save_shard(self.settings.checkpoint_dir, self.settings.ps_id, self.settings.num_ps, state)
-        checkpoint.prune(self.settings.checkpoint_dir, self.settings.keep_checkpoint_max)
-        self._last_checkpoint_version = self.shard.version
-        logger.info("checkpoint at version %d", self.shard.version)
-        return self._path_for(self.shard.version)
+
+    def _write_due_checkpoint(self, state: checkpoint.ShardState | None) -> None:
+        """Write a checkpoint an update made due. A failure is logged and counted (the master
+        reports it), never raised: the update was applied, and the next checkpoint retries."""
+        if state is None:
+            return
+        try:
+            self._write_checkpoint(state)
+        except Exception:  # noqa: BLE001  logged and counted by _write_checkpoint
+            pass
+
+    def _write_checkpoint(self, state: checkpoint.ShardState) -> str:
+        """Write ``state`` (off the PS lock), then prune; one write at a time."""
+        path = self._path_for(state.version)
+        with self._checkpoint_lock:
+            if state.version <= self._last_checkpoint_version:
+                return path  # written meanwhile (or a newer one: an older one would be pruned)
+            try:
+                checkpoint.save_shard(self.settings.checkpoint_dir, self.settings.ps_id, self.settings.num_ps, state)
+            except Exception as err:
+                expected = isinstance(err, checkpoint.CheckpointWriteError)  # else a bug: with its traceback
+                message = str(err) if expected else (
+                    f"could not write checkpoint version {state.version}: {type(err).__name__}: {err}")
+                with self._lock:
+                    self.checkpoint_failures += 1
+                    self.checkpoint_error = message
+                logger.error("%s; training goes on and the next checkpoint tries again", message, exc_info=not expected)
+                raise
+            checkpoint.prune(self.settings.checkpoint_dir, self.settings.keep_checkpoint_max)
+            self._last_checkpoint_version = state.version
+        logger.info("checkpoint at version %d", state.version)
+        return path

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 
+from elasticdl.model.checkpoint import CheckpointWriteError
 from elasticdl.model.embedding.table import EmbeddingError, IndexedRows, TableInfo
 from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
 from elasticdl.ps.server import ParameterServer
@@ -87,7 +88,10 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         return result if encode is not None else _push_reply(result)
 
     def save_checkpoint(self, request, context):
-        path = self._server.save_checkpoint()
+        try:
+            path = self._server.save_checkpoint()
+        except CheckpointWriteError as err:  # a full disk, an unwritable directory: no partial file
+            context.abort(grpc.StatusCode.INTERNAL, str(err))
         return elasticdl_pb2.SaveCheckpointResponse(path=path, version=self._server.shard.version)
 
     def take_snapshot(self, request, context):
@@ -142,6 +146,7 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
 
     def get_stats(self, request, context):
         version, telemetry, grads_to_wait = self._server.stats()
+        checkpoint_failures, checkpoint_error = self._server.checkpoint_health()
         return elasticdl_pb2.PSStats(
             version=version,
             pushes_accepted=telemetry.pushes_accepted,
@@ -152,6 +157,8 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
                 for k, v in sorted(telemetry.staleness.items())
             ],
             grads_to_wait=grads_to_wait,
+            checkpoint_failures=checkpoint_failures,
+            checkpoint_error=checkpoint_error,
         )
 
 

@@ -69,6 +69,8 @@ class PSStats:
     pushes_rejected_invalid: int
     staleness: dict[int, int]  # staleness of applied gradients -> count
     grads_to_wait: int
+    checkpoint_failures: int = 0  # checkpoint writes that failed (the next one tries again)
+    checkpoint_error: str = ""  # the last failure's message
 
 
 class PSClient:
@@ -309,6 +311,8 @@ class PSClient:
                 pushes_rejected_invalid=r.pushes_rejected_invalid,
                 staleness={c.staleness: c.count for c in r.staleness},
                 grads_to_wait=r.grads_to_wait,
+                checkpoint_failures=r.checkpoint_failures,
+                checkpoint_error=r.checkpoint_error,
             )
             for r in (f.result() for f in futures)
         ]
