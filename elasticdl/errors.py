@@ -50,6 +50,13 @@ class JobFailedError(JobFailure, RuntimeError):
     """The job could not finish; the message says which role failed and why."""
 
 
+class TrainingDivergedError(UserError, ArithmeticError):
+    """The loss or the gradients were NaN or Inf for several batches in a row.
+
+    Raised by a worker (which then pushes nothing more) and by the master, which fails the
+    job with it: running again with the same learning rate and inputs diverges again."""
+
+
 # What the programs catch and report with exit_status(); anything else is a bug (traceback).
 REPORTED = (ElasticDLError, KeyboardInterrupt)
 

@@ -25,7 +25,7 @@ NON_DEFAULT = {
     "minibatch_size": 32, "num_epochs": 3, "num_threads_per_process": 2, "embedding_swap_threshold_mb": 0.5,
     "training_data": "/data/train", "validation_data": "/data/val", "prediction_data": "/data/pred",
     "data_reader_params": "has_header=True", "num_minibatches_per_task": 4, "records_per_task": 100,
-    "shuffle_seed": 7,
+    "shuffle_seed": 7, "max_bad_records": 2,
     "evaluation_steps": 10, "evaluation_start_delay_secs": 1.5, "evaluation_throttle_secs": 2.5,
     "grads_to_wait": 2, "use_async": True, "staleness_bound": 3, "get_model_steps": 2,
     "sync_version_tolerance": 1, "lr_staleness_modulation": True,
@@ -55,7 +55,7 @@ def test_every_flag_is_in_exactly_one_section():
     assert {name: where for name, where in seen.items() if len(where) > 1} == {}
     assert set(seen) == set(FLAGS)
     assert all(FLAGS[name].section == where[0] for name, where in seen.items())
-    assert len(FLAGS) == 58  # the flags of the flat JobConfig, none lost or added
+    assert len(FLAGS) == 59  # the flags of the flat JobConfig, none lost or added; + --max_bad_records
 
 
 def test_jobconfig_holds_only_the_sections():

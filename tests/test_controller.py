@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from elasticdl.data.errors import BadRecord, BadRecordError
 from elasticdl.data.sources import Shard
+from elasticdl.errors import TrainingDivergedError
 from elasticdl.launch.api import ProcessExit
 from elasticdl.master import controller as c
 from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
@@ -40,21 +42,23 @@ def shards(tasks: int, records: int = 10) -> list[Shard]:
 
 
 def make(command="train", workers=2, epochs=2, tasks=2, evaluation_steps=0, with_eval=False, sync=False,
-         relaunch_limit=3, max_ps_relaunches=3):
+         relaunch_limit=3, max_ps_relaunches=3, max_bad_records=0, max_task_retries=3):
     clock = FakeClock()
     ps = FakePS()
     main = None
     if command in ("train", "predict"):
         main = TaskManager(shards(tasks), num_epochs=epochs if command == "train" else 1, clock=clock,
-                           shuffle=False, task_type=TaskType.TRAINING if command == "train" else TaskType.PREDICTION)
+                           shuffle=False, task_type=TaskType.TRAINING if command == "train" else TaskType.PREDICTION,
+                           max_task_retries=max_task_retries)
     evaluation = None
     if with_eval or command == "evaluate":
         evaluation = EvaluationService(shards(1), metrics_fn=dict, snapshot=ps.take_snapshot,
-                                       evaluation_steps=evaluation_steps, clock=clock)
+                                       evaluation_steps=evaluation_steps, clock=clock,
+                                       max_task_retries=max_task_retries)
     dispatcher = TaskDispatcher(main, evaluation)
     ctl = c.Controller(command, dispatcher, InstanceManager(workers, relaunch_limit=relaunch_limit),
                        sync_mode=sync, evaluation_steps=evaluation_steps, max_ps_relaunches=max_ps_relaunches,
-                       clock=clock)
+                       clock=clock, max_bad_records=max_bad_records)
     return ctl, dispatcher, ps, clock
 
 
@@ -482,3 +486,98 @@ def test_workers_leaving_after_end_are_not_refilled(code):
     answer(ctl, report(ctl, dispatcher, take(dispatcher, 0), 0))
     assert ctl.step(exit_of(0, code=code)) == [c.Finish()]
     assert ctl.instances.preemptions == 0
+
+
+# ---------------------------------------------------------------- what the workers' reports make fatal
+
+
+def bad(index: int, reason: str = "InvalidArgumentError: Feature: label is required") -> BadRecord:
+    return BadRecord("data.rec", index, reason)
+
+
+def test_by_default_the_first_bad_record_fails_the_job_naming_its_file_index_and_reason():
+    ctl, dispatcher, _, _ = make(workers=1)
+    ctl.start()
+    task = take(dispatcher, 0)
+    outcome = dispatcher.report(task.task_id, 0, "BadRecordError: ...", 0, bad_records=[bad(3)])
+    decisions = ctl.step(c.TaskReported(task.task_id, 0, outcome.accepted))
+    assert kinds(decisions) == ["Fail"]
+    fail = decisions[0]
+    assert isinstance(fail.cause, BadRecordError) and fail.cause.records == [bad(3)]
+    assert fail.error.startswith("bad record: data.rec: record 3: InvalidArgumentError: Feature: label is required.")
+    assert ctl.step(c.Tick()) == []  # the outcome stands
+
+
+def test_bad_records_within_max_bad_records_pass_and_one_more_fails_the_job():
+    ctl, dispatcher, _, _ = make(workers=1, epochs=2, max_bad_records=1)
+    ctl.start()
+    first = take(dispatcher, 0)
+    outcome = dispatcher.report(first.task_id, 0, "", 9, bad_records=[bad(3)])
+    assert of(ctl.step(c.TaskReported(first.task_id, 0, outcome.accepted)), c.Fail) == []
+    second = take(dispatcher, 0)  # the same record met again (another epoch, a retry) counts once
+    outcome = dispatcher.report(second.task_id, 0, "", 9, bad_records=[bad(3)])
+    assert of(answer(ctl, ctl.step(c.TaskReported(second.task_id, 0, outcome.accepted))), c.Fail) == []
+    third = take(dispatcher, 0)
+    outcome = dispatcher.report(third.task_id, 0, "", 9, bad_records=[bad(15, "CRC mismatch")])
+    decisions = ctl.step(c.TaskReported(third.task_id, 0, outcome.accepted))
+    assert kinds(decisions) == ["Fail"]
+    assert decisions[0].error.startswith("2 bad records, more than --max_bad_records=1: data.rec: record 3:")
+    assert "data.rec: record 15: CRC mismatch" in decisions[0].error
+
+
+def test_predict_skips_no_bad_record_whatever_max_bad_records_says():
+    ctl, dispatcher, _, _ = make(command="predict", workers=1, max_bad_records=5)
+    ctl.start()
+    task = take(dispatcher, 0)
+    outcome = dispatcher.report(task.task_id, 0, "BadRecordError: ...", 0, bad_records=[bad(3)])
+    decisions = ctl.step(c.TaskReported(task.task_id, 0, outcome.accepted))
+    assert kinds(decisions) == ["Fail"]
+    assert "`elasticdl predict` skips no record" in decisions[0].error and "--max_bad_records" not in decisions[0].error
+
+
+def test_training_that_diverged_fails_the_job_with_the_workers_message():
+    ctl, dispatcher, _, _ = make(workers=2)
+    ctl.start()
+    task = take(dispatcher, 1)
+    message = "TrainingDivergedError: task 0 (data.rec records 0-9), batch 2: the loss is nan ..."
+    outcome = dispatcher.report(task.task_id, 1, message, 0, diverged=True)
+    decisions = ctl.step(c.TaskReported(task.task_id, 1, outcome.accepted))
+    assert kinds(decisions) == ["Fail"]
+    assert isinstance(decisions[0].cause, TrainingDivergedError)
+    assert decisions[0].error == f"worker 1: {message}"
+
+
+def test_a_dropped_task_fails_the_job_naming_the_task_its_records_and_its_last_error():
+    ctl, dispatcher, _, _ = make(workers=1, max_task_retries=1)
+    ctl.start()
+    decisions = []
+    for _ in range(2):
+        task = take(dispatcher, 0)
+        decisions = report(ctl, dispatcher, task, 0, err="ValueError: boom")
+    assert kinds(decisions) == ["Fail"]
+    assert decisions[0].cause is None  # JobFailedError: exit code 1
+    assert decisions[0].error.startswith(
+        f"training task {task.task_id} (data.rec records 0-9, epoch 1) failed 2 times and was dropped; "
+        "the last error: worker 0 failed it: ValueError: boom."
+    )
+    assert "--max_task_retries" in decisions[0].error
+
+
+def test_a_task_dropped_after_timeouts_fails_the_job_at_the_next_event():
+    ctl, dispatcher, _, clock = make(workers=1, max_task_retries=0)
+    ctl.start()
+    take(dispatcher, 0)
+    clock.now += 601  # past --task_timeout: the next get_task drops it
+    dispatcher.get_task(0)
+    decisions = ctl.step(c.Tick())
+    assert kinds(decisions) == ["Fail"] and "held it longer than --task_timeout" in decisions[0].error
+
+
+def test_a_dropped_evaluation_task_fails_the_job_too():
+    ctl, dispatcher, _, _ = make(command="evaluate", workers=1, max_task_retries=0)
+    ctl.start()
+    ctl.step(c.Tick())  # starts the round
+    task = take(dispatcher, 0)
+    decisions = report(ctl, dispatcher, task, 0, err="InvalidArgumentError: bad metric input")
+    assert kinds(decisions) == ["Fail"]
+    assert decisions[0].error.startswith(f"evaluation task {task.task_id} (data.rec records 0-9")

@@ -184,7 +184,7 @@ class JobConfig:
         problem = self.elasticity.workers_problem(self.elasticity.num_workers)
         if problem:
             raise ConfigError(problem)
-        for name in ("records_per_task", "checkpoint_steps", "keep_checkpoint_max",
+        for name in ("records_per_task", "checkpoint_steps", "keep_checkpoint_max", "max_bad_records",
                      "max_task_retries", "num_threads_per_process", "relaunch_on_worker_failure"):
             value = self.flag_value(name)
             if value < 0:

@@ -205,6 +205,13 @@ class DataSection:
         0, "Records per task (0: --minibatch_size x --num_minibatches_per_task)."
     )
     shuffle_seed: int = flag(0, "Seed for the per-epoch task shuffle.", commands=("train",))
+    max_bad_records: int = flag(
+        0,
+        "Skip up to this many bad records in the job (corrupt, unparseable, or rejected by the model "
+        "or loss, e.g. a label out of range); the report lists each with its file, index and reason. "
+        "One more fails the job. 0: the first bad record fails the job.",
+        commands=("train", "evaluate"),
+    )
 
     @property
     def has_header(self) -> bool:

@@ -1,6 +1,6 @@
 """Record readers (TFRecord, CSV) and task shards; TensorFlow-free."""
 
-from elasticdl.data.errors import CorruptRecordError, DataError, NoDataFilesError
+from elasticdl.data.errors import BadRecord, BadRecordError, CorruptRecordError, DataError, NoDataFilesError
 from elasticdl.data.sources import (
     Shard,
     count_records,
@@ -12,6 +12,8 @@ from elasticdl.data.sources import (
 from elasticdl.data.tfrecord import write_records
 
 __all__ = [
+    "BadRecord",
+    "BadRecordError",
     "CorruptRecordError",
     "DataError",
     "NoDataFilesError",

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from elasticdl.data import csv_file, tfrecord
-from elasticdl.data.errors import NoDataFilesError
+from elasticdl.data.errors import CorruptRecordError, NoDataFilesError
 
 _TEXT_SUFFIXES = (".csv", ".txt")
 
@@ -101,12 +101,20 @@ def count_records(path: str, has_header: bool = False) -> int:
 
 
 def read_records(
-    path: str, start: int, end: int, has_header: bool = False
+    path: str,
+    start: int,
+    end: int,
+    has_header: bool = False,
+    on_corrupt: Callable[[CorruptRecordError], None] | None = None,
 ) -> Iterator[bytes]:
-    """Yield records ``start`` .. ``end - 1`` of ``path`` as bytes."""
+    """Yield records ``start`` .. ``end - 1`` of ``path`` as bytes.
+
+    A TFRecord record whose data is corrupt raises CorruptRecordError, or with ``on_corrupt``
+    is passed to it and not yielded (text lines cannot be corrupt at this level).
+    """
     if record_format(path) == "csv":
         return csv_file.read_records(path, start, end, has_header)
-    return tfrecord.read_records(path, start, end)
+    return tfrecord.read_records(path, start, end, on_corrupt)
 
 
 def make_shards(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import BinaryIO
 
 import google_crc32c
@@ -89,21 +89,28 @@ def count_records(path: PathLike) -> int:
             index += 1
 
 
-def read_records(path: PathLike, start: int, end: int) -> Iterator[bytes]:
+def read_records(
+    path: PathLike, start: int, end: int, on_corrupt: Callable[[CorruptRecordError], None] | None = None
+) -> Iterator[bytes]:
     """Yield records ``start`` .. ``end - 1`` of a TFRecord file.
 
-    Both CRCs of every yielded record are verified. Raises DataError (lazily,
-    once the file is exhausted) if ``end`` is past the last record.
+    Both CRCs of every yielded record are verified. A record whose data fails its CRC raises
+    CorruptRecordError, or, with ``on_corrupt``, is passed to it and skipped (its framing is
+    intact, so the records after it are read as usual; a broken header cannot be skipped and
+    always raises). Raises DataError (lazily, once the file is exhausted) if ``end`` is past
+    the last record.
     """
     name = os.fspath(path)
     if start < 0 or end < start:
         raise ValueError(f"{name}: invalid record range [{start}, {end})")
     # Argument errors above are raised at call time; the generator only
     # opens the file once iteration starts.
-    return _iter_records(name, start, end)
+    return _iter_records(name, start, end, on_corrupt)
 
 
-def _iter_records(name: str, start: int, end: int) -> Iterator[bytes]:
+def _iter_records(
+    name: str, start: int, end: int, on_corrupt: Callable[[CorruptRecordError], None] | None = None
+) -> Iterator[bytes]:
     if start == end:
         return
     with open(name, "rb", buffering=_BUFFER_SIZE) as f:
@@ -122,9 +129,12 @@ def _iter_records(name: str, start: int, end: int) -> Iterator[bytes]:
             else:
                 data = f.read(length)
                 (data_crc,) = _CRC.unpack(f.read(_FOOTER_SIZE))
-                if masked_crc(data) != data_crc:
+                if masked_crc(data) == data_crc:
+                    yield data
+                elif on_corrupt is None:
                     raise CorruptRecordError(name, index, offset, "data CRC mismatch")
-                yield data
+                else:
+                    on_corrupt(CorruptRecordError(name, index, offset, "data CRC mismatch"))
             offset += _HEADER_SIZE + length + _FOOTER_SIZE
             index += 1
 

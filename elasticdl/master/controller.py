@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from elasticdl.data.errors import BadRecordError
+from elasticdl.errors import ElasticDLError, TrainingDivergedError
 from elasticdl.launch.api import ProcessExit
 from elasticdl.master.clocks import WorkerClocks
 from elasticdl.master.evaluation_service import EvaluationResult, EvaluationService, TaskDispatcher
@@ -204,6 +206,8 @@ class Finish:
 @dataclass(frozen=True)
 class Fail:
     error: str
+    # The error the job raises (its class gives the exit code); None: JobFailedError(error).
+    cause: ElasticDLError | None = field(default=None, compare=False)
 
 
 Decision = (
@@ -249,6 +253,7 @@ class Controller:
         max_ps_relaunches: int = MAX_PS_RELAUNCHES,
         keeps_ledger: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        max_bad_records: int = 0,
     ):
         self.command = command
         self.dispatcher = dispatcher
@@ -261,6 +266,9 @@ class Controller:
         self.max_ps_relaunches = max_ps_relaunches
         self.keeps_ledger = keeps_ledger and command == "train"
         self._clock = clock
+        # Bad records the workers may skip in the whole job (none in predict: the outputs
+        # would no longer line up with the inputs).
+        self.max_bad_records = max_bad_records if command != "predict" else 0
 
         self.workers: set[int] = set()  # launched and not exited yet
         self.failures: list[ProcessExit] = []  # workers that exited non-zero
@@ -391,6 +399,9 @@ class Controller:
     # ------------------------------------------------------------ what is due
 
     def _advance(self) -> list[Decision]:
+        failed = self._task_faults()
+        if failed is not None:
+            return [failed]
         decisions: list[Decision] = []
         if self.command == "train":
             decisions += self._ledger_and_live_workers()
@@ -414,6 +425,30 @@ class Controller:
                 ))
             # scaled to zero: wait for `elasticdl scale`
         return decisions
+
+    def _task_faults(self) -> Fail | None:
+        """What the workers' reports make fatal: training diverged, more bad records than
+        --max_bad_records, or a task dropped after --max_task_retries (the job would miss its
+        records). Checked after every event: a task is dropped also when it times out."""
+        dispatcher = self.dispatcher
+        diverged = dispatcher.divergences()
+        if diverged:
+            cause = TrainingDivergedError(diverged[0])
+            return Fail(str(cause), cause)
+        if dispatcher.bad_record_count > self.max_bad_records:
+            bad = dispatcher.bad_records()
+            cause = BadRecordError(bad, self.max_bad_records, skippable=self.command != "predict")
+            return Fail(str(cause), cause)
+        dropped = dispatcher.dropped_tasks()
+        if dropped:
+            task = dropped[0]
+            return Fail(
+                f"{task.type} task {task.task_id} ({task.shard.path} records {task.shard.start}-"
+                f"{task.shard.end - 1}, epoch {task.epoch + 1}) failed {task.retries} times and was dropped; "
+                f"the last error: {task.last_error or 'unknown'}. Fix its cause (the worker logs have the "
+                "traceback), or raise --max_task_retries if it is transient."
+            )
+        return None
 
     def _ledger_and_live_workers(self) -> list[Decision]:
         decisions: list[Decision] = []

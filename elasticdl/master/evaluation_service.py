@@ -9,11 +9,13 @@ counts exactly once. One round runs at a time; training goes on meanwhile.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from elasticdl.data.errors import BadRecord
 from elasticdl.data.sources import Shard
 from elasticdl.master.task_manager import NoTask, ReportOutcome, Task, TaskManager, TaskType
 from elasticdl.model.metrics import MetricsMerger
@@ -76,6 +78,7 @@ class EvaluationService:
         self._last_start = float("-inf")
         self.current: EvaluationRound | None = None
         self.results: list[EvaluationResult] = []
+        self._dropped: list[Task] = []  # of finished rounds
 
     @property
     def busy(self) -> bool:
@@ -171,6 +174,7 @@ class EvaluationService:
             return None
         self.current = None
         dropped = current.tasks.dropped_tasks()
+        self._dropped += dropped
         if dropped:
             logger.error("evaluation of version %d skipped %d tasks that kept failing", current.model_version, len(dropped))
         result = EvaluationResult(
@@ -193,6 +197,11 @@ class EvaluationService:
         if self.current is not None:
             self.current.tasks.recover_worker_tasks(worker_id)
 
+    def dropped_tasks(self) -> list[Task]:
+        """Evaluation tasks that failed past --max_task_retries, in every round so far."""
+        current = self.current
+        return self._dropped + (current.tasks.dropped_tasks() if current is not None else [])
+
     def active_workers(self) -> set[int]:
         return self.current.tasks.active_workers() if self.current is not None else set()
 
@@ -209,6 +218,11 @@ class TaskDispatcher:
         self.evaluation = evaluation
         self._finished = False
         self._halted = ""
+        # What workers found, whichever task: bad records once each (by file and index, so a
+        # record met again in a later epoch or retry counts once), and divergence errors.
+        self._faults_lock = threading.Lock()
+        self._bad_records: dict[tuple[str, int], BadRecord] = {}
+        self._diverged: list[str] = []
 
     def halt(self, reason: str) -> None:
         """Stop acting at once (any thread): the master lost its leadership. Workers wait; their
@@ -239,10 +253,20 @@ class TaskDispatcher:
         return NoTask.WAIT
 
     def report(
-        self, task_id: int, worker_id: int, err_message: str, records: int, states=None, interrupted: bool = False
+        self, task_id: int, worker_id: int, err_message: str, records: int, states=None, interrupted: bool = False,
+        bad_records: Sequence[BadRecord] = (), diverged: bool = False,
     ) -> ReportOutcome:
+        """A worker's task report. ``bad_records`` and ``diverged`` are noted even when the report
+        itself is refused (a late one): they are facts about the data and the model, and the
+        controller decides on them (elasticdl/master/controller.py)."""
         if self._halted:
             return ReportOutcome(False, f"this master stopped acting: {self._halted}")
+        if bad_records or diverged:
+            with self._faults_lock:
+                for record in bad_records:
+                    self._bad_records.setdefault((record.path, record.index), record)
+                if diverged:
+                    self._diverged.append(f"worker {worker_id}: {err_message}")
         if task_id >= EVAL_ID_BASE:
             if self.evaluation is None:
                 return ReportOutcome(False, f"unknown task {task_id}")
@@ -270,3 +294,22 @@ class TaskDispatcher:
     @property
     def main_finished(self) -> bool:
         return self.main is None or self.main.finished
+
+    def bad_records(self) -> list[BadRecord]:
+        """Every bad record workers found in this job, each once, in the order found."""
+        with self._faults_lock:
+            return list(self._bad_records.values())
+
+    @property
+    def bad_record_count(self) -> int:
+        return len(self._bad_records)
+
+    def divergences(self) -> list[str]:
+        """The reports of workers whose loss or gradients stayed NaN/Inf."""
+        with self._faults_lock:
+            return list(self._diverged)
+
+    def dropped_tasks(self) -> list[Task]:
+        """Tasks that failed past --max_task_retries: main ledger first, then evaluation rounds."""
+        dropped = self.main.dropped_tasks() if self.main is not None else []
+        return dropped + (self.evaluation.dropped_tasks() if self.evaluation is not None else [])

@@ -218,6 +218,7 @@ class Job:
             if self.state.in_etcd:
                 report.add_outages(self.state.outages)
             report.add_evaluations(self.evaluation)
+            report.add_faults(self.dispatcher, cfg.data.max_bad_records)
             report.checkpoint_failures = self._checkpoint_failures.total
             report.checkpoint_errors = list(self._checkpoint_failures.errors)
         except Exception:
@@ -299,7 +300,7 @@ class Job:
         self.controller = c.Controller(
             self.command, self.dispatcher, self.instances, self.clocks,
             sync_mode=not cfg.consistency.use_async, evaluation_steps=cfg.evaluation.evaluation_steps,
-            keeps_ledger=self.state.keeps_ledger,
+            keeps_ledger=self.state.keeps_ledger, max_bad_records=cfg.data.max_bad_records,
         )
         if self.command == "train":
             from elasticdl.callbacks import CallbackList
@@ -366,7 +367,7 @@ class Job:
                 self._render()
                 last_render = now
         if isinstance(self.controller.outcome, c.Fail):
-            raise JobFailedError(self.controller.outcome.error)
+            raise self.controller.outcome.cause or JobFailedError(self.controller.outcome.error)
         self._render(final=True)
 
     def _next_events(self) -> list:

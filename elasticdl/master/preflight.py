@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from elasticdl.config import JobConfig
 from elasticdl.config.paths import MIN_FREE_BYTES, check_writable_dir
+from elasticdl.data.errors import BadRecord, BadRecordError
 from elasticdl.data.sources import count_records, read_records, record_format, resolve_data_files
 from elasticdl.mode import Mode
 from elasticdl.model.optimizers import (
@@ -22,6 +24,7 @@ from elasticdl.model.optimizers import (
     make_optimizer,
     optimizer_spec_from_keras,
 )
+from elasticdl.model.records import describe_error
 from elasticdl.model.spec import DatasetMetadata, ModelSpec, ModelSpecError, load_model_spec
 
 logger = logging.getLogger(__name__)
@@ -125,8 +128,22 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> tu
 
     path = next(p for p, n in files if n > 0)
     n = min(config.training.minibatch_size, dict(files)[path])
-    records = list(itertools.islice(read_records(path, 0, n, has_header), n))
-    dataset = make_dataset(spec, records, mode, DatasetMetadata(record_format(path)), n)
+    max_bad = config.data.max_bad_records if mode != Mode.PREDICTION else 0
+    corrupt = []
+    records = list(itertools.islice(read_records(path, 0, n, has_header, on_corrupt=corrupt.append), n))
+    positions = [i for i in range(n) if i not in {err.index for err in corrupt}]
+    bad = [BadRecord(path, err.index, err.problem + " (the file is corrupt)") for err in corrupt]
+    metadata = DatasetMetadata(record_format(path))
+    _check_dataset_fn_does_not_batch(spec, records, mode, metadata)
+    trainer = Trainer(spec, config.training.model_params, config.training.embedding_swap_threshold_mb)
+    records, positions, found = _without_bad_records(spec, trainer, records, positions, mode, metadata, path)
+    bad += found
+    if len(bad) > max_bad:
+        raise BadRecordError(bad, max_bad)
+    for record in bad:
+        logger.warning("bad record in the first batch, to be skipped (--max_bad_records=%d): %s", max_bad, record)
+    n = len(records)
+    dataset = make_dataset(spec, records, mode, metadata, n)
     try:
         batch = next(iter(dataset))
     except StopIteration:
@@ -139,8 +156,7 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> tu
         ) from err
     if mode == Mode.PREDICTION:
         features = batch[0] if isinstance(batch, tuple) and len(batch) == 2 else batch
-        trainer = Trainer(spec, config.training.model_params, config.training.embedding_swap_threshold_mb)
-        trainer.ensure_built(features)
+        _run_model(spec, trainer, features)
         return features, trainer
     if not isinstance(batch, tuple) or len(batch) != 2:
         raise ModelSpecError(
@@ -148,9 +164,7 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> tu
             f"Received elements of type {type(batch).__name__}"
         )
     features, labels = batch
-    trainer = Trainer(spec, config.training.model_params, config.training.embedding_swap_threshold_mb)
-    trainer.ensure_built(features)
-    predictions = trainer.model(features, training=False)
+    predictions = _run_model(spec, trainer, features)
     if metrics:
         _check_metrics_on(spec, labels, predictions)
     if mode == Mode.EVALUATION:
@@ -164,9 +178,22 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> tu
             f"{spec.module_path}: loss(labels, predictions) must return a scalar; got shape "
             f"{tuple(loss.shape)}. Reduce it, e.g. with tf.reduce_mean."
         )
-    _, grads = trainer.compute_gradients(features, labels)
+    _check_loss_shapes(spec, labels, predictions)
+    try:
+        loss_value, grads = trainer.compute_gradients(features, labels)
+    except Exception as err:
+        raise ModelSpecError(
+            f"{spec.module_path}: the gradients of loss(labels, predictions) failed: {describe_error(err)}"
+        ) from err
     if not grads:
         raise ModelSpecError(f"{spec.module_path}: the loss has no gradient for any trainable variable.")
+    if not trainer.last_step_finite:
+        what = f"the loss is {loss_value}" if not math.isfinite(loss_value) else "the gradients hold NaN or Inf"
+        raise ModelSpecError(
+            f"{spec.module_path}: on the first {n} records of {path}, {what} before any training. Look for "
+            "NaN, Inf or huge values in the inputs and labels, and for log(0), sqrt(0) or a division by 0 "
+            "in the model and loss() (e.g. clip probabilities, or use from_logits=True)."
+        )
     logger.info(
         "model checked: %d trainable variables, %d parameters%s",
         len(trainer.variables),
@@ -175,6 +202,120 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> tu
                 for i in trainer.embeddings.infos.values()),
     )
     return features, trainer
+
+
+def _check_dataset_fn_does_not_batch(spec: ModelSpec, records, mode: Mode, metadata: DatasetMetadata) -> None:
+    """ElasticDL batches dataset_fn's examples itself (--minibatch_size): a dataset_fn that
+    batches too would hand the model batches of batches."""
+    import tensorflow as tf
+
+    try:
+        dataset = spec.dataset_fn(tf.data.Dataset.from_tensor_slices(tf.constant(records, tf.string)), mode, metadata)
+        graph = tf.compat.v1.GraphDef()
+        graph.ParseFromString(dataset._as_serialized_graph().numpy())
+    except Exception:
+        return  # the checks that follow name what is wrong with dataset_fn
+    ops = {node.op for node in graph.node}
+    ops |= {node.op for function in graph.library.function for node in function.node_def}
+    batching = sorted(op for op in ops if op in _BATCH_DATASET_OPS)
+    if batching:
+        raise ModelSpecError(
+            f"{spec.module_path}: dataset_fn batches its dataset ({', '.join(batching)}), but ElasticDL "
+            f"batches dataset_fn's examples itself (--minibatch_size). Remove .batch(...) (and padded_batch, "
+            "ragged_batch, map_and_batch) from dataset_fn: return one (features, labels) example per element."
+        )
+
+
+_BATCH_DATASET_OPS = frozenset({
+    "BatchDataset", "BatchDatasetV2", "ParallelBatchDataset", "PaddedBatchDataset", "PaddedBatchDatasetV2",
+    "MapAndBatchDataset", "ExperimentalMapAndBatchDataset", "DenseToSparseBatchDataset",
+    "ExperimentalDenseToSparseBatchDataset",
+})
+
+
+def _without_bad_records(spec, trainer, records, positions, mode: Mode, metadata: DatasetMetadata, path: str):
+    """(records, their positions, bad records): the sample without the records that fail on their own.
+
+    When every record fails (or none does on its own), nothing is taken out: it is not the
+    data's fault, and the checks that follow name what is."""
+    from elasticdl.model.records import example_check, find_bad_records
+
+    def run_model(features):  # its errors as they are: a record the model rejects is a bad record
+        trainer.ensure_built(features)
+        return trainer.model(features, training=False)
+
+    check = example_check(spec, mode, metadata, run_model)
+    try:
+        check(records)
+        return records, positions, []
+    except ModelSpecError:
+        raise
+    except Exception:
+        pass
+    try:
+        if len(records) > 3 and all(_fails(check, [records[i]]) for i in (0, len(records) // 2, len(records) - 1)):
+            return records, positions, []  # three records spread over the sample: not one record's fault
+        found = find_bad_records(records, check)
+    except ModelSpecError:
+        return records, positions, []  # a broken dataset_fn or model: the checks that follow say so
+    if not found or len(found) == len(records):
+        return records, positions, []
+    drop = {i for i, _ in found}
+    bad = [BadRecord(path, positions[i], reason) for i, reason in found]
+    keep = [i for i in range(len(records)) if i not in drop]
+    return [records[i] for i in keep], [positions[i] for i in keep], bad
+
+
+def _fails(check, records) -> bool:
+    try:
+        check(records)
+        return False
+    except ModelSpecError:
+        raise
+    except Exception:
+        return True
+
+
+def _run_model(spec: ModelSpec, trainer, features):
+    """The model on a batch of dataset_fn's features (building it first); its errors as ModelSpecError."""
+    try:
+        trainer.ensure_built(features)
+        return trainer.model(features, training=False)
+    except ModelSpecError:
+        raise
+    except Exception as err:
+        raise ModelSpecError(
+            f"{spec.module_path}: {spec.model_name} failed on a batch of dataset_fn's examples "
+            f"(features {_shapes(features)}): {describe_error(err)}. Make dataset_fn yield the inputs "
+            f"{spec.model_name} takes (names, shapes, dtypes), one example per element."
+        ) from err
+
+
+def _shapes(value) -> str:
+    import tensorflow as tf
+
+    try:
+        shapes = tf.nest.map_structure(lambda t: tuple(tf.convert_to_tensor(t).shape), value)
+    except Exception:
+        return type(value).__name__
+    return str(shapes)
+
+
+def _check_loss_shapes(spec: ModelSpec, labels, predictions) -> None:
+    """The loss must not stretch the labels against the predictions (elasticdl/model/loss_check.py)."""
+    from elasticdl.model.loss_check import label_broadcast
+
+    found = label_broadcast(spec.loss, labels, predictions)
+    if found is None:
+        return
+    raise ModelSpecError(
+        f"{spec.module_path}: loss(labels, predictions) broadcasts labels of shape {found.labels_shape} "
+        f"against predictions of shape {found.predictions_shape} (a {found.op} of shape "
+        f"{found.result_shape}), so each example is compared with values that are not its own. Give the "
+        "labels the predictions' shape (e.g. tf.one_hot(tf.reshape(labels, [-1]), num_classes), or "
+        "tf.reshape(labels, tf.shape(predictions))), or use a loss that takes class ids "
+        "(keras.losses.sparse_categorical_crossentropy)."
+    )
 
 
 def _check_metrics_on(spec: ModelSpec, labels, predictions) -> None:

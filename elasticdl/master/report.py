@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from elasticdl.errors import exit_status
-from elasticdl.master.evaluation_service import EvaluationService
+from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
 from elasticdl.master.instance_manager import InstanceManager
 from elasticdl.master.progress import TrainingProgress
 from elasticdl.master.task_manager import TaskManager
@@ -40,6 +40,11 @@ class JobReport:
     report_file: str = ""
     tensorboard_log_dir: str = ""
     dropped_tasks: int = 0
+    # Each task dropped after --max_task_retries: {task_id, type, path, start, end, epoch, tries, error}.
+    dropped: list[dict] = field(default_factory=list)
+    # Each bad record found (skipped, up to --max_bad_records): {path, index, reason}.
+    bad_records: list[dict] = field(default_factory=list)
+    max_bad_records: int = 0
     stopped_early: str = ""
     # Elasticity: per epoch, records trained more than once (from tasks whose worker was
     # killed or failed mid-task; a graceful preemption adds none).
@@ -99,6 +104,16 @@ class JobReport:
         self.records_done_per_epoch = [e.records_done for e in tasks.epochs]
         self.records_per_epoch = tasks.records_per_epoch
         self.tasks_interrupted = sum(e.tasks_interrupted for e in tasks.epochs)
+
+    def add_faults(self, dispatcher: TaskDispatcher, max_bad_records: int) -> None:
+        """The dropped tasks with their last error, and every bad record with its reason."""
+        self.dropped = [
+            {"task_id": t.task_id, "type": str(t.type), "path": t.shard.path, "start": t.shard.start,
+             "end": t.shard.end, "epoch": t.epoch, "tries": t.retries, "error": t.last_error}
+            for t in dispatcher.dropped_tasks()
+        ]
+        self.bad_records = [r._asdict() for r in dispatcher.bad_records()]
+        self.max_bad_records = max_bad_records
 
     def add_instances(self, instances: InstanceManager, ps_relaunches: int) -> None:
         self.worker_relaunches = instances.relaunches

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import grpc
 
+from elasticdl.data.errors import BadRecord
 from elasticdl.master.clocks import WorkerClocks
 from elasticdl.master.controller import Event, TaskReported, VersionReported
 from elasticdl.master.evaluation_service import EVAL_ID_BASE, TaskDispatcher
@@ -59,7 +60,9 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
         except tensor_codec.TensorDecodeError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         outcome = self._tasks.report(
-            request.task_id, request.worker_id, request.err_message, request.records, states, request.interrupted
+            request.task_id, request.worker_id, request.err_message, request.records, states, request.interrupted,
+            bad_records=[BadRecord(r.path, r.index, r.reason) for r in request.bad_records],
+            diverged=request.diverged,
         )
         if outcome.accepted and not request.err_message and request.task_id < EVAL_ID_BASE:
             self._progress.record(

@@ -50,6 +50,7 @@ class Task:
     snapshot_id: int = 0  # evaluation: the PS snapshot to evaluate
     model_version: int = -1  # evaluation: the version that snapshot holds
     requeued: bool = False  # back in todo after its worker died (logged when handed out again)
+    last_error: str = ""  # why its last try failed (a dropped task fails the job with it)
 
     @property
     def records(self) -> int:
@@ -286,6 +287,7 @@ class TaskManager:
 
     def _retry(self, task: Task, why: str) -> None:
         task.retries += 1
+        task.last_error = why
         stats = self.epochs[task.epoch]
         if task.retries > self._max_task_retries:
             stats.dropped.append(task)
@@ -325,7 +327,10 @@ class TaskManager:
             )
 
     def restore(self, snapshot: LedgerSnapshot) -> None:
-        """Continue from a saved ledger: done tasks stay done, in-flight tasks go back to todo."""
+        """Continue from a saved ledger: done tasks stay done, in-flight tasks go back to todo.
+
+        A dropped task failed the run that dropped it (elasticdl/master/controller.py), so a
+        ledger that holds one is resumed by a new run of the job: it is tried again, afresh."""
         resumed = snapshot.requeue_in_flight()
         with self._lock:
             self._todo.clear()
@@ -342,7 +347,10 @@ class TaskManager:
                 if record.state is TaskState.TODO:
                     self._todo.append(task)
                 elif record.state is TaskState.DROPPED:
-                    self.epochs[record.epoch].dropped.append(task)
+                    task.retries = 0
+                    self._todo.append(task)
+                    logger.info("task %d (%s records %d-%d) was dropped by the run before: trying it again",
+                                task.task_id, record.path, record.start, record.end)
             self.seq = resumed.seq + 1
         logger.info(
             "resumed the task ledger: epoch %d of %d, %d tasks to do (%d were in progress)",

@@ -78,10 +78,18 @@ class ModelSpec:
         keras.backend.clear_session()
         try:
             model = self.model_fn(**model_params)
+        except ModelSpecError:
+            raise
         except TypeError as err:
             raise ModelSpecError(
                 f"{self.module_path}: {self.model_name}(**model_params) failed: {err}. "
                 "Check --model_params against the function's parameters."
+            ) from err
+        except Exception as err:  # the user's code raised: name it, without a traceback of ours
+            params = ", ".join(f"{k}={v!r}" for k, v in model_params.items())
+            raise ModelSpecError(
+                f"{self.module_path}: {self.model_name}({params}) raised {type(err).__name__}: {err}. "
+                f"Fix {self.model_name} (call it in Python with the same --model_params to see where)."
             ) from err
         if not isinstance(model, keras.Model):
             raise ModelSpecError(

@@ -69,6 +69,8 @@ class Trainer:
         self._local_optimizer = None
         self._train_step = tf.function(self._train_step_eager, reduce_retracing=True)
         self._traced = False
+        # Whether the last compute_gradients gave a finite loss and finite gradients.
+        self.last_step_finite = True
 
     @property
     def built(self) -> bool:
@@ -145,7 +147,7 @@ class Trainer:
         if not self._traced:
             self._trace_any_batch_size(features, labels)
         try:
-            loss, grads, rows = self._train_step(features, labels)
+            loss, grads, rows, finite = self._train_step(features, labels)
         except tf.errors.OpError as err:
             if self.embeddings.error is not None:  # a row lookup failed: raise what it raised
                 raise self.embeddings.error from err
@@ -157,6 +159,7 @@ class Trainer:
         }
         for table, (ids, values) in rows.items():
             out[table] = IndexedRows(ids.numpy(), values.numpy())
+        self.last_step_finite = bool(finite)
         return float(loss), out
 
     def _trace_any_batch_size(self, features: Any, labels: Any) -> None:
@@ -188,7 +191,17 @@ class Trainer:
         variables = list(self.variables.values())
         grads = tape.gradient(loss, variables + recorder.sources)
         dense = [tf.convert_to_tensor(g) if g is not None else None for g in grads[: len(variables)]]
-        return loss, dense, recorder.row_gradients(grads[len(variables):])
+        row_gradients = recorder.row_gradients(grads[len(variables):])
+        return loss, dense, row_gradients, _all_finite(loss, dense, row_gradients)
+
+
+def _all_finite(loss, dense, row_gradients):
+    """One boolean for the step: a NaN or Inf anywhere makes the sum of each gradient non-finite
+    (one cheap pass over each, where an elementwise check would allocate a mask per variable)."""
+    sums = [tf.reduce_sum(tf.cast(loss, tf.float32))]
+    sums += [tf.reduce_sum(tf.cast(g, tf.float32)) for g in dense if g is not None]
+    sums += [tf.reduce_sum(tf.cast(values, tf.float32)) for _, values in row_gradients.values()]
+    return tf.reduce_all(tf.math.is_finite(tf.stack(sums)))
 
 
 def _backend_variable(var) -> tf.Variable:

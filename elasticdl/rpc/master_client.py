@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -63,7 +64,11 @@ class MasterClient:
         model_version: int = 0,
         metric_states: dict | None = None,
         interrupted: bool = False,
+        bad_records: Sequence = (),
+        diverged: bool = False,
     ) -> bool:
+        """The task's result; ``bad_records`` (path, index, reason) found in it, skipped or not;
+        ``diverged``: the loss or gradients stayed NaN/Inf, and the job must fail with ``err_message``."""
         self._progress.forget(task_id)  # the result supersedes any progress not sent yet
         reply = self._stub.report_task_result(
             elasticdl_pb2.ReportTaskResultRequest(
@@ -76,6 +81,9 @@ class MasterClient:
                 model_version=model_version,
                 metric_states=tensor_codec.encode_dict(metric_states or {}),
                 interrupted=interrupted,
+                bad_records=[elasticdl_pb2.BadRecord(path=path, index=index, reason=reason)
+                             for path, index, reason in bad_records],
+                diverged=diverged,
             )
         )
         return reply.accepted

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
 import numpy as np
 
+from elasticdl.data.errors import BadRecord, BadRecordError
 from elasticdl.data.sources import read_records, record_format
+from elasticdl.errors import ElasticDLError, TrainingDivergedError
 from elasticdl.mode import Mode
+from elasticdl.model.records import example_check, find_bad_records
 from elasticdl.model.spec import DatasetMetadata, ModelSpec
 from elasticdl.model.trainer import Trainer
 from elasticdl.rpc.master_client import MasterClient, TaskOrder
@@ -28,6 +33,9 @@ MAX_PUSH_TRIES = 64
 SYNC_WAIT_SECONDS = 30.0
 # How long a worker keeps retrying while a parameter server is down (being relaunched).
 PS_RECONNECT_SECONDS = 120.0
+# A batch whose loss or gradients are NaN or Inf is not pushed; this many in a row (across
+# tasks) and the job fails: training diverged, and no retry of the task can help.
+MAX_NONFINITE_BATCHES = 3
 
 
 @dataclass
@@ -53,6 +61,7 @@ class Worker:
         consistency: ConsistencyPolicy | None = None,
         prediction_outputs: str = "",
         may_initialize_ps: bool = True,
+        max_bad_records: int = 0,
     ):
         self.worker_id = worker_id
         self.spec = spec
@@ -79,6 +88,13 @@ class Worker:
         self._task_progress = 0  # records of the current training task trained so far
         self.batches_trained = 0
         self.blocked_seconds = 0.0  # waited for the staleness bound (SSP)
+        # Bad records (training and evaluation) are skipped while this worker has seen at most
+        # this many; the master holds the job's count and fails the job past --max_bad_records.
+        self.max_bad_records = max_bad_records
+        self.bad_records: dict[tuple[str, int], BadRecord] = {}  # every one this worker found
+        self._task_bad: list[BadRecord] = []  # found in the current task: sent with its report
+        self._nonfinite_in_row = 0  # batches in a row whose loss or gradients were NaN/Inf
+        self._batch_context = ""  # "task 3 (file records 0-255), batch 2": for messages
 
     def run(self) -> None:
         try:
@@ -102,16 +118,21 @@ class Worker:
                 time.sleep(self.wait_seconds)
                 continue
             self._task_progress = 0
+            self._task_bad = []
             self.consistency.task_started()
             try:
                 result = handlers[order.kind](order)
-            except Exception as err:  # report it: the master retries or drops the task
-                logger.exception("%s task %d failed", order.kind, order.task_id)
-                self.master.report(order.task_id, self._task_progress, f"{type(err).__name__}: {err}")
+            except Exception as err:  # report it: the master retries the task, or fails the job
+                if isinstance(err, (BadRecordError, TrainingDivergedError)):
+                    logger.error("%s task %d failed: %s", order.kind, order.task_id, err)  # no traceback: data
+                else:
+                    logger.exception("%s task %d failed", order.kind, order.task_id)
+                self.master.report(order.task_id, self._task_progress, f"{type(err).__name__}: {err}",
+                                   bad_records=self._task_bad, diverged=isinstance(err, TrainingDivergedError))
                 continue
             self.master.report(
                 order.task_id, result.records, "", result.loss_sum, result.batches, self.model_version,
-                result.metric_states, interrupted=result.interrupted,
+                result.metric_states, interrupted=result.interrupted, bad_records=self._task_bad,
             )
         logger.info("left the job as asked (preemption); %d batches trained", self.batches_trained)
 
@@ -128,14 +149,71 @@ class Worker:
         """The version held of each PS's shard."""
         return self.consistency.versions
 
-    def _batches(self, order: TaskOrder, mode: Mode):
-        """(batch, records done) of a task, through this worker's pipeline for the mode and format."""
-        records = list(read_records(order.path, order.start, order.end, self.has_header))
+    def _run_batches(self, order: TaskOrder, mode: Mode, step: Callable[[object, int], bool]) -> None:
+        """Feed the task's records, batch by batch, to ``step(batch, records of the task done once
+        it is trained)``, which returns False to leave the task early.
+
+        A bad record (corrupt, or failing on its own in ``dataset_fn``, the model or the loss) is
+        found, reported with the task, and skipped if ``--max_bad_records`` allows; else the task
+        fails with BadRecordError. The batch that failed is looked for bad records by bisection
+        (elasticdl/model/records.py); when none is to blame, the original error is raised.
+        """
+        corrupt = []
+        records = list(read_records(order.path, order.start, order.end, self.has_header, on_corrupt=corrupt.append))
+        skipped = {err.index for err in corrupt}
+        positions = [i for i in range(order.start, order.end) if i not in skipped]  # index in the file
+        if corrupt:
+            self._found_bad(order, mode, [(err.index, err.problem + " (the file is corrupt)") for err in corrupt])
+        total = order.end - order.start
         metadata = DatasetMetadata(record_format(order.path))
         stream = self._streams.get((mode, metadata))
         if stream is None:
             stream = self._streams[(mode, metadata)] = BatchStream(self.spec, mode, metadata, self.minibatch_size)
-        return stream.batches(records), len(records)
+        while True:
+            trained = 0  # records of `records` trained in this pass
+            batches = stream.batches(records)
+            try:
+                for batch, done in batches:
+                    if not step(batch, positions[done] - order.start if done < len(records) else total):
+                        return
+                    trained = done
+                return
+            except (grpc.RpcError, ElasticDLError):
+                raise  # not the records' fault
+            except Exception:
+                chunk = records[trained:trained + self.minibatch_size]  # the batch that failed
+                check = example_check(self.spec, mode, metadata, self._run_model)
+                found = find_bad_records(chunk, check, passthrough=(grpc.RpcError, ElasticDLError))
+                if not found:
+                    raise
+                self._found_bad(order, mode, [(positions[trained + i], reason) for i, reason in found])
+                bad = {trained + i for i, _ in found}
+                keep = [k for k in range(trained, len(records)) if k not in bad]
+                records, positions = [records[k] for k in keep], [positions[k] for k in keep]
+            finally:
+                batches.close()  # a pipeline left mid-task is rebuilt for the next pass
+
+    def _found_bad(self, order: TaskOrder, mode: Mode, found: list[tuple[int, str]]) -> None:
+        """Note bad records (index in the file, reason); raise BadRecordError unless they may be skipped."""
+        new = [BadRecord(order.path, index, reason) for index, reason in found]
+        self._task_bad += new
+        for record in new:
+            self.bad_records.setdefault((record.path, record.index), record)
+        if mode == Mode.PREDICTION:  # a skipped record would shift every prediction after it
+            raise BadRecordError(new, skippable=False)
+        if len(self.bad_records) > self.max_bad_records:
+            raise BadRecordError(list(self.bad_records.values()) if self.max_bad_records else new,
+                                 self.max_bad_records)
+        for record in new:
+            logger.warning("skipped bad record %s (%d of --max_bad_records=%d)", record, len(self.bad_records),
+                           self.max_bad_records)
+
+    def _run_model(self, features):
+        """The model on some features, built (and the PS initialized) first if it is not yet."""
+        if not self.trainer.built:
+            self.trainer.ensure_built(features)
+            self._initialize_ps()
+        return self.trainer.model(features, training=False)
 
     def _use_snapshot(self, order: TaskOrder, features) -> None:
         """Load the parameters an evaluation task must use (the next training batch re-pulls)."""
@@ -161,13 +239,19 @@ class Worker:
         metrics = MetricsAccumulator(self.spec.eval_metrics_fn())
         result = TaskResult()
         loaded = False
+
+        def step(batch, _done: int) -> bool:
+            nonlocal loaded
+            features, labels = batch
+            if not loaded:
+                self._use_snapshot(order, features)
+                loaded = True
+            metrics.update(labels, self.trainer.model(features, training=False))
+            result.records += _batch_size(labels)
+            return True
+
         try:
-            for (features, labels), _ in self._batches(order, Mode.EVALUATION)[0]:
-                if not loaded:
-                    self._use_snapshot(order, features)
-                    loaded = True
-                metrics.update(labels, self.trainer.model(features, training=False))
-                result.records += _batch_size(labels)
+            self._run_batches(order, Mode.EVALUATION, step)
         except grpc.RpcError as err:
             if err.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
                 raise
@@ -185,7 +269,9 @@ class Worker:
         result = TaskResult()  # no loss, no batches: they would show up as a training loss
         outputs = []
         first = True
-        for features, _ in self._batches(order, Mode.PREDICTION)[0]:
+
+        def step(features, _done: int) -> bool:
+            nonlocal first
             if isinstance(features, tuple) and len(features) == 2:
                 features = features[0]  # a dataset_fn that yields labels in prediction mode too
             if first:
@@ -199,25 +285,43 @@ class Worker:
             else:
                 outputs.append(_to_numpy(predictions))
             result.records += _batch_size(predictions)
+            return True
+
+        self._run_batches(order, Mode.PREDICTION, step)
         if self.spec.prediction_outputs_processor is None:
             prediction.write_part(self.prediction_outputs, order.path, order.start, outputs)
         return result
 
     def train_task(self, order: TaskOrder) -> TaskResult:
-        batches, total = self._batches(order, Mode.TRAINING)
+        total = order.end - order.start
         result = TaskResult()
         self._task_progress = 0
-        for (features, labels), done in batches:
-            result.loss_sum += self.train_batch(features, labels)
-            result.batches += 1
+        batch_index = 0
+
+        def step(batch, done: int) -> bool:
+            nonlocal batch_index
+            features, labels = batch
+            self._batch_context = (f"task {order.task_id} ({order.path} records {order.start}-{order.end - 1}), "
+                                   f"batch {batch_index}")
+            batch_index += 1
+            loss = self.train_batch(features, labels)
+            if math.isfinite(loss):  # a non-finite batch was not pushed
+                result.loss_sum += loss
+                result.batches += 1
             if done != self._task_progress:
                 self._task_progress = done
                 self.master.report_progress(order.task_id, done, self.model_version)  # not awaited
             if self.stop_requested and done < total:
                 result.interrupted = True  # the master requeues records [done, end)
                 result.records = self._task_progress
-                return result
-        result.records = total  # chunks that dataset_fn filtered out entirely are done too
+                return False
+            return True
+
+        self._run_batches(order, Mode.TRAINING, step)
+        self._batch_context = ""
+        if not result.interrupted:
+            # Chunks that dataset_fn filtered out entirely are done too; skipped bad records are not.
+            result.records = total - len(self._task_bad)
         return result
 
     def train_batch(self, features, labels) -> float:
@@ -248,6 +352,9 @@ class Worker:
             if policy.must_pull():
                 self._pull()
             loss, grads = self.trainer.compute_gradients(features, labels)
+            if not (math.isfinite(loss) and getattr(self.trainer, "last_step_finite", True)):
+                return self._nonfinite_batch(loss)
+            self._nonfinite_in_row = 0
             parts = self.ps.split(grads)
             lr = self._learning_rate()
             answers = self.ps.push_gradients(
@@ -268,6 +375,23 @@ class Worker:
                 return loss
         logger.warning("skipped a batch: its gradients were stale %d times in a row", MAX_PUSH_TRIES)
         return loss
+
+    def _nonfinite_batch(self, loss: float) -> float:
+        """A batch whose loss or gradients are NaN/Inf is not pushed (the PS would refuse it, and
+        it would spoil the model); MAX_NONFINITE_BATCHES in a row fail the job. Returns NaN."""
+        self._nonfinite_in_row += 1
+        what = f"the loss is {loss}" if not math.isfinite(loss) else "the gradients hold NaN or Inf"
+        where = self._batch_context or f"batch {self.batches_trained}"
+        if self._nonfinite_in_row >= MAX_NONFINITE_BATCHES:
+            raise TrainingDivergedError(
+                f"{where}: {what}; {MAX_NONFINITE_BATCHES} batches in a row had a NaN or Inf loss or "
+                f"gradients (none of them was pushed): training diverged. Lower the learning rate "
+                f"(optimizer() in {self.spec.module_path}), look for NaN, Inf or huge values in the inputs "
+                "and labels, and for log(0) or a division by 0 in the model and loss()."
+            )
+        logger.warning("%s: %s; the batch is skipped (%d of %d in a row fail the job)", where, what,
+                       self._nonfinite_in_row, MAX_NONFINITE_BATCHES)
+        return float("nan")
 
     def _wait_within_staleness_bound(self) -> None:
         """SSP: block while this worker is too far ahead of the slowest worker holding a task."""
