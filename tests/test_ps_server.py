@@ -401,7 +401,8 @@ def test_grpc_rejects_malformed_tensors(grpc_ps):
     assert not core.shard.initialized
 
     response = stub.push_model(
-        elasticdl_pb2.Model(version=0, dense_parameters=tensor_codec.encode_dict(model())), timeout=10
+        elasticdl_pb2.Model(version=0, dense_parameters=tensor_codec.encode_dict(model()), variables=sorted(model())),
+        timeout=10,
     )
     assert response.accepted and response.version == 0
     before = state(core)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from elasticdl.callbacks.callback import Callback
+from elasticdl.model.optimizers import learning_rate_problem
+from elasticdl.model.spec import ModelSpecError
 
 
 class LearningRateScheduler(Callback):
@@ -30,6 +32,9 @@ class LearningRateScheduler(Callback):
 
     def _apply(self, step: int) -> None:
         learning_rate = float(self.schedule(step))
+        problem = learning_rate_problem(learning_rate) if learning_rate != 0 else ""
+        if problem:  # the PS would refuse it: say so here, naming the schedule, before any call
+            raise ModelSpecError(f"LearningRateScheduler: schedule({step}) by {self.by}: {problem}")
         if learning_rate != self.current and self.job is not None:
             self.job.set_learning_rate(learning_rate)
             self.current = learning_rate

@@ -4,6 +4,10 @@ A round freezes the parameters on the PS (a snapshot tagged with the model versi
 cuts the validation data into evaluation tasks that workers run with those parameters,
 and merges the metric states of the accepted task reports, so each validation record
 counts exactly once. One round runs at a time; training goes on meanwhile.
+
+Thread-safe: workers' reports arrive on gRPC threads while the job loop polls, starts and
+restarts rounds. One lock covers a report (its checks, the ledger and the merge) and the
+round's publication, so a round is never published before its last report is merged.
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ class EvaluationService:
         self.current: EvaluationRound | None = None
         self.results: list[EvaluationResult] = []
         self._dropped: list[Task] = []  # of finished rounds
+        self._lock = threading.RLock()
 
     @property
     def busy(self) -> bool:
@@ -96,10 +101,15 @@ class EvaluationService:
         )
 
     def start(self, reason: str) -> EvaluationRound:
+        """Called by the job loop alone; the snapshot is taken without holding the lock."""
         if self.current is not None:
             raise RuntimeError("an evaluation round is already running")
         round_id = self._next_round
         version = self._snapshot(round_id)  # may raise (a PS restarting): the id is not used up
+        with self._lock:
+            return self._begin(round_id, version, reason)
+
+    def _begin(self, round_id: int, version: int, reason: str) -> EvaluationRound:
         self._next_round += 1
         tasks = TaskManager(
             self._shards,
@@ -119,8 +129,9 @@ class EvaluationService:
 
     def suspend(self) -> None:
         """A PS went down: the running round's snapshot is gone there; hand out no more of its tasks."""
-        if self.current is not None:
-            self.current.suspended = True
+        with self._lock:
+            if self.current is not None:
+                self.current.suspended = True
 
     def restart(self) -> int:
         """Run the suspended round again on a fresh snapshot; returns the lost round's id.
@@ -131,37 +142,47 @@ class EvaluationService:
         lost = self.current
         if lost is None:
             raise RuntimeError("no evaluation round to restart")
-        self.current = None
-        try:
-            self.start(lost.reason if lost.reason.endswith(_AGAIN) else lost.reason + _AGAIN)
-        except Exception:
-            self.current = lost
-            raise
+        round_id = self._next_round
+        version = self._snapshot(round_id)  # may raise: the lost round stays, suspended
+        with self._lock:
+            self.current = None
+            self._begin(round_id, version, lost.reason if lost.reason.endswith(_AGAIN) else lost.reason + _AGAIN)
         return lost.round_id
 
     def get_task(self, worker_id: int) -> Task | None:
         """An evaluation task, or None when there is none to give now."""
-        if self.current is None or self.current.suspended:
-            return None
-        task = self.current.tasks.get_task(worker_id)
-        if not isinstance(task, Task):
-            return None
-        task.snapshot_id, task.model_version = self.current.round_id, self.current.model_version
-        return task
+        with self._lock:
+            current = self.current
+            if current is None or current.suspended:
+                return None
+            task = current.tasks.get_task(worker_id)
+            if not isinstance(task, Task):
+                return None
+            task.snapshot_id, task.model_version = current.round_id, current.model_version
+            return task
 
     def report(
         self, task_id: int, worker_id: int, err_message: str, records: int, states, interrupted: bool = False
     ) -> ReportOutcome:
-        current = self.current
-        if current is None or task_id // EVAL_ID_BASE != current.round_id:
-            return ReportOutcome(False, f"evaluation task {task_id} is not part of the running round")
-        if interrupted:  # a partial evaluation is worth nothing: the whole task goes back
-            return current.tasks.report(task_id, worker_id, "", 0, interrupted=True)
-        outcome = current.tasks.report(task_id, worker_id, err_message, records)
-        if outcome.accepted and not err_message:
-            current.merger.add(states)  # only accepted reports: each record counts once
-            current.records += records
-        return outcome
+        """Metric states are checked (names, shapes, finite) before the task counts as done:
+        a report whose states do not fit is refused and changes nothing."""
+        with self._lock:
+            current = self.current
+            if current is None or task_id // EVAL_ID_BASE != current.round_id:
+                return ReportOutcome(False, f"evaluation task {task_id} is not part of the running round")
+            if interrupted:  # a partial evaluation is worth nothing: the whole task goes back
+                return current.tasks.report(task_id, worker_id, "", 0, interrupted=True)
+            if not err_message:
+                problem = current.merger.problem(states)
+                if problem:
+                    reason = f"evaluation task {task_id}: {problem}"
+                    logger.warning("ignored report from worker %d: %s", worker_id, reason)
+                    return ReportOutcome(False, reason)
+            outcome = current.tasks.report(task_id, worker_id, err_message, records)
+            if outcome.accepted and not err_message:
+                current.merger.add(states)  # only accepted reports: each record counts once
+                current.records += records
+            return outcome
 
     def poll(self) -> EvaluationResult | None:
         """The result of the running round once all its tasks are done.
@@ -169,10 +190,11 @@ class EvaluationService:
         The snapshot stays on the PS: the caller drops it (``round_id``) after using it,
         e.g. to give callbacks the parameters that were evaluated.
         """
-        current = self.current
-        if current is None or not current.tasks.finished:
-            return None
-        self.current = None
+        with self._lock:
+            current = self.current
+            if current is None or not current.tasks.finished:
+                return None
+            self.current = None
         dropped = current.tasks.dropped_tasks()
         self._dropped += dropped
         if dropped:
@@ -194,16 +216,18 @@ class EvaluationService:
         return result
 
     def recover_worker_tasks(self, worker_id: int) -> None:
-        if self.current is not None:
-            self.current.tasks.recover_worker_tasks(worker_id)
+        with self._lock:
+            if self.current is not None:
+                self.current.tasks.recover_worker_tasks(worker_id)
 
     def dropped_tasks(self) -> list[Task]:
         """Evaluation tasks that failed past --max_task_retries, in every round so far."""
-        current = self.current
-        return self._dropped + (current.tasks.dropped_tasks() if current is not None else [])
+        with self._lock:
+            return self._dropped + (self.current.tasks.dropped_tasks() if self.current is not None else [])
 
     def active_workers(self) -> set[int]:
-        return self.current.tasks.active_workers() if self.current is not None else set()
+        with self._lock:
+            return self.current.tasks.active_workers() if self.current is not None else set()
 
 
 class TaskDispatcher:
@@ -275,9 +299,13 @@ class TaskDispatcher:
             return ReportOutcome(False, f"unknown task {task_id}")
         return self.main.report(task_id, worker_id, err_message, records, interrupted)
 
-    def progress(self, task_id: int, worker_id: int, records_done: int) -> None:
-        if task_id < EVAL_ID_BASE and self.main is not None:
-            self.main.progress(task_id, worker_id, records_done)
+    def progress(self, task_id: int, worker_id: int, records_done: int) -> ReportOutcome:
+        """Progress of a main-queue task (evaluation tasks send none); refused when not held."""
+        if self._halted:
+            return ReportOutcome(False, f"this master stopped acting: {self._halted}")
+        if task_id >= EVAL_ID_BASE or self.main is None:
+            return ReportOutcome(False, f"task {task_id} reports no progress here")
+        return self.main.progress(task_id, worker_id, records_done)
 
     def recover_worker_tasks(self, worker_id: int) -> None:
         if self.main is not None:

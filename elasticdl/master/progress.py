@@ -43,7 +43,9 @@ class TrainingProgress:
         loss = "-" if self.recent_loss is None else f"{self.recent_loss:.4f}"
         total = self.records_per_epoch
         width = 20
-        filled = int(width * records_done / total) if total else width
+        # Clamped: the ledger never counts more than an epoch holds, but the bar must not grow
+        # with whatever number it is given.
+        filled = min(width, max(0, int(width * records_done / total))) if total else width
         bar = "#" * filled + "." * (width - filled)
         return (
             f"epoch {epoch + 1}/{self.num_epochs} [{bar}] {records_done}/{total} records  "

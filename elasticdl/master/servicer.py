@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Callable
 
 import grpc
@@ -11,9 +13,11 @@ from elasticdl.master.clocks import WorkerClocks
 from elasticdl.master.controller import Event, TaskReported, VersionReported
 from elasticdl.master.evaluation_service import EVAL_ID_BASE, TaskDispatcher
 from elasticdl.master.progress import TrainingProgress
-from elasticdl.master.task_manager import NoTask, TaskType
+from elasticdl.master.task_manager import NoTask, ReportOutcome, TaskType
 from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
 from elasticdl.rpc import codec as tensor_codec
+
+logger = logging.getLogger(__name__)
 
 _TASK_TYPES = {
     TaskType.TRAINING: elasticdl_pb2.TRAINING,
@@ -38,6 +42,8 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
         self._clocks = clocks
 
     def get_task(self, request, context):
+        if request.worker_id < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"worker_id {request.worker_id} is negative")
         task = self._tasks.get_task(request.worker_id)
         if task is NoTask.WAIT:
             return elasticdl_pb2.Task(type=elasticdl_pb2.WAIT)
@@ -59,11 +65,16 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
             states = tensor_codec.decode_list(request.metric_states)
         except tensor_codec.TensorDecodeError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        outcome = self._tasks.report(
-            request.task_id, request.worker_id, request.err_message, request.records, states, request.interrupted,
-            bad_records=[BadRecord(r.path, r.index, r.reason) for r in request.bad_records],
-            diverged=request.diverged,
-        )
+        problem = _report_problem(request)
+        if problem:
+            logger.warning("ignored report from worker %d: %s", request.worker_id, problem)
+            outcome = ReportOutcome(False, problem)
+        else:
+            outcome = self._tasks.report(
+                request.task_id, request.worker_id, request.err_message, request.records, states, request.interrupted,
+                bad_records=[BadRecord(r.path, r.index, r.reason) for r in request.bad_records],
+                diverged=request.diverged,
+            )
         if outcome.accepted and not request.err_message and request.task_id < EVAL_ID_BASE:
             self._progress.record(
                 request.records, request.loss_sum, request.batches, request.model_version
@@ -74,6 +85,11 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
         )
 
     def report_clock(self, request, context):
+        if request.clock < 0 or not math.isfinite(request.blocked_seconds) or request.blocked_seconds < 0:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"clock {request.clock} and blocked_seconds {request.blocked_seconds} must be >= 0 (and finite)",
+            )
         view = self._clocks.report(
             request.worker_id, request.clock, self._tasks.active_workers(), request.blocked_seconds
         )
@@ -82,7 +98,11 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
         )
 
     def report_progress(self, request, context):
-        self._tasks.progress(request.task_id, request.worker_id, request.records_done)
+        if request.model_version < -1:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"model_version {request.model_version} is below -1")
+        outcome = self._tasks.progress(request.task_id, request.worker_id, request.records_done)
+        if not outcome.accepted:  # the worker's reporter logs it; its version is not taken either
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"progress refused: {outcome.reason}")
         if request.model_version > 0:
             self._notify(VersionReported(request.model_version))
         return elasticdl_pb2.Empty()
@@ -95,3 +115,17 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
         except ValueError as err:
             return elasticdl_pb2.ScaleResponse(accepted=False, message=str(err))
         return elasticdl_pb2.ScaleResponse(accepted=True, message=message)
+
+
+def _report_problem(request) -> str:
+    """What no worker puts in a task report ('' when nothing): the ledger checks the rest
+    (who holds the task, records within its size, metric states)."""
+    if request.records < 0:
+        return f"report for task {request.task_id} with {request.records} records (never negative)"
+    if request.batches < 0:
+        return f"report for task {request.task_id} with {request.batches} batches (never negative)"
+    if not math.isfinite(request.loss_sum):
+        return f"report for task {request.task_id} with a loss sum of {request.loss_sum} (must be finite)"
+    if request.model_version < -1:
+        return f"report for task {request.task_id} at model version {request.model_version} (below -1)"
+    return ""

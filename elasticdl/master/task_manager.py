@@ -143,8 +143,12 @@ class TaskManager:
         records: int | None = None,
         interrupted: bool = False,
     ) -> ReportOutcome:
-        """A worker's result for a task; unknown or foreign reports change nothing.
+        """A worker's result for a task; unknown, foreign or impossible reports change nothing.
 
+        Only the worker holding the task may report it. ``records`` is never negative, and
+        never more than the task holds for a training task, a failure or an interruption
+        (there it counts the task's records; an evaluation or prediction counts the examples
+        ``dataset_fn`` made of them, which may be more).
         ``interrupted``: the worker was told to leave after training the task's first
         ``records`` records; only the rest goes back to todo.
         """
@@ -159,6 +163,14 @@ class TaskManager:
                 logger.warning("ignored report: %s", reason)
                 return ReportOutcome(False, reason)
             task = doing.task
+            counts_records = task.type is TaskType.TRAINING or err_message or interrupted
+            if records is not None and (records < 0 or (counts_records and records > task.records)):
+                reason = (
+                    f"report for task {task_id} with {records} records: the task has {task.records}, "
+                    "and a worker reports between 0 and that many"
+                )
+                logger.warning("ignored report from worker %d: %s", worker_id, reason)
+                return ReportOutcome(False, reason)
             if interrupted and not err_message and (records is None or not 0 <= records <= task.records):
                 reason = f"interrupted report for task {task_id} with {records} records (the task has {task.records})"
                 logger.warning("ignored report from worker %d: %s", worker_id, reason)
@@ -186,12 +198,22 @@ class TaskManager:
             stats.tasks_done += 1
             return ReportOutcome(True)
 
-    def progress(self, task_id: int, worker_id: int, records_done: int) -> None:
-        """How far a worker got in its task (counted as trained twice if it dies now)."""
+    def progress(self, task_id: int, worker_id: int, records_done: int) -> ReportOutcome:
+        """How far a worker got in its task (counted as trained twice if it dies now).
+
+        Refused (nothing changes) unless the worker holds the task and 0 <= records_done <= its size.
+        """
         with self._lock:
             doing = self._doing.get(task_id)
-            if doing is not None and doing.worker_id == worker_id and 0 <= records_done <= doing.task.records:
-                doing.progress = max(doing.progress, records_done)
+            if doing is None or doing.worker_id != worker_id:
+                holder = "nobody" if doing is None else f"worker {doing.worker_id}"
+                return ReportOutcome(False, f"task {task_id} is held by {holder}, not by worker {worker_id}")
+            if not 0 <= records_done <= doing.task.records:
+                return ReportOutcome(
+                    False, f"progress of {records_done} records for task {task_id}, which has {doing.task.records}"
+                )
+            doing.progress = max(doing.progress, records_done)
+            return ReportOutcome(True)
 
     def stop(self) -> int:
         """Stop early (EarlyStopping): drop the tasks not started, start no new epoch.

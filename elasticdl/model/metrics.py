@@ -87,14 +87,59 @@ class MetricsMerger:
     def __init__(self, metrics_fn: Callable[[], dict[str, Any]]):
         self._metrics_fn = metrics_fn
         self._sums: dict[str, np.ndarray] = {}
+        self._expected: dict[str, tuple[int, ...] | None] | None = None  # see expected_states
         self.tasks = 0
 
+    def expected_states(self) -> dict[str, tuple[int, ...] | None]:
+        """The state names a task must report, each with its shape (None: a Keras metric that
+        makes its variables on first use, so the first state accepted fixes the shape)."""
+        if self._expected is None:
+            expected: dict[str, tuple[int, ...] | None] = {}
+            for name, entry in flatten_metrics(self._metrics_fn()).items():
+                if not _is_keras_metric(entry.metric):
+                    expected[f"{name}/0"] = (2,)
+                    continue
+                for i, var in enumerate(entry.metric.variables):
+                    expected[f"{name}/{i}"] = tuple(int(d) for d in var.shape)
+                if not entry.metric.variables:
+                    expected[f"{name}/*"] = None
+            self._expected = expected
+        return self._expected
+
+    def problem(self, states: dict[str, np.ndarray]) -> str:
+        """Why ``states`` are not one task's states of these metrics ('' when they are):
+        the names and shapes of the metrics' variables, numbers, finite."""
+        expected = self.expected_states()
+        lazy = {name[:-2] for name, shape in expected.items() if shape is None}
+        names = set(states)
+        fixed = {name for name in expected if expected[name] is not None}
+        unknown = sorted(n for n in names - fixed if n.rsplit("/", 1)[0] not in lazy)
+        if unknown:
+            return f"unknown metric states {unknown[:3]} (the metrics have {sorted(fixed)[:6]})"
+        missing = sorted(fixed - names)
+        if missing:
+            return f"metric states {missing[:3]} are missing"
+        for name, value in states.items():
+            value = np.asarray(value)
+            if value.dtype.kind not in "biuf":
+                return f"metric state {name!r} has dtype {value.dtype}, expected numbers"
+            shape = expected.get(name)
+            if shape is None and name in self._sums:  # a lazily built metric: its first state's shape
+                shape = self._sums[name].shape
+            if shape is not None and value.shape != tuple(shape):
+                return f"metric state {name!r} has shape {value.shape}, the metric's variable has {tuple(shape)}"
+            if not np.isfinite(value.astype(np.float64)).all():
+                return f"metric state {name!r} contains NaN or Inf"
+        return ""
+
     def add(self, states: dict[str, np.ndarray]) -> None:
+        """Sum one task's states; ValueError (nothing summed) if ``problem`` finds one."""
+        problem = self.problem(states)
+        if problem:
+            raise ValueError(problem)
         for name, value in states.items():
             value = np.asarray(value, dtype=np.float64)
             if name in self._sums:
-                if self._sums[name].shape != value.shape:
-                    raise ValueError(f"metric state {name!r} changed shape: {value.shape} vs {self._sums[name].shape}")
                 self._sums[name] += value
             else:
                 self._sums[name] = value.copy()

@@ -27,15 +27,38 @@ __all__ = [
     "SUPPORTED_OPTIMIZERS",
     "Adagrad",
     "Adam",
+    "MAX_LEARNING_RATE",
     "Optimizer",
     "OptimizerSpec",
     "RMSprop",
     "UnsupportedOptimizerError",
+    "learning_rate_problem",
     "make_optimizer",
     "optimizer_spec_from_keras",
 ]
 
 SUPPORTED_OPTIMIZERS: tuple[str, ...] = ("SGD", "Adam", "Adagrad", "RMSprop")
+
+# The largest learning rate a PS takes from a push or from the master. No optimizer we know of
+# trains with a rate near it (SGD with linear scaling, LARS: tens at most); above it the rate
+# is a bug, e.g. a schedule that returns the step instead of a rate, and one update would
+# destroy the model. Zero on the wire means "the optimizer's own rate".
+MAX_LEARNING_RATE = 100.0
+
+
+def learning_rate_problem(value: float) -> str:
+    """Why ``value`` (not the 0 sentinel) is no learning rate a PS takes; '' when it is one."""
+    if not math.isfinite(value):
+        return f"learning rate {value} is not a finite number"
+    if value <= 0:
+        return f"learning rate {value} is not positive (send 0 for the optimizer's own rate)"
+    if value > MAX_LEARNING_RATE:
+        return (
+            f"learning rate {value:g} is above {MAX_LEARNING_RATE:g}, the largest a parameter server "
+            "takes: does the schedule return a step count instead of a rate?"
+        )
+    return ""
+
 
 # Keras classes accepted under another spec name. AdamW subclasses Adam and
 # only changes the default of `weight_decay`, which the config carries.

@@ -64,6 +64,15 @@ class ParameterShard:
         """Raise GradientError (EmbeddingError for rows) naming the first gradient that does not fit."""
         if not self.initialized:
             raise GradientError("the parameter server holds no model yet; push the model first")
+        if not grads and self.params:
+            # Only a PS with no dense variable gets empty pushes from a worker (a batch without
+            # ids of its tables): they keep versions in step. Here one would count as a whole
+            # gradient of zeros (docs/consistency.md, "What a push carries").
+            raise GradientError(
+                f"an empty push: this PS holds {len(self.params)} dense variables "
+                f"({', '.join(sorted(self.params)[:3])}{', ...' if len(self.params) > 3 else ''}) "
+                "and the push carries a gradient for none of them; does the loss depend on them?"
+            )
         for name, grad in grads.items():
             if isinstance(grad, IndexedRows):
                 check_rows(name, grad, self.table(name).dim, self.ps_id, self.num_ps)

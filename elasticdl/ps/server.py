@@ -15,7 +15,7 @@ import numpy as np
 
 from elasticdl.model import checkpoint
 from elasticdl.model.embedding.table import EmbeddingError, FrozenTable, TableInfo, check_ids
-from elasticdl.model.optimizers import Optimizer
+from elasticdl.model.optimizers import Optimizer, learning_rate_problem
 from elasticdl.ps.parameters import GradientError, ParameterShard
 from elasticdl.ps.strategies import (
     AverageUpdatingStrategy,
@@ -42,6 +42,11 @@ logger = logging.getLogger(__name__)
 SERVER_THREADS = 64
 MAX_WAITING_PULLS = SERVER_THREADS // 4
 WAIT_SLICE_SECONDS = 2.0
+
+# Evaluation snapshots a PS keeps at most: a running round's, and one of a round lost to a PS
+# restart whose drop did not arrive. Taking one more evicts the oldest (logged), so snapshots
+# that were never dropped cannot grow the PS without bound.
+MAX_SNAPSHOTS = 4
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,7 @@ class ParameterServer:
         self._snapshots: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
         self._table_snapshots: dict[int, dict[str, FrozenTable]] = {}
         self._learning_rate: float | None = None  # set by the master (a LearningRateScheduler)
+        self._logged_push_rate: float | None = None  # the last rate from a push that was logged
         self.max_waiting_pulls = max_waiting_pulls
         self.wait_slice = wait_slice
         self.waiting_pulls = 0  # pulls waiting for a version now (under the lock)
@@ -123,8 +129,21 @@ class ParameterServer:
             return accepted, self.shard.version
 
     def take_snapshot(self, snapshot_id: int) -> int:
-        """Freeze a copy of the parameters for an evaluation; returns its version."""
+        """Freeze a copy of the parameters for an evaluation; returns its version.
+
+        At most MAX_SNAPSHOTS are kept: one more evicts the oldest (taking an id again replaces it).
+        """
         with self._lock:
+            self._snapshots.pop(snapshot_id, None)
+            self._table_snapshots.pop(snapshot_id, None)
+            while len(self._snapshots) >= MAX_SNAPSHOTS:
+                oldest = next(iter(self._snapshots))
+                del self._snapshots[oldest]
+                self._table_snapshots.pop(oldest, None)
+                logger.warning(
+                    "evicted evaluation snapshot %d: this PS keeps at most %d (was it never dropped?)",
+                    oldest, MAX_SNAPSHOTS,
+                )
             params = {n: v.copy() for n, v in self.shard.params.items()}
             self._snapshots[snapshot_id] = (self.shard.version, params)
             self._table_snapshots[snapshot_id] = {n: t.frozen() for n, t in self.shard.embeddings.items()}
@@ -176,9 +195,17 @@ class ParameterServer:
             return True, version, params
 
     def set_learning_rate(self, learning_rate: float | None) -> None:
+        """The master's rate for pushes that bring none (None: the optimizer's own).
+        ValueError for a rate that is not finite, not positive or too large (state unchanged)."""
+        problem = learning_rate_problem(learning_rate) if learning_rate is not None else ""
+        if problem:
+            raise ValueError(problem)
         with self._lock:
-            self._learning_rate = learning_rate
-        logger.info("learning rate set to %s by the master", learning_rate or "the optimizer's own")
+            before, self._learning_rate = self._learning_rate, learning_rate
+        logger.info(
+            "learning rate set to %s by the master (was %s)",
+            learning_rate or "the optimizer's own", before or "the optimizer's own",
+        )
 
     def pull(
         self, worker_version: int, wait_for_newer: bool = False, timeout: float = 0.0, encode=None
@@ -224,6 +251,7 @@ class ParameterServer:
         with self._lock:
             try:
                 self.shard.check_gradients(grads)
+                _check_push_fields(version, learning_rate)
             except EmbeddingError as err:  # bad ids or rows: the servicer answers INVALID_ARGUMENT
                 logger.warning("rejected push: %s", err)
                 self.strategy.telemetry.pushes_rejected_invalid += 1
@@ -236,12 +264,23 @@ class ParameterServer:
                 before = self.shard.version
                 if learning_rate is None:
                     learning_rate = self._learning_rate
+                else:
+                    self._log_push_rate(learning_rate)
                 result = self.strategy.push(self.shard, grads, version, learning_rate)
                 if self.shard.version != before:
                     due = self._on_new_version()
             reply = result if encode is None else encode(result, self.shard.params if result.applied else None)
         self._write_due_checkpoint(due)  # off the lock; never fails the push, which was applied
         return reply
+
+    def _log_push_rate(self, learning_rate: float) -> None:
+        """Log a worker's rate when it moved by 10% or more since the one last logged: each step
+        of a schedule, without a line per push for a rate that decays a little every version."""
+        logged = self._logged_push_rate
+        if logged is None or abs(learning_rate - logged) >= 0.1 * logged:
+            logger.info("learning rate %g from the workers' schedule (was %s)", learning_rate,
+                        "the optimizer's own" if logged is None else f"{logged:g}")
+            self._logged_push_rate = learning_rate
 
     def set_live_workers(self, count: int) -> None:
         """The master's count of workers holding a task (sync mode adapts grads_to_wait)."""
@@ -351,3 +390,14 @@ class ParameterServer:
             self._last_checkpoint_version = state.version
         logger.info("checkpoint at version %d", state.version)
         return path
+
+
+def _check_push_fields(version: int, learning_rate: float | None) -> None:
+    """GradientError for a push's version or learning rate that no worker sends."""
+    if version < 0:
+        raise GradientError(
+            f"gradient computed on version {version}: a version is never negative (pull before pushing)"
+        )
+    problem = learning_rate_problem(learning_rate) if learning_rate is not None else ""
+    if problem:
+        raise GradientError(problem)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import grpc
+import numpy as np
 
 from elasticdl.model.checkpoint import CheckpointWriteError
 from elasticdl.model.embedding.table import EmbeddingError, IndexedRows, TableInfo
+from elasticdl.model.optimizers import learning_rate_problem
+from elasticdl.model.sharding import ps_for_variable
 from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
 from elasticdl.ps.server import ParameterServer
 from elasticdl.rpc import codec as tensor_codec
@@ -13,6 +18,16 @@ from elasticdl.rpc.push_outcome import PushOutcome
 
 # Exported tables stream in chunks of about this many bytes (gRPC moves small messages faster).
 TABLE_CHUNK_BYTES = 4 * 1024 * 1024
+
+# What the PS takes from a request (docs/consistency.md, "What a PS accepts"); anything else is
+# answered INVALID_ARGUMENT and changes nothing.
+# A sync pull waits at most this long for a newer version: the worker's own wait
+# (worker/worker.py SYNC_WAIT_SECONDS; a test keeps them equal). A longer one would pin a thread.
+MAX_PULL_WAIT_SECONDS = 30.0
+# The largest model version a pushed model may start at (every version is exact as a float).
+MAX_MODEL_VERSION = 2**53
+# The widest embedding row a table may declare: each table reserves 1024 rows up front.
+MAX_EMBEDDING_DIM = 1 << 16
 
 
 _PULL_TENSORS_FIELD = elasticdl_pb2.PullDenseParametersResponse.DESCRIPTOR.fields_by_name["dense_parameters"].number
@@ -33,6 +48,10 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
 
     def push_model(self, request, context):
         params = _decode_or_abort(request.dense_parameters, context, writable=True)
+        settings = self._server.settings
+        problem = _model_problem(request.version, params, list(request.variables), settings.ps_id, settings.num_ps)
+        if problem:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"model refused: {problem}")
         accepted, version = self._server.push_model(params, request.version)
         return elasticdl_pb2.PushModelResponse(accepted=accepted, version=version)
 
@@ -44,6 +63,9 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         yield from self._pull(request, context, _encode_pull_chunks)
 
     def _pull(self, request, context, encode):
+        problem = _pull_problem(request)
+        if problem:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         if request.snapshot_id > 0:
             try:
                 return encode(*self._server.pull_snapshot(request.snapshot_id))
@@ -77,7 +99,7 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
             if rows.name in grads:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{rows.name!r} appears twice in one push")
             grads[rows.name] = _decode_rows_or_abort(rows, context)
-        lr = head.learning_rate if head.learning_rate > 0 else None
+        lr = head.learning_rate if head.learning_rate != 0 else None  # the core refuses a bad one
         # Asked for (a unary push of a small model), the new parameters are written into the
         # reply under the PS lock, as a pull would: the worker then skips its next pull.
         encode = _encode_push_reply if head.return_parameters else None
@@ -95,19 +117,30 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         return elasticdl_pb2.SaveCheckpointResponse(path=path, version=self._server.shard.version)
 
     def take_snapshot(self, request, context):
+        _check_snapshot_id(request.snapshot_id, context)
         version = self._server.take_snapshot(request.snapshot_id)
         return elasticdl_pb2.Snapshot(snapshot_id=request.snapshot_id, version=version)
 
     def drop_snapshot(self, request, context):
+        _check_snapshot_id(request.snapshot_id, context)
         self._server.drop_snapshot(request.snapshot_id)
         return elasticdl_pb2.Empty()
 
     def set_learning_rate(self, request, context):
-        self._server.set_learning_rate(request.value if request.value > 0 else None)
+        problem = learning_rate_problem(request.value) if request.value != 0 else ""
+        if problem:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{problem}; the rate in use is unchanged")
+        self._server.set_learning_rate(request.value or None)
         return elasticdl_pb2.Empty()
 
     def push_embedding_table_infos(self, request, context):
         try:
+            for table in request.tables:
+                if table.dim > MAX_EMBEDDING_DIM:
+                    raise EmbeddingError(
+                        f"embedding table {table.name!r}: dim {table.dim} is above {MAX_EMBEDDING_DIM}, "
+                        "the widest row a parameter server takes"
+                    )
             infos = [TableInfo.from_json(t.name, t.dim, t.initializer) for t in request.tables]
             self._server.push_embedding_table_infos(infos)
         except EmbeddingError as err:
@@ -115,6 +148,9 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         return elasticdl_pb2.Empty()
 
     def pull_embedding_vectors(self, request, context):
+        if request.snapshot_id < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"snapshot_id {request.snapshot_id} is negative "
+                          "(0: the live rows, > 0: an evaluation snapshot's)")
         try:
             ids = tensor_codec.decode(request.ids)
         except tensor_codec.TensorDecodeError as err:
@@ -128,6 +164,9 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         return tensor_codec.encode(request.name, rows)
 
     def pull_embedding_table(self, request, context):
+        if request.rows_per_chunk < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"rows_per_chunk {request.rows_per_chunk} is negative (0: chunks of about 4 MB)")
         try:
             ids, rows = self._server.embedding_table(request.name)
         except EmbeddingError as err:
@@ -141,6 +180,8 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
             )
 
     def set_live_workers(self, request, context):
+        if request.count < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"live worker count {request.count} is negative")
         self._server.set_live_workers(request.count)
         return elasticdl_pb2.Empty()
 
@@ -200,3 +241,47 @@ def _decode_or_abort(tensors, context, writable: bool = False):
     except tensor_codec.TensorDecodeError as err:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
 
+
+def _pull_problem(request) -> str:
+    if request.version < -1:
+        return f"version {request.version} is below -1 (-1: send every parameter)"
+    timeout = request.timeout_seconds
+    if not math.isfinite(timeout) or not 0 <= timeout <= MAX_PULL_WAIT_SECONDS:
+        return (
+            f"timeout_seconds {timeout} is not between 0 and {MAX_PULL_WAIT_SECONDS:g} "
+            "(a pull waits at most that long for a newer version; ask again after it)"
+        )
+    if request.snapshot_id < 0:
+        return f"snapshot_id {request.snapshot_id} is negative (0: the live model, > 0: an evaluation snapshot)"
+    return ""
+
+
+def _check_snapshot_id(snapshot_id: int, context) -> None:
+    if snapshot_id <= 0:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                      f"snapshot_id {snapshot_id} is not positive (the master numbers rounds from 1)")
+
+
+def _model_problem(version: int, params: dict[str, np.ndarray], declared: list[str], ps_id: int, num_ps: int) -> str:
+    """Why a pushed model is not one a PS takes ('' when it is): the rule of the Model message."""
+    if not 0 <= version <= MAX_MODEL_VERSION:
+        return f"version {version} is not between 0 and 2**53"
+    if len(set(declared)) != len(declared) or not all(declared):
+        return "`variables` must name each variable of the model once, none empty"
+    undeclared = sorted(set(params) - set(declared))
+    if undeclared:
+        return f"{undeclared[:3]} are not among the model's declared `variables`"
+    foreign = sorted(n for n in params if ps_for_variable(n, num_ps) != ps_id)
+    if foreign:
+        return f"{foreign[:3]} belong to PS {ps_for_variable(foreign[0], num_ps)}, not to PS {ps_id}"
+    missing = sorted(n for n in declared if ps_for_variable(n, num_ps) == ps_id and n not in params)
+    if missing:
+        return (f"a partial model: {len(missing)} of this PS's variables are missing ({', '.join(missing[:3])}); "
+                "push every variable of the model at once")
+    for name, value in params.items():
+        if value.dtype.kind != "f":
+            return f"variable {name!r} has dtype {value.dtype}, expected float"
+        with np.errstate(over="ignore"):
+            if not np.isfinite(value.astype(np.float32, copy=False)).all():
+                return f"variable {name!r} contains NaN or Inf (or a value beyond float32)"
+    return ""

@@ -29,6 +29,12 @@ from elasticdl.rpc.push_outcome import PushOutcome
 # Per-version telemetry kept for this many recent versions (totals are kept for all).
 TELEMETRY_VERSIONS = 10_000
 
+# Async: a gradient computed on a version ahead of the PS counts as fresh (the PS restarted
+# from an older checkpoint while the worker held a newer model), up to this many versions
+# ahead; further than that it was computed on no model this PS made and is refused as stale,
+# so the worker pulls and computes it again. Sync refuses any version ahead the same way.
+VERSION_AHEAD_MARGIN = 10_000
+
 
 @dataclass(frozen=True)
 class PushResult:
@@ -108,6 +114,14 @@ class GradientUpdatingStrategy(ABC):
 
 class DirectUpdatingStrategy(GradientUpdatingStrategy):
     def push(self, shard, grads, version, learning_rate):
+        if version > shard.version + VERSION_AHEAD_MARGIN:
+            self.telemetry.rejected_stale(shard.version)
+            return PushResult(
+                PushOutcome.REJECTED_STALE,
+                shard.version,
+                f"gradient computed on version {version}, more than {VERSION_AHEAD_MARGIN} versions "
+                f"ahead of this PS's {shard.version}: pull and compute it again",
+            )
         # A version ahead of the PS (it restarted from an older checkpoint) counts as fresh.
         staleness = max(0, shard.version - version)
         scale = self._staleness_scale(staleness)

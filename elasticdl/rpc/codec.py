@@ -5,6 +5,7 @@ The gRPC edges call this; nothing below them sees protobuf.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -39,7 +40,10 @@ def decode(tensor: elasticdl_pb2.Tensor, writable: bool = False) -> np.ndarray:
             f"message carries {len(tensor.content)}" + (f" from byte {tensor.offset}" if tensor.offset else "")
         )
     buffer = bytearray(tensor.content) if writable else tensor.content
-    return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    try:
+        return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    except ValueError as err:  # an empty shape numpy cannot hold, e.g. (0, 2**62, 2**62)
+        raise TensorDecodeError(f"tensor {tensor.name!r}: shape {shape}: {err}") from None
 
 
 def _checked_meta(tensor: elasticdl_pb2.Tensor) -> tuple[np.dtype, tuple[int, ...], int]:
@@ -53,7 +57,8 @@ def _checked_meta(tensor: elasticdl_pb2.Tensor) -> tuple[np.dtype, tuple[int, ..
     shape = tuple(tensor.shape)
     if any(dim < 0 for dim in shape):
         raise TensorDecodeError(f"tensor {tensor.name!r}: negative dimension in shape {shape}")
-    return dtype, shape, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    # Python ints: numpy's int64 product wraps around for a forged shape like (2**40, 2**40).
+    return dtype, shape, math.prod(shape) * dtype.itemsize
 
 
 def encode_dict(arrays: dict[str, np.ndarray]) -> list[elasticdl_pb2.Tensor]:
@@ -262,7 +267,10 @@ class TensorAssembler:
             if len(tensor.content) == expected:  # whole: no copy
                 self._arrays[name], self._received[name] = decode(tensor), expected
                 return
-            self._arrays[name] = array = np.empty(shape, dtype)
+            try:
+                self._arrays[name] = array = np.empty(shape, dtype)
+            except (MemoryError, ValueError) as err:  # a shape no message could fill
+                raise TensorDecodeError(f"tensor {name!r}: shape {shape} of {tensor.dtype}: {err}") from None
             self._received[name] = 0
         received = self._received[name]
         if (tensor.dtype, tuple(tensor.shape)) != (array.dtype.name, array.shape):

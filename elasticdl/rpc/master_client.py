@@ -86,6 +86,8 @@ class MasterClient:
                 diverged=diverged,
             )
         )
+        if not reply.accepted:  # nothing was recorded: the master hands the task out again
+            logger.warning("the master refused the report of task %d: %s", task_id, reply.reason)
         return reply.accepted
 
     def close(self) -> None:
@@ -151,4 +153,7 @@ class _ProgressReporter:
                     worker_id=self._worker_id, task_id=task_id, records_done=records_done,
                     model_version=model_version), timeout=10)
             except grpc.RpcError as err:  # the master is away for a moment: the next report catches up
-                logger.debug("progress report of task %d not delivered: %s", task_id, err.code())
+                if err.code() == grpc.StatusCode.FAILED_PRECONDITION:  # the task is no longer ours
+                    logger.info("progress report of task %d refused: %s", task_id, err.details())
+                else:
+                    logger.debug("progress report of task %d not delivered: %s", task_id, err.code())

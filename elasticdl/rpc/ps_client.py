@@ -163,10 +163,10 @@ class PSClient:
         return PullResult(head.initialized, head.version, params)
 
     def push_model(self, params: dict[str, np.ndarray], version: int = 0) -> list[bool]:
+        """Give every PS its part of the model; each checks it got all of its part of ``params``."""
+        head = elasticdl_pb2.Model(version=version, variables=sorted(params))
         futures = [
-            stub.push_model.future(
-                tensor_codec.serialize_with_tensors(elasticdl_pb2.Model(version=version), _MODEL_TENSORS_FIELD, part)
-            )
+            stub.push_model.future(tensor_codec.serialize_with_tensors(head, _MODEL_TENSORS_FIELD, part))
             for stub, part in zip(self._stubs, self.split(params))
         ]
         return [f.result().accepted for f in futures]

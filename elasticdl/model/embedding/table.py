@@ -58,7 +58,7 @@ class TableInfo:
     def from_json(cls, name: str, dim: int, initializer_json: str) -> TableInfo:
         try:
             initializer = json.loads(initializer_json) if initializer_json else {}
-        except json.JSONDecodeError as err:
+        except (json.JSONDecodeError, RecursionError) as err:  # RecursionError: nested beyond reason
             raise EmbeddingError(f"embedding table {name!r}: initializer is not JSON: {err}") from None
         return cls(name, int(dim), initializer)
 
