@@ -5,27 +5,13 @@ from __future__ import annotations
 
 import errno
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODEL_ZOO = os.path.join(REPO, "model_zoo")
+from tests.test_e2e_local import MODEL_ZOO, digits  # noqa: F401
 
 
-@pytest.fixture(scope="module")
-def digits(tmp_path_factory):
-    out = tmp_path_factory.mktemp("digits")
-    subprocess.run(
-        [sys.executable, os.path.join(MODEL_ZOO, "digits", "prepare_data.py"), "--output", str(out)],
-        check=True, capture_output=True,
-    )
-    return out
-
-
-def test_an_export_that_fails_after_training_leaves_the_checkpoint_and_the_report(digits, tmp_path, monkeypatch):
+def test_an_export_that_fails_after_training_leaves_the_checkpoint_and_the_report(digits, tmp_path, monkeypatch):  # noqa: F811
     import elasticdl
     from elasticdl.errors import JobFailedError, exit_status
     from elasticdl.model import checkpoint, export
