@@ -6,6 +6,13 @@ import tempfile
 
 import pytest
 from etcd_fixture import etcd_process, etcd_server  # noqa: F401  (pytest finds fixtures by name)
+from hypothesis import settings
+
+# The suite explores the same examples on every run, so a test that passed here passes in CI.
+# To search further, run with HYPOTHESIS_PROFILE=explore (random examples, as many as asked).
+settings.register_profile("ci", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session", autouse=True)

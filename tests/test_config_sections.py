@@ -236,8 +236,11 @@ def test_users_read_the_typed_values():
     assert spec.requests["nvidia.com/gpu"] == "1"
     plan = manifests.PodPlan("worker", 0, ["python"], ["-m", "x"])
     pod = manifests.pod_manifest(config, plan, spec)
-    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-    assert env["EXTRA"] == "1" and env["B"] == "x=y"
+    # --envs values live in the job's Secret; the pod refers to them by key.
+    env = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef", {}).get("key") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["EXTRA"] == manifests.env_secret_key("EXTRA") and env["B"] == manifests.env_secret_key("B")
+    secret = manifests.secret_manifest(config, "token", None)["stringData"]
+    assert secret[manifests.env_secret_key("EXTRA")] == "1" and secret[manifests.env_secret_key("B")] == "x=y"
     assert len(pod["spec"]["volumes"]) == 3  # the token and the two --volume entries
     settings = settings_from_config(config, 1)
     assert (settings.num_ps, settings.grads_to_wait, settings.checkpoint_dir) == (2, 2, "/ckpt")

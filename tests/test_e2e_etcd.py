@@ -103,7 +103,7 @@ def test_a_master_cut_off_from_etcd_stops_before_another_can_lead(digits, tmp_pa
 
     # It stopped acting before its lease could expire (its shutdown comes after: the PS and
     # workers are stopped, whose own leases then expire).
-    (line,) = [x for x in _master_log(tmp_path, "partition").splitlines() if "lost the leader lock" in x]
+    line = next(x for x in _master_log(tmp_path, "partition").splitlines() if "lost the leader lock" in x)
     lost_at = datetime.datetime.combine(cut_at.date(), datetime.time.fromisoformat(line.split()[0]))
     assert 0 < (lost_at - cut_at).total_seconds() < LEADER_LEASE_SECS
     second_command = _command(digits, tmp_path, etcd_process.endpoint, "partition", num_epochs=40)

@@ -508,7 +508,7 @@ def test_a_progress_report_no_worker_sends_is_refused_and_its_version_not_taken(
     assert master.events.get(timeout=10) == VersionReported(5)
 
 
-@pytest.mark.parametrize("clock, blocked", [(-1, 0.0), (3, math.nan), (3, -1.0)])
+@pytest.mark.parametrize("clock, blocked", [(-1, 0.0), (3, math.nan), (3, -1.0), (2**63 - 1, 0.0)])
 def test_a_clock_report_no_worker_sends_is_refused(master, clock, blocked):
     with pytest.raises(grpc.RpcError) as info:
         master.stub.report_clock(elasticdl_pb2.ReportClockRequest(worker_id=0, clock=clock, blocked_seconds=blocked),

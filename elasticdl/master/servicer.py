@@ -19,6 +19,10 @@ from elasticdl.rpc import codec as tensor_codec
 
 logger = logging.getLogger(__name__)
 
+# A worker's clock counts the batches it pushed: far below this. The master adds an offset to
+# it and answers with int64 fields, which a clock near 2**63 would overflow.
+MAX_CLOCK = 2**53
+
 _TASK_TYPES = {
     TaskType.TRAINING: elasticdl_pb2.TRAINING,
     TaskType.EVALUATION: elasticdl_pb2.EVALUATION,
@@ -85,10 +89,12 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
         )
 
     def report_clock(self, request, context):
-        if request.clock < 0 or not math.isfinite(request.blocked_seconds) or request.blocked_seconds < 0:
+        if not 0 <= request.clock <= MAX_CLOCK or not math.isfinite(request.blocked_seconds) \
+                or request.blocked_seconds < 0:
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"clock {request.clock} and blocked_seconds {request.blocked_seconds} must be >= 0 (and finite)",
+                f"clock {request.clock} must be in [0, {MAX_CLOCK}] and blocked_seconds "
+                f"{request.blocked_seconds} >= 0 and finite",
             )
         view = self._clocks.report(
             request.worker_id, request.clock, self._tasks.active_workers(), request.blocked_seconds
