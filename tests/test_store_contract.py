@@ -69,7 +69,7 @@ def test_the_lock_frees_when_its_holder_dies_and_fences_it_out(make_store):
 def test_a_live_master_keeps_its_lock_beyond_the_ttl(make_store):
     a, b = make_store(), make_store()
     lead = a.acquire_leadership("master-a", ttl=1)
-    time.sleep(2.2)
+    time.sleep(2.2)  # the duration under test (longer than the ttl), not a timing window: cannot race
     assert lead.held and not lead.lost.is_set()
     with pytest.raises(LeadershipError):
         b.acquire_leadership("master-b", ttl=1)

@@ -33,7 +33,7 @@ def test_the_master_rides_out_an_outage_and_resyncs_the_newest_ledger(outage, ca
         assert ledger.save(snap(2)) is False  # older than what the master holds: dropped
         assert time.monotonic() - started < 0.2  # no waiting during an outage
         assert ledger.pending_seq == 3 and ledger.persisted_seq == 1
-        time.sleep(0.6)
+        time.sleep(0.6)  # an outage at least this long (asserted below); no window to hit, cannot race
 
         up()
         assert ledger.flush(15.0)
