@@ -29,5 +29,5 @@ def wait_until(predicate, timeout: float, what: str) -> float:
     while not predicate():
         if time.monotonic() - started > timeout:
             raise AssertionError(f"{what} within {timeout}s")
-        time.sleep(0.05)
+        time.sleep(0.05)  # polls for a condition with a deadline: no timing window, cannot race
     return time.monotonic() - started

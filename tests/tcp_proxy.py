@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 import threading
 
+from k8s_fake.proxy import _pump as pump  # the same byte pump as the fake kube-proxy
+
 
 class TcpProxy:
     """Forwards 127.0.0.1:<port> to ``target``; ``cut()`` closes every connection and refuses new ones."""
@@ -50,18 +52,4 @@ class TcpProxy:
                     return
                 self._sockets += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for sock in (source, sink):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+                threading.Thread(target=pump, args=(a, b), daemon=True).start()

@@ -6,13 +6,13 @@ test_preflight_data.py, whole jobs in test_e2e_bad_records.py."""
 from __future__ import annotations
 
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from zoo_helpers import restore_import_state
 
 from elasticdl.data.errors import BadRecord, BadRecordError, CorruptRecordError
 from elasticdl.data.sources import Shard, read_records
@@ -104,14 +104,7 @@ def corrupt_data_of_record(path, index: int) -> None:
         f.write(raw)
 
 
-@pytest.fixture(autouse=True)
-def _restore_import_state():
-    path, modules = list(sys.path), set(sys.modules)
-    yield
-    sys.path[:] = path
-    for name in set(sys.modules) - modules:
-        if name.startswith("badzoo"):
-            del sys.modules[name]
+_restore_import_state = restore_import_state("badzoo")
 
 
 @pytest.fixture

@@ -328,7 +328,7 @@ def test_the_role_is_enough_for_the_backend_and_no_more(tmp_path, monkeypatch):
             deadline = time.monotonic() + 15
             while not backend.poll_exits():
                 assert time.monotonic() < deadline, "the PS exit was never seen"
-                time.sleep(0.05)
+                time.sleep(0.05)  # polls for the exit with a deadline: cannot race
             backend.start("ps", 0, ps_args)
             assert backend.ps_addresses(1, 30) == [address]
         finally:

@@ -11,6 +11,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest
 import tensorflow as tf
+from zoo_helpers import restore_import_state
 
 from elasticdl.config import ConfigError, JobConfig
 from elasticdl.data.tfrecord import write_records
@@ -66,15 +67,7 @@ SECTIONS = {
 _counter = itertools.count()
 
 
-@pytest.fixture(autouse=True)
-def _restore_import_state():
-    """Each test's zoo is a fresh package; drop it from sys.path and sys.modules afterwards."""
-    path, modules = list(sys.path), set(sys.modules)
-    yield
-    sys.path[:] = path
-    for name in set(sys.modules) - modules:
-        if name.startswith("tmpzoo_"):
-            del sys.modules[name]
+_restore_import_state = restore_import_state("tmpzoo_")
 
 
 def write_module(tmp_path, text: str, module: str = "model") -> tuple[str, str, str]:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
 import textwrap
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest
 import tensorflow as tf
+from zoo_helpers import restore_import_state
 
 from elasticdl.config import JobConfig
 from elasticdl.data.errors import BadRecordError
@@ -54,14 +54,7 @@ SECTIONS = {
 _counter = itertools.count()
 
 
-@pytest.fixture(autouse=True)
-def _restore_import_state():
-    path, modules = list(sys.path), set(sys.modules)
-    yield
-    sys.path[:] = path
-    for name in set(sys.modules) - modules:
-        if name.startswith("preflightzoo_"):
-            del sys.modules[name]
+_restore_import_state = restore_import_state("preflightzoo_")
 
 
 def example(i: int, label: int | None = None, x=None) -> bytes:
