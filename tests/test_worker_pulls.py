@@ -51,7 +51,7 @@ class _PS:
         self.pull_versions.append(list(versions))
         return [PullResult(True, self.version, {"w": np.full(2, self.version, np.float32)})]
 
-    def push_gradients(self, grads_by_ps, versions, lr, worker_id, want_parameters=False):
+    def push_gradients(self, grads_by_ps, versions, lr, worker_id, want_parameters=False, batch=None):
         if self.unreachable:
             self.unreachable -= 1
             raise _Unavailable()

@@ -278,7 +278,7 @@ class TaskDispatcher:
 
     def report(
         self, task_id: int, worker_id: int, err_message: str, records: int, states=None, interrupted: bool = False,
-        bad_records: Sequence[BadRecord] = (), diverged: bool = False,
+        bad_records: Sequence[BadRecord] = (), diverged: bool = False, handout: int = 0,
     ) -> ReportOutcome:
         """A worker's task report. ``bad_records`` and ``diverged`` are noted even when the report
         itself is refused (a late one): they are facts about the data and the model, and the
@@ -297,7 +297,7 @@ class TaskDispatcher:
             return self.evaluation.report(task_id, worker_id, err_message, records, states or {}, interrupted)
         if self.main is None:
             return ReportOutcome(False, f"unknown task {task_id}")
-        return self.main.report(task_id, worker_id, err_message, records, interrupted)
+        return self.main.report(task_id, worker_id, err_message, records, interrupted, handout)
 
     def progress(self, task_id: int, worker_id: int, records_done: int) -> ReportOutcome:
         """Progress of a main-queue task (evaluation tasks send none); refused when not held."""

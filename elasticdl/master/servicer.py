@@ -62,6 +62,7 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
             epoch=task.epoch,
             snapshot_id=task.snapshot_id,
             model_version=task.model_version,
+            handout=task.handout,
         )
 
     def report_task_result(self, request, context):
@@ -77,7 +78,7 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
             outcome = self._tasks.report(
                 request.task_id, request.worker_id, request.err_message, request.records, states, request.interrupted,
                 bad_records=[BadRecord(r.path, r.index, r.reason) for r in request.bad_records],
-                diverged=request.diverged,
+                diverged=request.diverged, handout=request.handout,
             )
         if outcome.accepted and not request.err_message and request.task_id < EVAL_ID_BASE:
             self._progress.record(

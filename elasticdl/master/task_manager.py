@@ -7,6 +7,13 @@ worker's tasks go back to todo without counting against them. When todo and doin
 both empty the next epoch starts, with the tasks reshuffled; after ``num_epochs`` the
 job is finished.
 
+Exactly once: every hand-out of a task gets a number (``handout``), which the worker's
+pushes carry. When the ledger takes a task back from a worker (it died, failed or timed
+out), it first *fences* that hand-out on the PS (``fencer``): the PS refuse its pushes from
+then on and answer how far the task's records were applied. Only the rest goes back to todo,
+so no batch is applied twice. A rollback to a checkpoint (``rewind``) puts every record the
+checkpoint does not hold back to todo, in this epoch and the one before.
+
 Pure Python and thread-safe; the clock is injectable so tests drive timeouts directly.
 """
 
@@ -51,6 +58,12 @@ class Task:
     model_version: int = -1  # evaluation: the version that snapshot holds
     requeued: bool = False  # back in todo after its worker died (logged when handed out again)
     last_error: str = ""  # why its last try failed (a dropped task fails the job with it)
+    origin: int = -1  # the task's first record (-1: shard.start); shard.start is where training resumes
+    handout: int = 0  # training: the current hand-out's number (0: not handed out)
+
+    def __post_init__(self) -> None:
+        if self.origin < 0:
+            self.origin = self.shard.start
 
     @property
     def records(self) -> int:
@@ -83,6 +96,21 @@ class EpochStats:
     # trained again: the price of a hard failure. A graceful preemption adds nothing.
     records_trained_twice: int = 0
     dropped: list[Task] = field(default_factory=list)
+    # Records trained again, by cause: "rollback" (the PS went back to a checkpoint),
+    # "worker died", "task failed", "timeout". With the PS's marks only records whose
+    # updates were lost are trained again; the rest of a taken-back task is not.
+    retrained: dict[str, int] = field(default_factory=dict)
+
+    def count_retrained(self, cause: str, records: int) -> None:
+        if records > 0:
+            self.retrained[cause] = self.retrained.get(cause, 0) + records
+            self.records_trained_twice += records
+
+
+# Asks every PS to refuse pushes of some task hand-outs and answer how far each task was
+# applied: (handouts, task ids) -> task id -> records_end, the lowest over the PS; None when a
+# PS could not be asked (the whole attempt is then counted as trained again).
+Fencer = Callable[[list[int], list[int]], "dict[int, int] | None"]
 
 
 class TaskManager:
@@ -114,6 +142,9 @@ class TaskManager:
         self.seq = 0  # bumped by every change: the job loop saves the ledger when it moves
         self._todo: deque[Task] = deque()
         self._doing: dict[int, _Doing] = {}
+        self._done: dict[int, Task] = {}  # this epoch's and the last one's: what a rollback may undo
+        self._next_handout = 1
+        self.fencer: Fencer | None = None  # set once the PS serve (elasticdl/master/job.py)
         self.epochs: list[EpochStats] = []
         self._start_epoch(0)
 
@@ -128,6 +159,8 @@ class TaskManager:
             if not self._todo:
                 return NoTask.WAIT
             task = self._todo.popleft()
+            task.handout = self._next_handout
+            self._next_handout += 1
             if task.requeued:
                 task.requeued = False
                 logger.info("requeued task %d now runs on worker %d", task.task_id, worker_id)
@@ -142,6 +175,7 @@ class TaskManager:
         err_message: str = "",
         records: int | None = None,
         interrupted: bool = False,
+        handout: int = 0,
     ) -> ReportOutcome:
         """A worker's result for a task; unknown, foreign or impossible reports change nothing.
 
@@ -162,6 +196,10 @@ class TaskManager:
                 reason = f"task {task_id} is assigned to worker {doing.worker_id}, not {worker_id}"
                 logger.warning("ignored report: %s", reason)
                 return ReportOutcome(False, reason)
+            if handout and handout != doing.task.handout:
+                reason = f"task {task_id} was taken back from hand-out {handout} (rollback); it runs as {doing.task.handout}"
+                logger.info("ignored report from worker %d: %s", worker_id, reason)
+                return ReportOutcome(False, reason)
             task = doing.task
             counts_records = task.type is TaskType.TRAINING or err_message or interrupted
             if records is not None and (records < 0 or (counts_records and records > task.records)):
@@ -179,12 +217,15 @@ class TaskManager:
             self.seq += 1
             stats = self.epochs[task.epoch]
             if err_message:
-                stats.records_trained_twice += max(doing.progress, records or 0)
-                self._retry(task, f"worker {worker_id} failed it: {err_message}")
+                rest = self._take_back(doing, "task failed", max(doing.progress, records or 0))
+                if rest is not None:
+                    self._retry(rest, f"worker {worker_id} failed it: {err_message}")
                 return ReportOutcome(True)
             if interrupted:
                 stats.records_done += records
                 stats.tasks_interrupted += 1
+                self._done[task_id] = Task(task_id, task.type, Shard(task.shard.path, task.shard.start,
+                                           task.shard.start + records), task.epoch, origin=task.origin)
                 if records < task.records and not self._stopped:
                     rest = Shard(task.shard.path, task.shard.start + records, task.shard.end)
                     self._todo.appendleft(Task(self._next_id, task.type, rest, task.epoch, task.retries))
@@ -196,6 +237,8 @@ class TaskManager:
                 return ReportOutcome(True)
             stats.records_done += task.records if records is None else records
             stats.tasks_done += 1
+            if task.type is TaskType.TRAINING:
+                self._done[task_id] = task
             return ReportOutcome(True)
 
     def progress(self, task_id: int, worker_id: int, records_done: int) -> ReportOutcome:
@@ -228,20 +271,95 @@ class TaskManager:
             return dropped
 
     def recover_worker_tasks(self, worker_id: int) -> list[Task]:
-        """Put a dead worker's in-progress tasks back at the front of todo."""
+        """Put a dead worker's in-progress tasks back at the front of todo: the records its
+        pushes did not apply (the PS say which, see ``fencer``)."""
         with self._lock:
             gone = [d for d in self._doing.values() if d.worker_id == worker_id]
             mine = [d.task for d in gone]
             self.seq += bool(gone)
             for doing in gone:
                 del self._doing[doing.task.task_id]
-                self.epochs[doing.task.epoch].records_trained_twice += doing.progress
-                if not self._stopped:
-                    doing.task.requeued = True
-                    self._todo.appendleft(doing.task)
+                rest = self._take_back(doing, "worker died", doing.progress)
+                if rest is not None and not self._stopped:
+                    rest.requeued = True
+                    self._todo.appendleft(rest)
             if mine:
                 logger.info("worker %d is gone; requeued tasks %s", worker_id, [t.task_id for t in mine])
             return mine
+
+    def fence_all(self) -> int:
+        """A number above every hand-out made so far: the fence of a rollback."""
+        with self._lock:
+            floor = self._next_handout
+            self._next_handout += 1
+            return floor
+
+    def start_term(self, term: int) -> None:
+        """Hand-outs of leadership term ``term`` are numbered from ``term << 32``: above any of an
+        older term, so a PS fenced at the new term's start refuses the old master's workers."""
+        with self._lock:
+            self._next_handout = max(self._next_handout, (term << 32) + 1)
+
+    def rewind(self, marks: dict[int, int], cause: str = "rollback") -> int:
+        """The model went back to a checkpoint whose data position is ``marks`` (task id -> records
+        applied up to that index). Every record after it goes back to todo: done, doing and todo
+        tasks of this epoch and the last one. Returns the records to train again."""
+        with self._lock:
+            again = 0
+            # (task, records of it credited as done, records of it trained, was it done)
+            tasks = [(t, t.shard.end - t.origin, t.shard.end - t.origin, True) for t in self._done.values()]
+            tasks += [(d.task, d.task.shard.start - d.task.origin, d.task.shard.start - d.task.origin + d.progress,
+                       False) for d in self._doing.values()]
+            tasks += [(t, t.shard.start - t.origin, t.shard.start - t.origin, False) for t in self._todo]
+            todo: list[Task] = []
+            done: dict[int, Task] = {}
+            for task, credited, trained, was_done in tasks:
+                applied = min(max(marks.get(task.task_id, task.origin), task.origin), task.shard.end)
+                stats = self.epochs[task.epoch]
+                lost = trained - (applied - task.origin)
+                if lost > 0:
+                    stats.count_retrained(cause, lost)
+                    again += lost
+                stats.records_done += applied - task.origin - credited
+                if applied >= task.shard.end:
+                    done[task.task_id] = task
+                    stats.tasks_done += not was_done
+                    continue
+                stats.tasks_done -= was_done
+                todo.append(Task(task.task_id, task.type, Shard(task.shard.path, applied, task.shard.end),
+                                 task.epoch, task.retries, origin=task.origin))
+            self._done = done
+            self._doing.clear()
+            self._todo = deque(sorted(todo, key=lambda t: t.epoch))  # stable: the order within an epoch stays
+            self.seq += 1
+            logger.warning("went back to the checkpoint's data position: %d records go back to todo (%s)",
+                           again, cause)
+            return again
+
+    def _take_back(self, doing: _Doing, cause: str, progress: int) -> Task | None:
+        """Take a task back from its worker (under the lock): fence its hand-out on the PS and
+        return the task for the records not applied (None when all were: it is done)."""
+        task = doing.task
+        stats = self.epochs[task.epoch]
+        marks = None
+        if self.fencer is not None and task.type is TaskType.TRAINING and task.handout:
+            marks = self.fencer([task.handout], [task.task_id])
+        if marks is None:  # the PS could not be asked: whatever was pushed is trained again
+            stats.count_retrained(cause, progress)
+            return task
+        applied = min(max(marks.get(task.task_id, task.origin), task.shard.start), task.shard.end)
+        stats.count_retrained(cause, task.shard.start + progress - applied)
+        if applied >= task.shard.end:
+            stats.records_done += task.shard.end - task.shard.start
+            stats.tasks_done += 1
+            self._done[task.task_id] = task
+            return None
+        if applied > task.shard.start:
+            logger.info("task %d: records %d-%d were applied before it was taken back; %d-%d go back to todo",
+                        task.task_id, task.shard.start, applied - 1, applied, task.shard.end - 1)
+            stats.records_done += applied - task.shard.start
+        return Task(task.task_id, task.type, Shard(task.shard.path, applied, task.shard.end), task.epoch,
+                    task.retries, origin=task.origin)
 
     # ------------------------------------------------------------ state
 
@@ -285,6 +403,7 @@ class TaskManager:
         for shard in shards:
             self._todo.append(Task(self._next_id, self._task_type, shard, epoch))
             self._next_id += 1
+        self._done = {i: t for i, t in self._done.items() if t.epoch >= epoch - 1}
         self.epochs.append(EpochStats(epoch, sum(s.records for s in shards)))
         self.seq += 1
 
@@ -301,11 +420,12 @@ class TaskManager:
         for doing in late:
             self.seq += 1
             del self._doing[doing.task.task_id]
-            self.epochs[doing.task.epoch].records_trained_twice += doing.progress
-            self._retry(
-                doing.task,
-                f"worker {doing.worker_id} held it longer than --task_timeout={self._task_timeout:g}s",
-            )
+            rest = self._take_back(doing, "timeout", doing.progress)
+            if rest is not None:
+                self._retry(
+                    rest,
+                    f"worker {doing.worker_id} held it longer than --task_timeout={self._task_timeout:g}s",
+                )
 
     def _retry(self, task: Task, why: str) -> None:
         task.retries += 1
@@ -332,6 +452,7 @@ class TaskManager:
             tasks = [_record(d.task, TaskState.DOING, d.worker_id) for d in self._doing.values()]
             tasks += [_record(t, TaskState.TODO) for t in self._todo]
             tasks += [_record(t, TaskState.DROPPED) for e in self.epochs for t in e.dropped]
+            tasks += [_record(t, TaskState.DONE) for t in self._done.values()]
             return LedgerSnapshot(
                 seq=self.seq,
                 epoch=self.epoch,
@@ -340,7 +461,7 @@ class TaskManager:
                 tasks=tuple(tasks),
                 epochs=tuple(
                     EpochRecord(e.epoch, e.records_total, e.records_done, e.records_trained_twice,
-                                e.tasks_done, e.tasks_retried)
+                                e.tasks_done, e.tasks_retried, dict(e.retrained))
                     for e in self.epochs
                 ),
                 task_type=str(self._task_type),
@@ -360,13 +481,16 @@ class TaskManager:
             self._next_id = resumed.next_task_id
             self.epochs = [
                 EpochStats(e.epoch, e.records_total, e.records_done, e.tasks_done, e.tasks_retried, 0,
-                           e.records_duplicated)
+                           e.records_duplicated, retrained=dict(e.retrained))
                 for e in resumed.epochs
             ]
+            self._done = {}
             for record in resumed.tasks:
                 task = Task(record.task_id, self._task_type, Shard(record.path, record.start, record.end),
-                            record.epoch, record.retries)
-                if record.state is TaskState.TODO:
+                            record.epoch, record.retries, origin=record.origin)
+                if record.state is TaskState.DONE:
+                    self._done[task.task_id] = task
+                elif record.state is TaskState.TODO:
                     self._todo.append(task)
                 elif record.state is TaskState.DROPPED:
                     task.retries = 0
@@ -382,4 +506,4 @@ class TaskManager:
 
 def _record(task: Task, state: TaskState, worker_id: int = -1) -> TaskRecord:
     return TaskRecord(task.task_id, task.shard.path, task.shard.start, task.shard.end, task.epoch,
-                      task.retries, state, worker_id)
+                      task.retries, state, worker_id, task.origin)

@@ -1,4 +1,15 @@
-"""PS shard checkpoints: ``<dir>/version-<v>/ps-<i>-of-<n>.npz``.
+"""PS shard checkpoints: ``<dir>/version-<v>/ps-<i>-of-<n>.term-<t>.npz``.
+
+A checkpoint is a *cut*: every PS's shard at the same model version ``v``, written by
+the master's leadership term ``t``. Each term writes its own lineage: a cut is complete
+when all ``n`` shards of one term are there, and shards of two terms never make one cut
+(a master cut off from etcd cannot mix its files into its successor's). Files without
+``.term-<t>`` (older jobs) count as term 0.
+
+Each shard also stores its data position (elasticdl/ps/data_position.py): per task, the
+record offset up to which gradients were applied, and the records applied in all. A job
+that goes back to the cut (a PS died, the master restarted) puts the records after that
+position back to todo: every record's update is then in the model exactly once.
 
 Each PS writes its own file atomically: a hidden temp file in the version directory,
 fsynced, renamed over the final name, then the directory fsynced, so a crash or a full disk
@@ -26,7 +37,7 @@ from elasticdl.model.embedding.table import TableInfo
 from elasticdl.model.sharding import ps_for_variable
 
 _VERSION_DIR = re.compile(r"^version-(\d+)$")
-_SHARD_FILE = re.compile(r"^ps-(\d+)-of-(\d+)\.npz$")
+_SHARD_FILE = re.compile(r"^ps-(\d+)-of-(\d+)(?:\.term-(\d+))?\.npz$")
 
 
 class CheckpointError(UserError, ValueError):
@@ -55,12 +66,15 @@ class ShardState:
     params: dict[str, np.ndarray]
     slots: dict[str, dict[str, np.ndarray]]
     embeddings: dict[str, TableState] = field(default_factory=dict)
+    marks: dict[int, int] = field(default_factory=dict)  # task id -> records applied up to this index
+    records_applied: int = 0
+    term: int = 0
 
 
 def save_shard(checkpoint_dir: str, ps_id: int, num_ps: int, state: ShardState) -> str:
     """Write this PS's shard of ``state`` atomically; its path. CheckpointWriteError on failure."""
     version_dir = os.path.join(checkpoint_dir, f"version-{state.version}")
-    path = os.path.join(version_dir, f"ps-{ps_id}-of-{num_ps}.npz")
+    path = os.path.join(version_dir, shard_file_name(ps_id, num_ps, state.term))
     try:
         if not os.path.isdir(version_dir):
             os.makedirs(version_dir, exist_ok=True)
@@ -71,6 +85,10 @@ def save_shard(checkpoint_dir: str, ps_id: int, num_ps: int, state: ShardState) 
             f"could not write checkpoint {path}: {err.strerror or err}"
         ) from err
     return path
+
+
+def shard_file_name(ps_id: int, num_ps: int, term: int) -> str:
+    return f"ps-{ps_id}-of-{num_ps}.term-{term}.npz" if term else f"ps-{ps_id}-of-{num_ps}.npz"
 
 
 def write_atomically(path: str, write) -> None:
@@ -107,6 +125,9 @@ def _arrays(state: ShardState) -> dict[str, np.ndarray]:
     arrays: dict[str, np.ndarray] = {
         "__version__": np.array(state.version, dtype=np.int64),
         "__step__": np.array(state.step, dtype=np.int64),
+        "__marks__": np.array(sorted(state.marks.items()), dtype=np.int64).reshape(-1, 2),
+        "__records_applied__": np.array(state.records_applied, dtype=np.int64),
+        "__term__": np.array(state.term, dtype=np.int64),
     }
     for name, value in state.params.items():
         arrays[f"param:{name}"] = value
@@ -123,30 +144,65 @@ def _arrays(state: ShardState) -> dict[str, np.ndarray]:
 
 
 def complete_versions(checkpoint_dir: str) -> list[int]:
-    """Versions whose every shard file is present, oldest first."""
-    versions = []
+    """Versions with a complete cut (every shard of one term), oldest first: by term, then
+    version, so the latest is the newest term's newest cut."""
+    cuts = []
     for entry in os.listdir(checkpoint_dir) if os.path.isdir(checkpoint_dir) else []:
         match = _VERSION_DIR.match(entry)
-        if match and _is_complete(os.path.join(checkpoint_dir, entry)):
-            versions.append(int(match.group(1)))
-    return sorted(versions)
+        cut = match and _complete_term(os.path.join(checkpoint_dir, entry))
+        if cut:
+            cuts.append((cut[0], int(match.group(1))))
+    return [version for _, version in sorted(cuts)]
 
 
-def _shard_files(version_dir: str) -> list[tuple[int, int, str]]:
+def _all_shard_files(version_dir: str) -> list[tuple[int, int, int, str]]:
+    """(ps_id, num_ps, term, path) of every shard file in a version directory."""
     found = []
     for path in glob.glob(os.path.join(version_dir, "ps-*-of-*.npz")):
         match = _SHARD_FILE.match(os.path.basename(path))
         if match:
-            found.append((int(match.group(1)), int(match.group(2)), path))
+            found.append((int(match.group(1)), int(match.group(2)), int(match.group(3) or 0), path))
     return found
 
 
+def _complete_term(version_dir: str) -> tuple[int, int] | None:
+    """(term, num_ps) of the newest term whose every shard is in ``version_dir``; None if none."""
+    by_cut: dict[tuple[int, int], set[int]] = {}
+    for ps_id, num_ps, term, _ in _all_shard_files(version_dir):
+        by_cut.setdefault((term, num_ps), set()).add(ps_id)
+    complete = [cut for cut, ids in by_cut.items() if ids == set(range(cut[1]))]
+    return max(complete) if complete else None
+
+
+def _shard_files(version_dir: str) -> list[tuple[int, int, str]]:
+    """(ps_id, num_ps, path) of the complete cut's files (the newest term's, if two are complete)."""
+    cut = _complete_term(version_dir)
+    if cut is None:
+        return []
+    return [(i, n, path) for i, n, term, path in _all_shard_files(version_dir) if (term, n) == cut]
+
+
 def _is_complete(version_dir: str) -> bool:
-    files = _shard_files(version_dir)
-    if not files:
-        return False
-    num_ps = files[0][1]
-    return {i for i, n, _ in files if n == num_ps} == set(range(num_ps))
+    return _complete_term(version_dir) is not None
+
+
+def cut_position(path: str) -> tuple[int, dict[int, int], list[int]]:
+    """(version, marks, records applied per shard) of the cut at ``path`` (a version directory or
+    a checkpoint dir: its latest complete cut). ``marks`` is each task's lowest mark over the
+    shards: the records every shard applied (in sync mode all shards agree)."""
+    version_dir = resolve_checkpoint(path)
+    marks: dict[int, int] | None = None
+    applied, version = [], 0
+    for _, _, file in sorted(_shard_files(version_dir)):
+        with np.load(file) as data:
+            version = int(data["__version__"])
+            shard = {int(t): int(e) for t, e in data["__marks__"]} if "__marks__" in data.files else {}
+            applied.append(int(data["__records_applied__"]) if "__records_applied__" in data.files else 0)
+        if marks is None:
+            marks = shard
+        else:  # a task a shard never saw was applied up to its start there: drop it
+            marks = {t: min(e, shard[t]) for t, e in marks.items() if t in shard}
+    return version, marks or {}, applied
 
 
 def resolve_checkpoint(path: str) -> str:
@@ -169,13 +225,23 @@ def load_shard(path: str, ps_id: int, num_ps: int) -> ShardState:
     params: dict[str, np.ndarray] = {}
     slots: dict[str, dict[str, np.ndarray]] = {}
     tables: dict[str, list[TableState]] = {}
-    version = step = 0
-    for _, _, file in sorted(_shard_files(version_dir)):
+    version = step = term = 0
+    marks: dict[int, int] = {}
+    records_applied = 0
+    files = sorted(_shard_files(version_dir))
+    for shard_id, saved_num_ps, file in files:
         with np.load(file) as data:
             for name, table in _tables_in(data, ps_id, num_ps).items():
                 tables.setdefault(name, []).append(table)
             version = int(data["__version__"])
             step = max(step, int(data["__step__"]))
+            if "__term__" in data.files:
+                term = int(data["__term__"])
+            if shard_id == ps_id and saved_num_ps == num_ps and "__marks__" in data.files:
+                # This shard's own data position: a batch it applied and another shard did not
+                # (async) is skipped here when the job trains it again, applied there.
+                marks = {int(t): int(e) for t, e in data["__marks__"]}
+                records_applied = int(data["__records_applied__"])
             for key in data.files:
                 kind, _, rest = key.partition(":")
                 if kind == "param" and ps_for_variable(rest, num_ps) == ps_id:
@@ -184,8 +250,12 @@ def load_shard(path: str, ps_id: int, num_ps: int) -> ShardState:
                     slot_name, _, name = rest.partition(":")
                     if ps_for_variable(name, num_ps) == ps_id:
                         slots.setdefault(name, {})[slot_name] = data[key]
+    if files and files[0][1] != num_ps:  # re-sharded: the position every old shard reached
+        _, marks, applied = cut_position(version_dir)
+        records_applied = min(applied)
     embeddings = {name: _concatenate(parts) for name, parts in tables.items()}
-    return ShardState(version=version, step=step, params=params, slots=slots, embeddings=embeddings)
+    return ShardState(version=version, step=step, params=params, slots=slots, embeddings=embeddings,
+                      marks=marks, records_applied=records_applied, term=term)
 
 
 def _tables_in(data, ps_id: int, num_ps: int) -> dict[str, TableState]:
@@ -219,6 +289,23 @@ def _concatenate(parts: list[TableState]) -> TableState:
         np.concatenate([p.rows for p in parts]),
         {s: np.concatenate([p.slots[s] for p in parts]) for s in slot_names},
     )
+
+
+def discard_after(checkpoint_dir: str, version: int, ps_id: int, term: int) -> list[str]:
+    """Remove this PS's shard files of versions after ``version`` written by terms up to ``term``:
+    the timeline a rollback to ``version`` abandoned. Training that version again writes them
+    anew; a file left from before could otherwise complete a cut with shards of the new timeline.
+    Returns the removed paths."""
+    removed = []
+    for entry in os.listdir(checkpoint_dir) if os.path.isdir(checkpoint_dir) else []:
+        match = _VERSION_DIR.match(entry)
+        if not match or int(match.group(1)) <= version:
+            continue
+        for shard_id, _, shard_term, path in _all_shard_files(os.path.join(checkpoint_dir, entry)):
+            if shard_id == ps_id and shard_term <= term:
+                os.unlink(path)
+                removed.append(path)
+    return removed
 
 
 def prune(checkpoint_dir: str, keep_max: int) -> None:

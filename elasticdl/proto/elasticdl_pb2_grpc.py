@@ -308,6 +308,16 @@ class PServerStub:
                 request_serializer=elasticdl__pb2.SaveCheckpointRequest.SerializeToString,
                 response_deserializer=elasticdl__pb2.SaveCheckpointResponse.FromString,
                 _registered_method=True)
+        self.restore = channel.unary_unary(
+                '/elasticdl.PServer/restore',
+                request_serializer=elasticdl__pb2.RestoreRequest.SerializeToString,
+                response_deserializer=elasticdl__pb2.RestoreResponse.FromString,
+                _registered_method=True)
+        self.fence = channel.unary_unary(
+                '/elasticdl.PServer/fence',
+                request_serializer=elasticdl__pb2.FenceRequest.SerializeToString,
+                response_deserializer=elasticdl__pb2.FenceResponse.FromString,
+                _registered_method=True)
         self.set_live_workers = channel.unary_unary(
                 '/elasticdl.PServer/set_live_workers',
                 request_serializer=elasticdl__pb2.LiveWorkers.SerializeToString,
@@ -393,6 +403,18 @@ class PServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def restore(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def fence(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def set_live_workers(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -473,6 +495,16 @@ def add_PServerServicer_to_server(servicer, server):
                     servicer.save_checkpoint,
                     request_deserializer=elasticdl__pb2.SaveCheckpointRequest.FromString,
                     response_serializer=elasticdl__pb2.SaveCheckpointResponse.SerializeToString,
+            ),
+            'restore': grpc.unary_unary_rpc_method_handler(
+                    servicer.restore,
+                    request_deserializer=elasticdl__pb2.RestoreRequest.FromString,
+                    response_serializer=elasticdl__pb2.RestoreResponse.SerializeToString,
+            ),
+            'fence': grpc.unary_unary_rpc_method_handler(
+                    servicer.fence,
+                    request_deserializer=elasticdl__pb2.FenceRequest.FromString,
+                    response_serializer=elasticdl__pb2.FenceResponse.SerializeToString,
             ),
             'set_live_workers': grpc.unary_unary_rpc_method_handler(
                     servicer.set_live_workers,
@@ -677,6 +709,60 @@ class PServer:
             '/elasticdl.PServer/save_checkpoint',
             elasticdl__pb2.SaveCheckpointRequest.SerializeToString,
             elasticdl__pb2.SaveCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def restore(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticdl.PServer/restore',
+            elasticdl__pb2.RestoreRequest.SerializeToString,
+            elasticdl__pb2.RestoreResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def fence(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticdl.PServer/fence',
+            elasticdl__pb2.FenceRequest.SerializeToString,
+            elasticdl__pb2.FenceResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import threading
 from dataclasses import dataclass
 
@@ -16,6 +17,8 @@ import numpy as np
 from elasticdl.model import checkpoint
 from elasticdl.model.embedding.table import EmbeddingError, FrozenTable, TableInfo, check_ids
 from elasticdl.model.optimizers import Optimizer, learning_rate_problem
+from elasticdl.ps.data_position import DataPosition
+from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.ps.parameters import GradientError, ParameterShard
 from elasticdl.ps.strategies import (
     AverageUpdatingStrategy,
@@ -62,6 +65,12 @@ class PSSettings:
     sync_version_tolerance: int = 0
     lr_staleness_modulation: bool = False
     minibatch_size: int = 0  # only to log the effective global batch size
+    term: int = 0  # the leadership term of the master that started this PS (docs/elasticity.md)
+    fence_floor: int = 0  # pushes of task hand-outs below it are refused (a relaunch after a rollback)
+
+
+class StaleTermError(ValueError):
+    """A command from a master of an older leadership term: a deposed master must not act."""
 
 
 def make_updating_strategy(settings: PSSettings) -> GradientUpdatingStrategy:
@@ -98,6 +107,9 @@ class ParameterServer:
         self.wait_slice = wait_slice
         self.waiting_pulls = 0  # pulls waiting for a version now (under the lock)
         self.pulls_told_not_yet = 0  # waiting pulls answered at once: every slot was taken
+        self.position = DataPosition(fence_floor=settings.fence_floor)
+        self.term = settings.term  # the newest leadership term heard of
+        self._cut_at: int | None = None  # the master asked for a checkpoint at this version
 
     def restore(self) -> None:
         """Load --checkpoint_dir_for_init, if given (call before serving)."""
@@ -107,19 +119,100 @@ class ParameterServer:
             self.settings.checkpoint_dir_for_init, self.settings.ps_id, self.settings.num_ps
         )
         with self._lock:
-            self.shard.initialize(state.params, state.version)
-            self.shard.step = state.step
-            for name, slots in state.slots.items():
-                self.shard.slots[name].update(slots)
-            self.shard.add_tables([table.info for table in state.embeddings.values()])
-            for name, table in state.embeddings.items():
-                self.shard.embeddings[name].load(table.ids, table.rows, table.slots)
+            self._load_locked(state, self.settings.fence_floor)
+        self._discard_abandoned(state.version)
         logger.info(
-            "restored %d variables at version %d from %s",
-            len(state.params), state.version, self.settings.checkpoint_dir_for_init,
+            "restored %d variables at version %d from %s (%d records applied)",
+            len(state.params), state.version, self.settings.checkpoint_dir_for_init, state.records_applied,
         )
         for name, table in state.embeddings.items():
             logger.info("restored %d rows of embedding table %s", len(table.ids), name)
+
+    def _load_locked(self, state: checkpoint.ShardState, fence_floor: int) -> None:
+        """Replace the whole shard by a checkpoint's (with the lock held)."""
+        telemetry, live = self.strategy.telemetry, self.strategy.grads_to_wait
+        self.shard = ParameterShard(self.shard.optimizer, ps_id=self.settings.ps_id, num_ps=self.settings.num_ps)
+        self.shard.initialize(state.params, state.version)
+        self.shard.step = state.step
+        for name, slots in state.slots.items():
+            self.shard.slots[name].update(slots)
+        self.shard.add_tables([table.info for table in state.embeddings.values()])
+        for name, table in state.embeddings.items():
+            self.shard.embeddings[name].load(table.ids, table.rows, table.slots)
+        # A fresh strategy: a sync average in progress held gradients of the rolled-back records.
+        self.strategy = make_updating_strategy(self.settings)
+        self.strategy.telemetry = telemetry
+        self.strategy.set_live_workers(self.shard, live)
+        self.position.restore(state.marks, state.records_applied, fence_floor)
+        self._snapshots.clear()
+        self._table_snapshots.clear()
+        self._cut_at = None
+        self._last_checkpoint_version = state.version  # on disk already
+        self._version_changed.notify_all()  # waiting pulls answer with the restored version
+
+    def roll_back(self, path: str, term: int, fence_floor: int) -> int:
+        """Go back to the checkpoint at ``path`` (a survivor, after another PS died): every PS
+        then holds the same cut. Pushes of hand-outs below ``fence_floor`` are refused from now
+        on. Returns the restored version. CheckpointError for a path outside --checkpoint_dir."""
+        self.check_term(term)
+        root = os.path.realpath(self.settings.checkpoint_dir) if self.settings.checkpoint_dir else ""
+        if not root or not os.path.realpath(path).startswith(root + os.sep):
+            raise checkpoint.CheckpointError(
+                f"restore from {path!r} refused: it is not a checkpoint under this job's --checkpoint_dir "
+                f"{self.settings.checkpoint_dir!r}"
+            )
+        state = checkpoint.load_shard(path, self.settings.ps_id, self.settings.num_ps)
+        with self._checkpoint_lock, self._lock:
+            before = self.shard.version
+            self._load_locked(state, fence_floor)
+        self._discard_abandoned(state.version)
+        logger.warning("rolled back from version %d to the checkpoint at version %d (%s): the job trains the "
+                       "records after it again", before, state.version, path)
+        return state.version
+
+    def _discard_abandoned(self, version: int) -> None:
+        """This shard's checkpoint files after the restored version belong to a timeline that is
+        gone; removed so that they never make a cut with the new timeline's files."""
+        root = self.settings.checkpoint_dir
+        source = self.settings.checkpoint_dir_for_init
+        if not root or not os.path.realpath(source or root).startswith(os.path.realpath(root)):
+            return  # restored from elsewhere (another job's checkpoints): this directory is not its timeline
+        for path in checkpoint.discard_after(self.settings.checkpoint_dir, version, self.settings.ps_id, self.term):
+            logger.info("removed %s: written after the checkpoint the job went back to", path)
+
+    def fence(self, handouts: list[int], task_ids: list[int], term: int) -> dict[int, int]:
+        """Refuse pushes of ``handouts`` from now on; how far each of ``task_ids`` was taken."""
+        self.check_term(term)
+        with self._lock:
+            self.position.fence(handouts)
+            return {task_id: self.position.accepted_mark(task_id) for task_id in task_ids}
+
+    def check_term(self, term: int) -> None:
+        """StaleTermError for a command of an older term; a newer one is adopted."""
+        with self._lock:
+            if term < self.term:
+                raise StaleTermError(
+                    f"a command from leadership term {term} refused: this PS serves term {self.term} "
+                    "(another master took over the job)"
+                )
+            self.term = term
+
+    def checkpoint_at(self, version: int, term: int) -> str:
+        """Save when the shard reaches ``version`` (the same on every PS: one cut). Returns the path
+        when saved now, '' when armed for later, and raises CheckpointError when already past it."""
+        self.check_term(term)
+        with self._lock:
+            if not self.settings.checkpoint_dir or not self.shard.initialized:
+                return ""
+            if version < self.shard.version:
+                raise checkpoint.CheckpointError(
+                    f"a checkpoint at version {version} was asked, this PS is at {self.shard.version} already"
+                )
+            if version > self.shard.version:
+                self._cut_at = version
+                return ""
+            state = self._copy_locked()
+        return self._write_checkpoint(state)
 
     def push_model(self, params: dict[str, np.ndarray], version: int = 0) -> tuple[bool, int]:
         with self._lock:
@@ -194,12 +287,14 @@ class ParameterServer:
             version, params = self._snapshots[snapshot_id]
             return True, version, params
 
-    def set_learning_rate(self, learning_rate: float | None) -> None:
+    def set_learning_rate(self, learning_rate: float | None, term: int = 0) -> None:
         """The master's rate for pushes that bring none (None: the optimizer's own).
-        ValueError for a rate that is not finite, not positive or too large (state unchanged)."""
+        ValueError for a rate that is not finite, not positive or too large (state unchanged);
+        StaleTermError from a master of an older term."""
         problem = learning_rate_problem(learning_rate) if learning_rate is not None else ""
         if problem:
             raise ValueError(problem)
+        self.check_term(term)
         with self._lock:
             before, self._learning_rate = self._learning_rate, learning_rate
         logger.info(
@@ -243,15 +338,19 @@ class ParameterServer:
             return encode(*answer) if encode is not None else answer
 
     def push_gradients(
-        self, grads: dict[str, np.ndarray], version: int, learning_rate: float | None, encode=None
+        self, grads: dict[str, np.ndarray], version: int, learning_rate: float | None, encode=None,
+        batch: BatchPosition | None = None,
     ):
         """The PushResult; with ``encode``, ``encode(result, params)`` called under the lock, where
-        ``params`` are the live parameters when this push made a new version, else None."""
+        ``params`` are the live parameters when this push made a new version, else None.
+        ``batch``: where the gradient's records are (a training task's push)."""
         due = None
         with self._lock:
             try:
                 self.shard.check_gradients(grads)
                 _check_push_fields(version, learning_rate)
+                if batch is not None:
+                    _check_batch(batch)
             except EmbeddingError as err:  # bad ids or rows: the servicer answers INVALID_ARGUMENT
                 logger.warning("rejected push: %s", err)
                 self.strategy.telemetry.pushes_rejected_invalid += 1
@@ -261,17 +360,30 @@ class ParameterServer:
                 self.strategy.telemetry.pushes_rejected_invalid += 1
                 result = PushResult(PushOutcome.REJECTED_INVALID, self.shard.version, str(err))
             else:
-                before = self.shard.version
-                if learning_rate is None:
-                    learning_rate = self._learning_rate
+                if batch is not None and self.position.refused(batch):
+                    result = PushResult(PushOutcome.REJECTED_FENCED, self.shard.version,
+                                        f"task {batch.task_id} was taken back by the master (hand-out "
+                                        f"{batch.handout} fenced): leave it")
+                elif batch is not None and self.position.already_taken(batch):
+                    # A retry of a push whose answer was lost: taken once already.
+                    result = PushResult(PushOutcome.APPLIED, self.shard.version, "already applied")
                 else:
-                    self._log_push_rate(learning_rate)
-                result = self.strategy.push(self.shard, grads, version, learning_rate)
-                if self.shard.version != before:
-                    due = self._on_new_version()
+                    result, due = self._push_locked(grads, version, learning_rate, batch)
             reply = result if encode is None else encode(result, self.shard.params if result.applied else None)
         self._write_due_checkpoint(due)  # off the lock; never fails the push, which was applied
         return reply
+
+    def _push_locked(self, grads, version, learning_rate, batch):
+        before = self.shard.version
+        if learning_rate is None:
+            learning_rate = self._learning_rate
+        else:
+            self._log_push_rate(learning_rate)
+        result = self.strategy.push(self.shard, grads, version, learning_rate)
+        if result.accepted and batch is not None:
+            self.position.accepted(batch)
+        due = self._on_new_version() if self.shard.version != before else None
+        return result, due
 
     def _log_push_rate(self, learning_rate: float) -> None:
         """Log a worker's rate when it moved by 10% or more since the one last logged: each step
@@ -320,6 +432,7 @@ class ParameterServer:
         """Called with the lock held whenever an update produced a version; a copy of the
         shard when a checkpoint is due, for the caller to write once it released the lock."""
         self._version_changed.notify_all()
+        self.position.version_made()
         # Only a version an update produced is checkpointed: not the initial or restored model.
         return self._copy_locked() if self._checkpoint_due() else None
 
@@ -336,11 +449,17 @@ class ParameterServer:
 
     def _checkpoint_due(self) -> bool:
         steps = self.settings.checkpoint_steps
+        version = self.shard.version
+        if self._cut_at is not None and version >= self._cut_at:
+            missed, self._cut_at = version > self._cut_at, None
+            if missed:  # a version makes one step: it cannot be passed over, but say so if it was
+                logger.warning("the checkpoint asked at a version before %d was passed over", version)
+            return bool(self.settings.checkpoint_dir) and version != self._last_checkpoint_version
         return bool(
             self.settings.checkpoint_dir
             and steps
-            and self.shard.version % steps == 0
-            and self.shard.version != self._last_checkpoint_version
+            and version % steps == 0
+            and version != self._last_checkpoint_version
         )
 
     def _path_for(self, version: int) -> str:
@@ -357,6 +476,9 @@ class ParameterServer:
             {n: v.copy() for n, v in self.shard.params.items()},
             {n: {s: v.copy() for s, v in slots.items()} for n, slots in self.shard.slots.items()},
             tables,
+            marks=dict(self.position.marks),
+            records_applied=self.position.records_applied,
+            term=self.term,
         )
 
     def _write_due_checkpoint(self, state: checkpoint.ShardState | None) -> None:
@@ -390,6 +512,15 @@ class ParameterServer:
             self._last_checkpoint_version = state.version
         logger.info("checkpoint at version %d", state.version)
         return path
+
+
+def _check_batch(batch: BatchPosition) -> None:
+    """GradientError for a batch position no worker sends."""
+    if min(batch.task_id, batch.handout, batch.records_end, batch.records) < 0 or batch.records > batch.records_end:
+        raise GradientError(
+            f"batch position {batch}: task, hand-out, end and records are never negative, and a batch "
+            "never holds more records than end at"
+        )
 
 
 def _check_push_fields(version: int, learning_rate: float | None) -> None:

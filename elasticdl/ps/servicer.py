@@ -7,12 +7,13 @@ import math
 import grpc
 import numpy as np
 
-from elasticdl.model.checkpoint import CheckpointWriteError
+from elasticdl.model.checkpoint import CheckpointError, CheckpointWriteError
 from elasticdl.model.embedding.table import EmbeddingError, IndexedRows, TableInfo
 from elasticdl.model.optimizers import learning_rate_problem
 from elasticdl.model.sharding import ps_for_variable
 from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
-from elasticdl.ps.server import ParameterServer
+from elasticdl.rpc.batch_position import BatchPosition
+from elasticdl.ps.server import ParameterServer, StaleTermError
 from elasticdl.rpc import codec as tensor_codec
 from elasticdl.rpc.push_outcome import PushOutcome
 
@@ -103,18 +104,53 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         # Asked for (a unary push of a small model), the new parameters are written into the
         # reply under the PS lock, as a pull would: the worker then skips its next pull.
         encode = _encode_push_reply if head.return_parameters else None
+        batch = None
+        if head.task_id or head.handout or head.records_end or head.records:
+            batch = BatchPosition(head.task_id, head.handout, head.records_end, head.records)
         try:
-            result = self._server.push_gradients(grads, head.version, lr, encode)
+            result = self._server.push_gradients(grads, head.version, lr, encode, batch)
         except EmbeddingError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         return result if encode is not None else _push_reply(result)
 
     def save_checkpoint(self, request, context):
+        if request.at_version < 0 or request.term < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "at_version and term are never negative")
         try:
-            path = self._server.save_checkpoint()
+            if request.at_version:
+                path = self._server.checkpoint_at(request.at_version, request.term)
+            else:
+                self._server.check_term(request.term)
+                path = self._server.save_checkpoint()
+        except StaleTermError as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
         except CheckpointWriteError as err:  # a full disk, an unwritable directory: no partial file
             context.abort(grpc.StatusCode.INTERNAL, str(err))
+        except CheckpointError as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
         return elasticdl_pb2.SaveCheckpointResponse(path=path, version=self._server.shard.version)
+
+    def restore(self, request, context):
+        if request.term < 0 or request.fence < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "term and fence are never negative")
+        try:
+            version = self._server.roll_back(request.path, request.term, request.fence)
+        except StaleTermError as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        except CheckpointError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        return elasticdl_pb2.RestoreResponse(version=version)
+
+    def fence(self, request, context):
+        if request.term < 0 or any(h < 0 for h in request.handouts) or any(t < 0 for t in request.task_ids):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "term, hand-outs and task ids are never negative")
+        try:
+            marks = self._server.fence(list(request.handouts), list(request.task_ids), request.term)
+        except StaleTermError as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        return elasticdl_pb2.FenceResponse(
+            marks=[elasticdl_pb2.TaskMark(task_id=t, records_end=e) for t, e in sorted(marks.items())]
+        )
 
     def take_snapshot(self, request, context):
         _check_snapshot_id(request.snapshot_id, context)
@@ -130,7 +166,10 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         problem = learning_rate_problem(request.value) if request.value != 0 else ""
         if problem:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{problem}; the rate in use is unchanged")
-        self._server.set_learning_rate(request.value or None)
+        try:
+            self._server.set_learning_rate(request.value or None, request.term)
+        except StaleTermError as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
         return elasticdl_pb2.Empty()
 
     def push_embedding_table_infos(self, request, context):
@@ -200,6 +239,8 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
             grads_to_wait=grads_to_wait,
             checkpoint_failures=checkpoint_failures,
             checkpoint_error=checkpoint_error,
+            records_applied=self._server.position.records_applied,
+            term=self._server.term,
         )
 
 

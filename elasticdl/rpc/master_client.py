@@ -28,6 +28,7 @@ class TaskOrder:
     epoch: int = 0
     snapshot_id: int = 0  # evaluation: the PS snapshot to evaluate
     model_version: int = -1
+    handout: int = 0  # training: this hand-out of the task (pushes and the report name it)
 
 
 _KINDS = {
@@ -51,7 +52,7 @@ class MasterClient:
         reply = self._stub.get_task(elasticdl_pb2.GetTaskRequest(worker_id=self.worker_id))
         return TaskOrder(
             _KINDS.get(reply.type, "wait"), reply.task_id, reply.path, reply.start, reply.end, reply.epoch,
-            reply.snapshot_id, reply.model_version,
+            reply.snapshot_id, reply.model_version, reply.handout,
         )
 
     def report(
@@ -66,6 +67,7 @@ class MasterClient:
         interrupted: bool = False,
         bad_records: Sequence = (),
         diverged: bool = False,
+        handout: int = 0,
     ) -> bool:
         """The task's result; ``bad_records`` (path, index, reason) found in it, skipped or not;
         ``diverged``: the loss or gradients stayed NaN/Inf, and the job must fail with ``err_message``."""
@@ -84,6 +86,7 @@ class MasterClient:
                 bad_records=[elasticdl_pb2.BadRecord(path=path, index=index, reason=reason)
                              for path, index, reason in bad_records],
                 diverged=diverged,
+                handout=handout,
             )
         )
         if not reply.accepted:  # nothing was recorded: the master hands the task out again

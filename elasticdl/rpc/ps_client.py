@@ -15,6 +15,7 @@ from elasticdl.model.embedding.table import EmbeddingError, IndexedRows, TableIn
 from elasticdl.model.sharding import partition_ids, ps_for_variable
 from elasticdl.proto import elasticdl_pb2
 from elasticdl.rpc import codec as tensor_codec
+from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.rpc.channel import ServiceStub, make_channel, wait_for_channel
 from elasticdl.rpc.push_outcome import PushOutcome
 
@@ -71,6 +72,8 @@ class PSStats:
     grads_to_wait: int
     checkpoint_failures: int = 0  # checkpoint writes that failed (the next one tries again)
     checkpoint_error: str = ""  # the last failure's message
+    records_applied: int = 0  # records whose gradients the shard applied (ps/data_position.py)
+    term: int = 0  # the newest leadership term the PS heard of
 
 
 class PSClient:
@@ -85,6 +88,8 @@ class PSClient:
         # Bytes of each PS's last pull of the whole model (None: not known yet, so it streams).
         self._pull_bytes: list[int | None] = [None] * len(addresses)
         self._pool: ThreadPoolExecutor | None = None  # made when a call goes to several PS
+        # The master's leadership term: its commands carry it, and a PS refuses an older one.
+        self.term = 0
 
     @property
     def num_ps(self) -> int:
@@ -178,6 +183,7 @@ class PSClient:
         learning_rate: float,
         worker_id: int,
         want_parameters: bool = False,
+        batch: BatchPosition | None = None,
     ) -> dict[int, PushAnswer]:
         """Push each PS its part (every PS gets a push, even an empty one, so versions stay in step).
 
@@ -185,13 +191,14 @@ class PSClient:
         push that made a new version with that version's parameters (``PushAnswer.params``).
         """
         answers = self._each([
-            functools.partial(self._push_one, ps, part, versions[ps], learning_rate, worker_id, want_parameters)
+            functools.partial(self._push_one, ps, part, versions[ps], learning_rate, worker_id, want_parameters, batch)
             for ps, part in grads_by_ps.items()
         ])
         return dict(zip(grads_by_ps, answers))
 
     def _push_one(
-        self, ps: int, part: dict, version: int, learning_rate: float, worker_id: int, want_parameters: bool
+        self, ps: int, part: dict, version: int, learning_rate: float, worker_id: int, want_parameters: bool,
+        batch: BatchPosition | None = None,
     ) -> PushAnswer:
         """Dense gradients larger than STREAM_ABOVE_BYTES stream in 1 MB messages."""
         dense = {n: v for n, v in part.items() if not isinstance(v, IndexedRows)}
@@ -201,6 +208,9 @@ class PSClient:
             learning_rate=learning_rate,
             embedding_gradients=[_encode_rows(n, v) for n, v in part.items() if isinstance(v, IndexedRows)],
         )
+        if batch is not None:
+            head.task_id, head.handout = batch.task_id, batch.handout
+            head.records_end, head.records = batch.records_end, batch.records
         stub = self._stubs[ps]
         if sum(np.asarray(v).nbytes for v in dense.values()) > STREAM_ABOVE_BYTES:
             later = elasticdl_pb2.PushGradientsRequest(worker_id=worker_id, version=version)
@@ -271,9 +281,26 @@ class PSClient:
                 raise _translate(err) from None
         return np.concatenate(ids), np.concatenate(rows)
 
-    def save_checkpoint(self) -> list[str]:
-        futures = [s.save_checkpoint.future(elasticdl_pb2.SaveCheckpointRequest()) for s in self._stubs]
+    def save_checkpoint(self, at_version: int = 0) -> list[str]:
+        """Every PS saves its shard now, or (``at_version``) when it reaches that version: one cut.
+        Paths ('' for a save armed for later)."""
+        request = elasticdl_pb2.SaveCheckpointRequest(term=self.term, at_version=at_version)
+        futures = [s.save_checkpoint.future(request) for s in self._stubs]
         return [f.result().path for f in futures]
+
+    def restore(self, path: str, fence: int, only: list[int] | None = None) -> list[int]:
+        """PS ``only`` (default: all) go back to the checkpoint at ``path``; pushes of hand-outs
+        below ``fence`` are refused from then on. Their restored versions."""
+        request = elasticdl_pb2.RestoreRequest(path=path, term=self.term, fence=fence)
+        stubs = [self._stubs[i] for i in (range(self.num_ps) if only is None else only)]
+        futures = [s.restore.future(request) for s in stubs]
+        return [f.result().version for f in futures]
+
+    def fence(self, handouts: list[int], task_ids: list[int]) -> list[dict[int, int]]:
+        """Every PS refuses pushes of ``handouts`` from now on; per PS, how far each task was taken."""
+        request = elasticdl_pb2.FenceRequest(handouts=handouts, task_ids=task_ids, term=self.term)
+        futures = [s.fence.future(request) for s in self._stubs]
+        return [{m.task_id: m.records_end for m in f.result().marks} for f in futures]
 
     def close(self) -> None:
         if self._pool is not None:
@@ -292,7 +319,8 @@ class PSClient:
             future.result()
 
     def set_learning_rate(self, learning_rate: float) -> None:
-        futures = [s.set_learning_rate.future(elasticdl_pb2.LearningRate(value=learning_rate)) for s in self._stubs]
+        request = elasticdl_pb2.LearningRate(value=learning_rate, term=self.term)
+        futures = [s.set_learning_rate.future(request) for s in self._stubs]
         for future in futures:
             future.result()
 
@@ -313,6 +341,8 @@ class PSClient:
                 grads_to_wait=r.grads_to_wait,
                 checkpoint_failures=r.checkpoint_failures,
                 checkpoint_error=r.checkpoint_error,
+                records_applied=r.records_applied,
+                term=r.term,
             )
             for r in (f.result() for f in futures)
         ]

@@ -15,6 +15,7 @@ class PushOutcome(enum.Enum):
     ACCEPTED_PENDING = "accepted_pending"  # sync: in the average, waiting for the others' gradients
     REJECTED_STALE = "rejected_stale"  # sync: computed on a version too old; pull and compute again
     REJECTED_INVALID = "rejected_invalid"  # does not fit the model, or the PS holds no model yet
+    REJECTED_FENCED = "rejected_fenced"  # its task hand-out was taken back (requeued, rolled back): leave it
 
     @property
     def accepted(self) -> bool:

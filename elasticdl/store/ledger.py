@@ -65,6 +65,9 @@ class TaskRecord:
     retries: int = 0
     state: TaskState = TaskState.TODO
     worker_id: int = -1  # who holds it when doing; -1 otherwise
+    # The task's first record when ``start`` is where training resumes (part of it was applied
+    # before it was taken back); -1: ``start``.
+    origin: int = -1
 
     def __post_init__(self) -> None:
         if self.start < 0 or self.end < self.start:
@@ -93,6 +96,7 @@ class EpochRecord:
     records_duplicated: int = 0  # records trained more than once
     tasks_done: int = 0
     tasks_retried: int = 0
+    retrained: dict = dataclasses.field(default_factory=dict)  # cause -> records trained again
 
 
 @dataclass(frozen=True)
@@ -165,7 +169,8 @@ class LedgerSnapshot:
         tasks = []
         for t in self.tasks:
             index = paths.setdefault(t.path, len(paths))
-            tasks.append([t.task_id, index, t.start, t.end, t.epoch, t.retries, t.state.value, t.worker_id])
+            row = [t.task_id, index, t.start, t.end, t.epoch, t.retries, t.state.value, t.worker_id]
+            tasks.append(row + [t.origin] if t.origin >= 0 and t.origin != t.start else row)
         return {
             "format": LEDGER_FORMAT,
             "seq": self.seq,
@@ -193,8 +198,8 @@ class LedgerSnapshot:
         try:
             paths = d["paths"]
             tasks = tuple(
-                TaskRecord(tid, paths[pi], start, end, epoch, retries, TaskState(state), worker)
-                for tid, pi, start, end, epoch, retries, state, worker in d["tasks"]
+                TaskRecord(tid, paths[pi], start, end, epoch, retries, TaskState(state), worker, *origin)
+                for tid, pi, start, end, epoch, retries, state, worker, *origin in d["tasks"]
             )
             epochs = tuple(EpochRecord(**e) for e in d["epochs"])
             return cls(

@@ -45,6 +45,10 @@ class PushRejectedError(JobFailure, RuntimeError):
     """A PS refused a gradient for a reason other than staleness: computing it again cannot help."""
 
 
+class TaskTakenBackError(RuntimeError):
+    """The master took the task back (its hand-out was fenced on the PS): leave it, take the next."""
+
+
 @dataclass(frozen=True)
 class PullRequest:
     """What to ask each PS for in a pull."""
@@ -190,6 +194,12 @@ class ConsistencyPolicy:
         """
         retry = set()
         refused = []
+        fenced = [ps for ps, answer in answers.items() if answer.outcome is PushOutcome.REJECTED_FENCED]
+        if fenced:
+            # The master took the task back (rolled back to a checkpoint, or requeued it): the
+            # model may have gone back too, so everything is pulled again before the next task.
+            self.ps_reconnected()
+            raise TaskTakenBackError(answers[fenced[0]].reason or "the task's hand-out was fenced")
         for ps, answer in answers.items():
             outcome = answer.outcome
             if outcome.accepted:

@@ -18,9 +18,10 @@ from elasticdl.mode import Mode
 from elasticdl.model.records import example_check, find_bad_records
 from elasticdl.model.spec import DatasetMetadata, ModelSpec
 from elasticdl.model.trainer import Trainer
+from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.rpc.master_client import MasterClient, TaskOrder
 from elasticdl.rpc.ps_client import PSClient
-from elasticdl.worker.consistency import ConsistencyPolicy
+from elasticdl.worker.consistency import ConsistencyPolicy, TaskTakenBackError
 from elasticdl.worker.task_data import BatchStream
 
 logger = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ class Worker:
         self._task_bad: list[BadRecord] = []  # found in the current task: sent with its report
         self._nonfinite_in_row = 0  # batches in a row whose loss or gradients were NaN/Inf
         self._batch_context = ""  # "task 3 (file records 0-255), batch 2": for messages
+        self._batch_position: BatchPosition | None = None  # the batch being trained (pushes name it)
 
     def run(self) -> None:
         try:
@@ -122,17 +124,22 @@ class Worker:
             self.consistency.task_started()
             try:
                 result = handlers[order.kind](order)
+            except TaskTakenBackError as err:  # the master gave it to another hand-out: nothing to report
+                logger.info("task %d was taken back by the master (%s); taking the next one", order.task_id, err)
+                continue
             except Exception as err:  # report it: the master retries the task, or fails the job
                 if isinstance(err, (BadRecordError, TrainingDivergedError)):
                     logger.error("%s task %d failed: %s", order.kind, order.task_id, err)  # no traceback: data
                 else:
                     logger.exception("%s task %d failed", order.kind, order.task_id)
                 self.master.report(order.task_id, self._task_progress, f"{type(err).__name__}: {err}",
-                                   bad_records=self._task_bad, diverged=isinstance(err, TrainingDivergedError))
+                                   bad_records=self._task_bad, diverged=isinstance(err, TrainingDivergedError),
+                                   handout=order.handout)
                 continue
             self.master.report(
                 order.task_id, result.records, "", result.loss_sum, result.batches, self.model_version,
                 result.metric_states, interrupted=result.interrupted, bad_records=self._task_bad,
+                handout=order.handout,
             )
         logger.info("left the job as asked (preemption); %d batches trained", self.batches_trained)
 
@@ -178,7 +185,7 @@ class Worker:
                         return
                     trained = done
                 return
-            except (grpc.RpcError, ElasticDLError):
+            except (grpc.RpcError, ElasticDLError, TaskTakenBackError):
                 raise  # not the records' fault
             except Exception:
                 chunk = records[trained:trained + self.minibatch_size]  # the batch that failed
@@ -304,6 +311,9 @@ class Worker:
             self._batch_context = (f"task {order.task_id} ({order.path} records {order.start}-{order.end - 1}), "
                                    f"batch {batch_index}")
             batch_index += 1
+            # The PS keep how far each task's records were applied (a checkpoint's data position).
+            self._batch_position = BatchPosition(order.task_id, order.handout, order.start + done,
+                                                 done - self._task_progress)
             loss = self.train_batch(features, labels)
             if math.isfinite(loss):  # a non-finite batch was not pushed
                 result.loss_sum += loss
@@ -317,7 +327,10 @@ class Worker:
                 return False
             return True
 
-        self._run_batches(order, Mode.TRAINING, step)
+        try:
+            self._run_batches(order, Mode.TRAINING, step)
+        finally:
+            self._batch_position = None
         self._batch_context = ""
         if not result.interrupted:
             # Chunks that dataset_fn filtered out entirely are done too; skipped bad records are not.
@@ -359,7 +372,7 @@ class Worker:
             lr = self._learning_rate()
             answers = self.ps.push_gradients(
                 {ps: parts[ps] for ps in pending}, policy.versions, lr, self.worker_id,
-                want_parameters=policy.wants_push_parameters,
+                want_parameters=policy.wants_push_parameters, batch=self._batch_position,
             )
             pending = policy.push_answered(answers)  # those that refused it as stale
             for answer in answers.values():
