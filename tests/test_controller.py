@@ -305,12 +305,12 @@ def test_a_relaunched_ps_is_recorded_as_a_rollback_from_the_version_the_job_had_
     ctl.start()
     ctl.step(c.VersionReported(120))
     ctl.step(exit_of(0, code=-9, role="ps"))
-    ctl.step(c.PSRelaunched(0, restored_version=80))
+    ctl.step(c.PSRelaunched(0, restored_version=80, retrained=640))
     ctl.step(exit_of(1, code=-9, role="ps"))
-    ctl.step(c.PSRelaunched(1, restored_version=None))
+    ctl.step(c.PSRelaunched(1, restored_version=None, missing=96))
     assert [r.to_dict() for r in ctl.rollbacks] == [
-        {"ps": 0, "from_version": 120, "to_version": 80},
-        {"ps": 1, "from_version": 120, "to_version": None},
+        {"ps": 0, "from_version": 120, "to_version": 80, "records_retrained": 640, "records_possibly_missing": 0},
+        {"ps": 1, "from_version": 120, "to_version": None, "records_retrained": 0, "records_possibly_missing": 96},
     ]
 
 

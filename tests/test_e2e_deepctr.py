@@ -71,7 +71,7 @@ def test_deepfm_two_workers_two_ps_reaches_the_auc_ceiling_and_exports(ctr_data,
     for table in TABLES:
         held = []
         for ps_id in range(2):
-            with np.load(os.path.join(report["checkpoint"], f"ps-{ps_id}-of-2.npz")) as shard:
+            with np.load(os.path.join(report["checkpoint"], f"ps-{ps_id}-of-2.term-1.npz")) as shard:
                 ids = shard[f"embedding_ids:{table}"]
                 assert np.all(ids % 2 == ps_id)
                 assert shard[f"embedding_slot:accumulator:{table}"].shape == shard[f"embedding_rows:{table}"].shape

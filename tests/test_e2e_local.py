@@ -113,13 +113,14 @@ def test_two_ps_hold_every_variable_once_and_restore_onto_one(digits, tmp_path):
         cwd=tmp_path,
     ))
     files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(first["checkpoint"], "*.npz")))
-    assert files == ["ps-0-of-2.npz", "ps-1-of-2.npz"]
+    assert files == ["ps-0-of-2.term-1.npz", "ps-1-of-2.term-1.npz"]  # the memory store's first term is 1
+    assert first["exactly_once"]["holds"], first["exactly_once"]
     params = load_checkpoint_params(first["checkpoint"])  # asserts no variable is on both PS
     assert set(params) == {
         "digits_subclass/hidden/kernel", "digits_subclass/hidden/bias",
         "digits_subclass/logits/kernel", "digits_subclass/logits/bias",
     }
-    with np.load(os.path.join(first["checkpoint"], "ps-0-of-2.npz")) as data:
+    with np.load(os.path.join(first["checkpoint"], "ps-0-of-2.term-1.npz")) as data:
         assert any(k.startswith("slot:velocity:") for k in data.files)  # Adam's slots are saved
     assert first["metrics"]["accuracy"] >= 0.90
 

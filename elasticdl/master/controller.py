@@ -119,6 +119,8 @@ class PSRelaunched:
 
     index: int
     restored_version: int | None
+    retrained: int = 0  # records the ledger put back to todo (the cut's data position)
+    missing: int = 0  # no checkpoint: records whose updates may be missing on the PS's shard
 
 
 Event = (
@@ -218,15 +220,22 @@ Decision = (
 
 @dataclass(frozen=True)
 class PSRollback:
-    """A PS came back older than the model it held: the updates after ``to_version`` are lost
-    on that shard (``to_version`` None: it restarted empty, refilled from a worker's copy)."""
+    """PS ``ps`` died at ``from_version``. With a checkpoint, every PS went back to the cut at
+    ``to_version`` and the ledger to its data position: ``records_retrained`` records are
+    trained again and none is lost. Without (``to_version`` None), the PS restarted empty and
+    was refilled from a worker's copy: up to ``records_possibly_missing`` records' updates on
+    its shard are not in the model."""
 
     ps: int
     from_version: int
     to_version: int | None
+    records_retrained: int = 0
+    records_possibly_missing: int = 0
 
     def to_dict(self) -> dict:
-        return {"ps": self.ps, "from_version": self.from_version, "to_version": self.to_version}
+        return {"ps": self.ps, "from_version": self.from_version, "to_version": self.to_version,
+                "records_retrained": self.records_retrained,
+                "records_possibly_missing": self.records_possibly_missing}
 
 
 def describe_exit(exit_: ProcessExit, what: str) -> str:
@@ -342,8 +351,8 @@ class Controller:
                 self._ending = None
             case LiveWorkersNotTold():
                 self._live_workers_told = -1
-            case PSRelaunched(index=index, restored_version=restored):
-                self.rollbacks.append(PSRollback(index, self.model_version, restored))
+            case PSRelaunched(index=index, restored_version=restored, retrained=retrained, missing=missing):
+                self.rollbacks.append(PSRollback(index, self.model_version, restored, retrained, missing))
         return []
 
     def _on_worker_exit(self, exit_: ProcessExit) -> list[Decision]:

@@ -109,6 +109,8 @@ class Job:
         self._telemetry_mark = StalenessSummary()
         self._checkpoint_failures = CheckpointFailures()
         self._step = "start"  # what the job is doing, for the report of a failure
+        self.records_possibly_missing = 0  # resumed without a checkpoint: the ledger's done records
+        self._resume_cut = ""  # resumed: the cut the PS restore (with its data position)
 
     # ------------------------------------------------------------ JobControl (callbacks)
 
@@ -165,13 +167,20 @@ class Job:
         succeeded = False
         self._step = "start"
         try:
-            if self.state.open(self.main_tasks) and cfg.checkpoints.checkpoint_dir:
+            resumed = self.state.open(self.main_tasks)
+            if self.main_tasks is not None:
+                self.main_tasks.start_term(self.state.term)
+            if resumed and cfg.checkpoints.checkpoint_dir:
                 self._restore_latest_checkpoint()
             self._start()
+            if resumed and self.command == "train":
+                self._rewind_to_restored_cut()
             self._step = "training" if self.command == "train" else self.command
             self._loop()
             if self.command == "train":
-                report.staleness = self._epoch_telemetry(self._ps_stats())
+                stats = self._ps_stats()
+                report.staleness = self._epoch_telemetry(stats)
+                report.exactly_once = self._check_exactly_once(stats)
             self._finish(report)
             succeeded = True
         except BaseException as err:
@@ -213,6 +222,8 @@ class Job:
                 report.stopped_early = self.controller.stop_reason
                 report.add_instances(self.instances, self.controller.ps_relaunches)
                 report.ps_rollbacks = [r.to_dict() for r in self.controller.rollbacks]
+                report.records_possibly_missing = self.records_possibly_missing + sum(
+                    r.records_possibly_missing for r in self.controller.rollbacks)
             report.state_store = "etcd" if cfg.elasticity.etcd_endpoints else "memory"
             report.resumed = self.state.resumed
             if self.state.in_etcd:
@@ -237,14 +248,32 @@ class Job:
             logger.error("the job %s at %s: %s; report: %s", report.status, report.failed_step, report.error, path)
 
     def _restore_latest_checkpoint(self) -> None:
-        """A resumed job: the PS come back from the latest checkpoint (updates since then are lost)."""
+        """A resumed job: the PS come back from the latest cut; the ledger goes back to its data
+        position once they serve (``_rewind_to_restored_cut``)."""
         from elasticdl.model import checkpoint
 
         directory = self.config.checkpoints.checkpoint_dir
         if checkpoint.complete_versions(directory):
-            self.config = self.config.replace(checkpoint_dir_for_init=directory)
-            logger.info("the parameter servers restore the latest checkpoint in %s", directory)
+            self._resume_cut = checkpoint.resolve_checkpoint(directory)
+            logger.info("the parameter servers restore the latest checkpoint, %s", self._resume_cut)
 
+    def _rewind_to_restored_cut(self) -> None:
+        """A resumed ledger says which records were done; the model holds those of the cut the PS
+        restored. The records after the cut's data position are trained again (none without one)."""
+        from elasticdl.model import checkpoint
+
+        cut = self._resume_cut
+        if cut:
+            version, marks, _ = checkpoint.cut_position(cut)
+            again = self.main_tasks.rewind(marks, cause="master restart")
+            logger.warning("resumed at the checkpoint of version %d: %d records after its data position are "
+                           "trained again", version, again)
+        else:
+            self.records_possibly_missing = sum(e.records_done for e in self.main_tasks.epochs)
+            logger.warning("resumed without a checkpoint in --checkpoint_dir: the parameter servers start from "
+                           "the initial model, so the %d records the ledger counts as done are not in it. "
+                           "Give the job --checkpoint_dir to resume without losing them.",
+                           self.records_possibly_missing)
     # ------------------------------------------------------------ set-up
 
     def _start(self) -> None:
@@ -274,8 +303,9 @@ class Job:
 
         for ps_id in range(cfg.elasticity.num_ps):
             self._ps_args[ps_id] = ["--job_config", config_file, "--optimizer_spec", optimizer_file,
-                                    "--ps_id", str(ps_id)]
-            self.backend.start("ps", ps_id, self._ps_args[ps_id])
+                                    "--ps_id", str(ps_id), "--term", str(self.state.term)]
+            resume = ["--restore_from", self._resume_cut] if self._resume_cut else []
+            self.backend.start("ps", ps_id, self._ps_args[ps_id] + resume)
         self.ps_addresses = self._wait_for_ps()
         logger.info(
             "parameter servers at %s%s", ", ".join(self.ps_addresses),
@@ -285,6 +315,9 @@ class Job:
         from elasticdl.rpc.ps_client import PSClient
 
         self._ps = PSClient(self.ps_addresses, token=self._token)
+        self._ps.term = self.state.term
+        if self.main_tasks is not None and self.command == "train":
+            self.main_tasks.fencer = self._fence
         self._trainer = Trainer(
             self.checked.spec, cfg.training.model_params, cfg.training.embedding_swap_threshold_mb
         )
@@ -450,29 +483,52 @@ class Job:
         return []
 
     def _relaunch_ps(self, exit_) -> c.PSRelaunched:
-        """A dead PS comes back on the same address, from the latest checkpoint if there is one."""
+        """A dead PS comes back on the same address. With a checkpoint, the whole job goes back to
+        the latest complete cut: the dead PS restores it, the survivors roll back to it, every
+        hand-out made so far is fenced, and the ledger returns to the cut's data position, so
+        every record's update is in the model exactly once. Without one, it starts empty."""
         from elasticdl.model import checkpoint
 
         cfg = self.config
         args = list(self._ps_args[exit_.index])
         port = self.ps_addresses[exit_.index].rsplit(":", 1)[1]
         args += ["--port", port]
-        restore, versions = "", []
-        if cfg.checkpoints.checkpoint_dir:
-            versions = checkpoint.complete_versions(cfg.checkpoints.checkpoint_dir)
-        if versions:
-            restore = cfg.checkpoints.checkpoint_dir
-            args += ["--restore_from", restore]
-        logger.error(
-            "%s; relaunching it on port %s %s", c.describe_exit(exit_, "died"), port,
-            f"from the latest checkpoint in {restore} (updates since then are lost)" if restore
-            else "empty: the workers give it their copy of its variables (no --checkpoint_dir)",
-        )
-        self.backend.start("ps", exit_.index, args)
-        if versions and versions[-1] < self.model_version:
-            logger.warning("ps-%d goes back from version %d to %d: its updates in between are lost "
-                           "(the report lists it under ps_rollbacks)", exit_.index, self.model_version, versions[-1])
-        return c.PSRelaunched(exit_.index, versions[-1] if versions else None)
+        cut = ""
+        if cfg.checkpoints.checkpoint_dir and checkpoint.complete_versions(cfg.checkpoints.checkpoint_dir):
+            cut = checkpoint.resolve_checkpoint(cfg.checkpoints.checkpoint_dir)
+        if not cut or self.main_tasks is None:
+            missing = (cfg.training.get_model_steps * cfg.training.minibatch_size
+                       * max(1, len(self.controller.workers)))
+            logger.error(
+                "%s; relaunching it on port %s empty: the workers give it their copy of its variables. "
+                "Without a checkpoint (--checkpoint_dir, --checkpoint_steps) the updates of up to %d records "
+                "since the workers' last pull are missing from its shard, and its optimizer slots start over",
+                c.describe_exit(exit_, "died"), port, missing,
+            )
+            self.backend.start("ps", exit_.index, args)
+            return c.PSRelaunched(exit_.index, None, missing=missing)
+        version, marks, _ = checkpoint.cut_position(cut)
+        fence = self.main_tasks.fence_all()
+        logger.error("%s; relaunching it on port %s from the checkpoint %s; every PS goes back to version %d",
+                     c.describe_exit(exit_, "died"), port, cut, version)
+        self.backend.start("ps", exit_.index, args + ["--restore_from", cut, "--fence", str(fence)])
+        survivors = [i for i in range(self._ps.num_ps) if i != exit_.index]
+        try:
+            self._ps.restore(cut, fence, only=survivors)
+        except grpc.RpcError as err:  # another PS is down too: its own relaunch restores the same cut
+            logger.error("a surviving PS could not go back to %s: %s", cut, err.details())
+        again = self.main_tasks.rewind(marks, cause="rollback")
+        return c.PSRelaunched(exit_.index, version, retrained=again)
+
+    def _fence(self, handouts: list[int], task_ids: list[int]) -> dict[int, int] | None:
+        """Fence task hand-outs on every PS; each task's lowest applied mark (None: a PS is away)."""
+        try:
+            per_ps = self._ps.fence(handouts, task_ids)
+        except grpc.RpcError as err:
+            logger.warning("could not ask the parameter servers how far tasks %s were applied (%s): their "
+                           "records are trained again", task_ids, err.details())
+            return None
+        return {t: min(marks.get(t, 0) for marks in per_ps) for t in task_ids}
 
     def _end_epoch(self, decision: c.EndEpoch) -> list:
         """Telemetry (and the model, for callbacks without evaluation): every PS call first, so
@@ -485,8 +541,35 @@ class Job:
                 raise
             return [c.EpochEndDeferred(decision.epoch)]
         self._epoch_telemetry(stats, decision.epoch)
+        if self.config.checkpoints.checkpoint_dir and not decision.final:
+            self._arm_epoch_cut(stats)
         # The version first: callbacks at the epoch end (ModelCheckpoint) name the version they see.
         return [c.VersionReported(version), c.EpochEnded(decision.epoch)]
+
+    def _check_exactly_once(self, stats: list) -> dict:
+        """The model-side truth: each PS counted the records whose gradients it applied; they must
+        be the records the ledger counts as done (bad records skipped in a batch were pushed with it)."""
+        training_files = {path for path, _ in self.checked.files}
+        skipped = sum(1 for r in self.dispatcher.bad_records() if r.path in training_files)
+        done = sum(e.records_done for e in self.main_tasks.epochs) + skipped
+        applied = [s.records_applied for s in stats]
+        holds = all(a == done for a in applied)
+        if holds:
+            logger.info("exactly once: every PS applied the gradients of the %d records trained", done)
+        else:
+            logger.warning("the parameter servers applied the gradients of %s records, the ledger counts %d done "
+                           "(batches skipped for NaN/Inf or staleness, or updates lost without a checkpoint)",
+                           applied, done)
+        return {"records_applied": applied, "records_done": done, "holds": holds}
+
+    def _arm_epoch_cut(self, stats: list) -> None:
+        """Every PS saves at the same next version: a cut near the epoch boundary, so a rollback
+        never has to go back further than about an epoch."""
+        at = max(s.version for s in stats) + 1
+        try:
+            self._ps.save_checkpoint(at_version=at)
+        except grpc.RpcError as err:  # a PS is past it already (async) or away: the next cut serves
+            logger.info("no checkpoint at the epoch's end (version %d): %s", at, err.details())
 
     def _on_version(self, version: int) -> list:
         if self.callbacks is not None:

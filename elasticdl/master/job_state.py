@@ -56,6 +56,12 @@ class JobState:
         self.resumed = False
 
     @property
+    def term(self) -> int:
+        """The leadership term: the lock key's create revision, higher for every new leader. The
+        PS refuse commands of an older term, and each term writes its own checkpoint lineage."""
+        return self._leadership.revision if self._leadership is not None else 0
+
+    @property
     def outages(self) -> list:
         return self._ledger.outages if self._ledger is not None else []
 

@@ -58,6 +58,14 @@ class JobReport:
     # Each PS that came back older than the model it held: its updates after to_version are
     # lost (to_version None: it restarted empty and took a worker's copy of its variables).
     ps_rollbacks: list[dict] = field(default_factory=list)
+    # Per epoch, records trained again by cause ("rollback", "master restart", "worker died",
+    # "task failed", "timeout"): updates that were lost and trained again, never applied twice.
+    records_retrained: list[dict] = field(default_factory=list)
+    # Records whose updates may be missing from the model: only without --checkpoint_dir.
+    records_possibly_missing: int = 0
+    # The check made at the end: every PS applied the gradients of exactly the records the ledger
+    # counts as done (ps/data_position.py). {"records_applied": [per PS], "records_done": n, "holds": bool}
+    exactly_once: dict = field(default_factory=dict)
     state_store: str = "memory"
     resumed: bool = False  # continued a ledger a previous master left in etcd
     etcd_outages: list[dict] = field(default_factory=list)
@@ -101,6 +109,7 @@ class JobReport:
         self.records_trained = progress.records_trained
         self.final_loss = progress.recent_loss
         self.records_trained_twice = [e.records_trained_twice for e in tasks.epochs]
+        self.records_retrained = [dict(e.retrained) for e in tasks.epochs]
         self.records_done_per_epoch = [e.records_done for e in tasks.epochs]
         self.records_per_epoch = tasks.records_per_epoch
         self.tasks_interrupted = sum(e.tasks_interrupted for e in tasks.epochs)

@@ -48,8 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="0: any free port")
     parser.add_argument("--ready_file", default="", help="write the bound port here once serving")
     parser.add_argument(
-        "--restore_from", default="", help="a relaunched PS: restore its shard from this checkpoint dir"
+        "--restore_from", default="",
+        help="a relaunched PS or a resumed job: restore its shard, with its data position, from this checkpoint"
     )
+    parser.add_argument("--term", type=int, default=0, help="the master's leadership term (a fencing token)")
+    parser.add_argument("--fence", type=int, default=0,
+                        help="refuse pushes of task hand-outs below this (a relaunch after a rollback)")
     args = parser.parse_args(argv)
     try:  # first: a PS without the job's token would serve anyone who reaches its port
         token = require_token(f"parameter server {args.ps_id}")
@@ -62,9 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         spec = OptimizerSpec.from_json_dict(json.load(f))
     configure_logging(config.job.logging_level, f"ps-{args.ps_id}")
 
-    settings = settings_from_config(config, args.ps_id)
+    settings = dataclasses.replace(settings_from_config(config, args.ps_id), term=args.term, fence_floor=args.fence)
     if args.restore_from:
-        settings = dataclasses.replace(settings, checkpoint_dir_for_init=args.restore_from)
+        settings = dataclasses.replace(settings, checkpoint_dir_for_init=args.restore_from, restore_position=True)
     core = ParameterServer(settings, make_optimizer(spec))
     core.restore()
     server = make_server(max_workers=SERVER_THREADS, token=token)  # see MAX_WAITING_PULLS

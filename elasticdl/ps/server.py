@@ -7,6 +7,7 @@ and calls these methods; tests drive them directly.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 import threading
@@ -67,6 +68,9 @@ class PSSettings:
     minibatch_size: int = 0  # only to log the effective global batch size
     term: int = 0  # the leadership term of the master that started this PS (docs/elasticity.md)
     fence_floor: int = 0  # pushes of task hand-outs below it are refused (a relaunch after a rollback)
+    # Restore the checkpoint's data position too: only within the run that made it (a relaunch,
+    # a resumed job). A new job started from a checkpoint numbers its tasks afresh.
+    restore_position: bool = False
 
 
 class StaleTermError(ValueError):
@@ -118,9 +122,12 @@ class ParameterServer:
         state = checkpoint.load_shard(
             self.settings.checkpoint_dir_for_init, self.settings.ps_id, self.settings.num_ps
         )
+        if not self.settings.restore_position:
+            state = dataclasses.replace(state, marks={}, records_applied=0)
         with self._lock:
             self._load_locked(state, self.settings.fence_floor)
-        self._discard_abandoned(state.version)
+        if self.settings.restore_position:  # this run's own timeline; a user's init is left alone
+            self._discard_abandoned(state.version)
         logger.info(
             "restored %d variables at version %d from %s (%d records applied)",
             len(state.params), state.version, self.settings.checkpoint_dir_for_init, state.records_applied,
@@ -173,10 +180,8 @@ class ParameterServer:
     def _discard_abandoned(self, version: int) -> None:
         """This shard's checkpoint files after the restored version belong to a timeline that is
         gone; removed so that they never make a cut with the new timeline's files."""
-        root = self.settings.checkpoint_dir
-        source = self.settings.checkpoint_dir_for_init
-        if not root or not os.path.realpath(source or root).startswith(os.path.realpath(root)):
-            return  # restored from elsewhere (another job's checkpoints): this directory is not its timeline
+        if not self.settings.checkpoint_dir:
+            return
         for path in checkpoint.discard_after(self.settings.checkpoint_dir, version, self.settings.ps_id, self.term):
             logger.info("removed %s: written after the checkpoint the job went back to", path)
 

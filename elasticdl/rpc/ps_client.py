@@ -76,6 +76,11 @@ class PSStats:
     term: int = 0  # the newest leadership term the PS heard of
 
 
+# The master's fence and restore calls wait at most this long for a PS: one that does not answer
+# is down, and its own relaunch restores it.
+COMMAND_TIMEOUT_SECONDS = 10.0
+
+
 class PSClient:
     def __init__(self, addresses: list[str], connect_timeout: float = 60.0, token: str | None = None):
         """``token``: the job's (default: the one in ``$ELASTICDL_TOKEN_FILE``)."""
@@ -293,13 +298,13 @@ class PSClient:
         below ``fence`` are refused from then on. Their restored versions."""
         request = elasticdl_pb2.RestoreRequest(path=path, term=self.term, fence=fence)
         stubs = [self._stubs[i] for i in (range(self.num_ps) if only is None else only)]
-        futures = [s.restore.future(request) for s in stubs]
+        futures = [s.restore.future(request, timeout=COMMAND_TIMEOUT_SECONDS) for s in stubs]
         return [f.result().version for f in futures]
 
     def fence(self, handouts: list[int], task_ids: list[int]) -> list[dict[int, int]]:
         """Every PS refuses pushes of ``handouts`` from now on; per PS, how far each task was taken."""
         request = elasticdl_pb2.FenceRequest(handouts=handouts, task_ids=task_ids, term=self.term)
-        futures = [s.fence.future(request) for s in self._stubs]
+        futures = [s.fence.future(request, timeout=COMMAND_TIMEOUT_SECONDS) for s in self._stubs]
         return [{m.task_id: m.records_end for m in f.result().marks} for f in futures]
 
     def close(self) -> None:
