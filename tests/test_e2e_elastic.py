@@ -88,6 +88,9 @@ def test_chaos_kill_preempt_scale(digits, tmp_path):  # noqa: F811
     assert report["metrics"]["accuracy"] >= 0.90
     # Every record of every epoch was trained.
     assert report["records_done_per_epoch"] == [report["records_per_epoch"]] * 6
+    # Every record's gradient applied once per epoch, as the PS count them: the SIGKILL'd
+    # worker's task went back from the PS's marks, the preempted one from its report.
+    assert report["exactly_once"]["holds"], report["exactly_once"]
     # Only the SIGKILL'd worker's task was (partly) trained twice: at most one task's records.
     assert sum(report["records_trained_twice"]) <= 64
     assert report["worker_preemptions"] >= 2  # the killed and the preempted worker were replaced

@@ -365,6 +365,25 @@ def test_a_negative_live_worker_count_is_refused():
         real.close()
 
 
+@pytest.mark.parametrize("method, request_, code, text", [
+    ("restore", elasticdl_pb2.RestoreRequest(path="/etc", term=0), INVALID, "not a checkpoint under"),
+    ("restore", elasticdl_pb2.RestoreRequest(path="x", term=-1), INVALID, "never negative"),
+    ("fence", elasticdl_pb2.FenceRequest(handouts=[-1]), INVALID, "never negative"),
+    ("save_checkpoint", elasticdl_pb2.SaveCheckpointRequest(at_version=-5), INVALID, "never negative"),
+])
+def test_rollback_and_fence_commands_no_master_sends_are_refused(ps, method, request_, code, text):
+    ps.refused(method, request_, code, text)
+
+
+def test_commands_of_a_deposed_masters_term_are_refused(ps):
+    ps.core.term = 5
+    for method, request_ in [("fence", elasticdl_pb2.FenceRequest(handouts=[1], term=4)),
+                             ("set_learning_rate", elasticdl_pb2.LearningRate(value=0.5, term=4)),
+                             ("save_checkpoint", elasticdl_pb2.SaveCheckpointRequest(term=4))]:
+        ps.refused(method, request_, grpc.StatusCode.FAILED_PRECONDITION, "another master took over")
+    assert ps.core.position.fenced == set()
+
+
 def test_embedding_calls_refuse_negative_and_oversized_fields(ps):
     ids = tensor_codec.encode("ids", np.array([1], np.int64))
     ps.refused("pull_embedding_vectors", elasticdl_pb2.PullEmbeddingVectorsRequest(name="t", ids=ids, snapshot_id=-1),
