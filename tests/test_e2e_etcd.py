@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import glob
+import json
 import os
 import re
 import subprocess
@@ -110,6 +111,10 @@ def test_a_master_cut_off_from_etcd_stops_before_another_can_lead(digits, tmp_pa
             first.kill()
     assert first.returncode == 1, err[-3000:]
     assert "could not renew its lease" in err and "stops acting" in err
+    # The report lists the outage it ended in, as ongoing.
+    with open(tmp_path / "runs" / "partition" / "report.json") as f:
+        outages = json.load(f)["etcd_outages"]
+    assert outages and outages[-1]["ongoing"] and "could not renew" in outages[-1]["error"]
     from elasticdl.master.job_state import LEADER_LEASE_SECS
 
     # It stopped acting before its lease could expire (its shutdown comes after: the PS and

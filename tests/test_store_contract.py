@@ -322,3 +322,15 @@ def test_a_leader_that_cannot_renew_stops_acting_before_its_lease_can_expire(out
     finally:
         up()
     assert len(lost) == 1
+
+
+def test_an_address_with_on_lost_reports_its_lost_lease_instead_of_publishing_again(make_store):
+    """A PS registers with ``on_lost`` (ps/main.py): a lease it cannot keep ends the PS, the
+    seed design's rule, instead of a second life under a new lease."""
+    ps_store, master = make_store(), make_store()
+    lost: list[str] = []
+    registration = ps_store.publish_address("ps", 0, "127.0.0.1:5000", ttl=1, on_lost=lost.append)
+    master._revoke(registration.lease_id)
+    wait_until(lambda: lost, 3.0, "the PS hears its lease is gone")
+    assert master.addresses("ps") == {}  # not published again
+    registration._abandon()

@@ -33,12 +33,15 @@ def test_the_master_rides_out_an_outage_and_resyncs_the_newest_ledger(outage, ca
         assert ledger.save(snap(2)) is False  # older than what the master holds: dropped
         assert time.monotonic() - started < 0.2  # no waiting during an outage
         assert ledger.pending_seq == 3 and ledger.persisted_seq == 1
+        (ongoing,) = ledger.outages_so_far  # listed while it lasts, not only once it ended
+        assert ongoing.ongoing and ongoing.error and ledger.outages == []
         time.sleep(0.6)  # an outage at least this long (asserted below); no window to hit, cannot race
 
         up()
         assert ledger.flush(15.0)
         assert not ledger.in_outage and ledger.persisted_seq == 3
         assert len(seen) == 1 and seen[0].seconds >= 0.6 and seen[0].snapshots_kept >= 1
+        assert ledger.outages_so_far == seen and not seen[0].ongoing
         unreachable = [r for r in caplog.records if "is unreachable" in r.getMessage()]
         back = [r for r in caplog.records if "reachable again after an outage of" in r.getMessage()]
         assert len(unreachable) == 1 and len(back) == 1

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 from collections.abc import Callable
 
 from elasticdl import store
@@ -50,6 +51,7 @@ class JobState:
         self.keeps_ledger = command == "train"
         self._on_lost = on_lost
         self.lost = ""  # why the store can no longer be trusted
+        self._lost_at = 0.0
         self._store = None
         self._ledger = None
         self._leadership = None
@@ -63,7 +65,12 @@ class JobState:
 
     @property
     def outages(self) -> list:
-        return self._ledger.outages if self._ledger is not None else []
+        """Every etcd outage of this run, an ongoing one included; a lost leader lock is one too
+        (the lease could not be renewed), even when no ledger write had failed yet."""
+        outages = self._ledger.outages_so_far if self._ledger is not None else []
+        if self.lost and not any(o.ongoing for o in outages):
+            outages = [*outages, store.Outage(self._lost_at, time.time() - self._lost_at, self.lost, 0, True)]
+        return outages
 
     def open(self, tasks: TaskManager | None) -> bool:
         """Take the lock and restore ``tasks`` from a stored ledger; True if the job resumed."""
@@ -107,6 +114,7 @@ class JobState:
         return True
 
     def _lost(self, why: str) -> None:
+        self._lost_at = time.time()
         self.lost = why
         self._on_lost(why)
 

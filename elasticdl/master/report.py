@@ -141,7 +141,8 @@ class JobReport:
 
     def add_outages(self, outages: list) -> None:
         self.etcd_outages = [
-            {"seconds": round(o.seconds, 2), "error": o.error, "snapshots_kept": o.snapshots_kept} for o in outages
+            {"seconds": round(o.seconds, 2), "error": o.error, "snapshots_kept": o.snapshots_kept,
+             "ongoing": o.ongoing} for o in outages
         ]
 
 

@@ -78,13 +78,24 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("serving on 127.0.0.1:%d (%s, %s)", port, spec.name,
                 config.consistency.description)
     registration = None
+    stop = threading.Event()
+    lost: list[str] = []
+
+    def lease_lost(why: str) -> None:
+        # The seed design's rule: a PS whose lease expires ends itself. Its master sees it gone
+        # (or is gone itself) and relaunches it from the latest cut; serving on could only mix
+        # its updates into a model the job has moved past.
+        lost.append(why)
+        logger.error("this PS's lease in etcd could not be renewed (%s): it ends itself", why)
+        stop.set()
+
     if config.elasticity.etcd_endpoints:
         # Registered with a lease: the address disappears from etcd when this PS does.
         from elasticdl.store import EtcdStateStore, StateStoreError
 
         try:
             registration = EtcdStateStore(config.elasticity.etcd_endpoints, config.job.job_name).publish_address(
-                "ps", args.ps_id, f"127.0.0.1:{port}"
+                "ps", args.ps_id, f"127.0.0.1:{port}", on_lost=lease_lost,
             )
         except StateStoreError as err:
             logger.warning("could not register this PS in etcd (training goes on): %s", err)
@@ -94,15 +105,14 @@ def main(argv: list[str] | None = None) -> int:
             f.write(str(port))
         os.replace(tmp, args.ready_file)
 
-    stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     stop.wait()
     server.stop(grace=2).wait()
-    if registration is not None:
+    if registration is not None and not lost:
         registration.revoke()
     logger.info("stopped at version %d", core.shard.version)
-    return 0
+    return 1 if lost else 0
 
 
 if __name__ == "__main__":

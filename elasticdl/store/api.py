@@ -391,11 +391,14 @@ class StateStore(abc.ABC):
 
     # ------------------------------------------------------------ addresses
 
-    def publish_address(self, role: str, index: int, address: str, ttl: float = DEFAULT_LEASE_TTL) -> Registration:
+    def publish_address(self, role: str, index: int, address: str, ttl: float = DEFAULT_LEASE_TTL,
+                        on_lost: Callable[[str], None] | None = None) -> Registration:
         """Publish ``address`` under ``addresses/<role>/<index>`` on a lease kept alive.
 
         The master's address (role ``"master"``) rides on the leader lease when this store
-        holds it, so it disappears with the leader.
+        holds it, so it disappears with the leader. A lease that cannot be renewed in time is
+        published again on a new one, or, with ``on_lost``, reported there instead (a PS ends
+        itself: its master may have relaunched it elsewhere).
         """
         key = self.address_key(role, index)
         seconds = _lease_seconds(ttl)
@@ -406,7 +409,7 @@ class StateStore(abc.ABC):
         else:
             lease = self._call("grant a lease", self._grant, seconds)
             self._call(f"publish {key}", self._put, key, address.encode(), lease)
-            registration = Registration(self, role, index, address, seconds, lease)
+            registration = Registration(self, role, index, address, seconds, lease, on_lost)
         with self._lock:
             self._registrations.append(registration)
         return registration

@@ -162,7 +162,8 @@ class Leadership:
 class Registration:
     """A published address on a lease kept alive; published again if the lease is lost."""
 
-    def __init__(self, store: StateStore, role: str, index: int, address: str, ttl: int, lease_id: int | None):
+    def __init__(self, store: StateStore, role: str, index: int, address: str, ttl: int, lease_id: int | None,
+                 on_lost: Callable[[str], None] | None = None):
         self.store = store
         self.role, self.index, self.address, self.ttl = role, index, address, ttl
         self.key = store.address_key(role, index)
@@ -170,7 +171,7 @@ class Registration:
         self._keepalive = None
         self._revoked = False
         if lease_id is not None:
-            self._keepalive = _KeepAlive(store, lease_id, ttl, self.key, lambda why: self._republish())
+            self._keepalive = _KeepAlive(store, lease_id, ttl, self.key, on_lost or (lambda why: self._republish()))
 
     def _republish(self) -> None:
         logger.warning("the lease of %s expired; publishing %s again", self.key, self.address)

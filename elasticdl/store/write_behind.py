@@ -35,6 +35,7 @@ class Outage:
     seconds: float
     error: str  # the first failure
     snapshots_kept: int  # saves served from memory meanwhile (only the newest is written)
+    ongoing: bool = False  # not over yet: ``seconds`` so far
 
 
 class ResilientStore:
@@ -143,6 +144,15 @@ class ResilientStore:
     @property
     def in_outage(self) -> bool:
         return self._outage_started is not None
+
+    @property
+    def outages_so_far(self) -> list[Outage]:
+        """The outages that ended, and the current one with its length so far: a job that ends
+        (or fails) during an outage reports it too."""
+        with self._cond:
+            current = [] if self._outage_started is None else [Outage(
+                self._outage_wall, time.monotonic() - self._outage_started, self._outage_error, self._kept, True)]
+            return [*self.outages, *current]
 
     @property
     def unreachable_for(self) -> float:
