@@ -229,7 +229,7 @@ class FakePS:
     def split(self, grads):
         return [grads]
 
-    def push_gradients(self, grads_by_ps, versions, lr, worker_id, want_parameters=False):
+    def push_gradients(self, grads_by_ps, versions, lr, worker_id, want_parameters=False, batch=None):
         if self.fail_pushes_with is not None:
             raise self.fail_pushes_with
         self.pushes += 1
@@ -246,7 +246,7 @@ class FakeMaster:
         return self.orders.pop(0) if self.orders else TaskOrder("end")
 
     def report(self, task_id, records, err_message="", loss_sum=0.0, batches=0, model_version=0,
-               metric_states=None, interrupted=False, bad_records=(), diverged=False):
+               metric_states=None, interrupted=False, bad_records=(), diverged=False, handout=0):
         self.reports.append(dict(task_id=task_id, records=records, err=err_message, batches=batches,
                                  bad_records=list(bad_records), diverged=diverged, interrupted=interrupted))
         return True

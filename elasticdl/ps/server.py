@@ -19,7 +19,6 @@ from elasticdl.model import checkpoint
 from elasticdl.model.embedding.table import EmbeddingError, FrozenTable, TableInfo, check_ids
 from elasticdl.model.optimizers import Optimizer, learning_rate_problem
 from elasticdl.ps.data_position import DataPosition
-from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.ps.parameters import GradientError, ParameterShard
 from elasticdl.ps.strategies import (
     AverageUpdatingStrategy,
@@ -28,6 +27,7 @@ from elasticdl.ps.strategies import (
     PushResult,
     UpdateTelemetry,
 )
+from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.rpc.push_outcome import PushOutcome
 
 logger = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ from elasticdl.model.embedding.table import EmbeddingError, IndexedRows, TableIn
 from elasticdl.model.optimizers import learning_rate_problem
 from elasticdl.model.sharding import ps_for_variable
 from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
-from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.ps.server import ParameterServer, StaleTermError
 from elasticdl.rpc import codec as tensor_codec
+from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.rpc.push_outcome import PushOutcome
 
 # Exported tables stream in chunks of about this many bytes (gRPC moves small messages faster).
