@@ -277,14 +277,21 @@ class TaskManager:
             gone = [d for d in self._doing.values() if d.worker_id == worker_id]
             mine = [d.task for d in gone]
             self.seq += bool(gone)
+            requeued, applied = [], []
             for doing in gone:
                 del self._doing[doing.task.task_id]
                 rest = self._take_back(doing, "worker died", doing.progress)
-                if rest is not None and not self._stopped:
+                if rest is None:
+                    applied.append(doing.task.task_id)
+                elif not self._stopped:
                     rest.requeued = True
                     self._todo.appendleft(rest)
-            if mine:
-                logger.info("worker %d is gone; requeued tasks %s", worker_id, [t.task_id for t in mine])
+                    requeued.append(rest.task_id)
+            if requeued:
+                logger.info("worker %d is gone; requeued tasks %s", worker_id, requeued)
+            if applied:
+                logger.info("worker %d is gone; the PS had applied all of its tasks %s: they are done",
+                            worker_id, applied)
             return mine
 
     def fence_all(self) -> int:
