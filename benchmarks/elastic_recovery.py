@@ -16,6 +16,12 @@ epochs than it will ever finish; it is interrupted once both figures are taken:
   worker M" line: the master notices the exit, puts the task back at the front of the
   queue, and the surviving worker takes it when it asks for its next task.
 
+- ``kill_ps``: a second job per repetition (1 worker, 2 PS, sync, ``--checkpoint_steps
+  40``). Once the first cut (version 40) is complete on disk, PS 1 is SIGKILLed; the
+  figure is the seconds from the kill until training goes on again: the surviving PS 0,
+  polled every 10 ms, went back to the cut (the rollback) and then past it (a gradient
+  applied on the restored model). The records trained again are the master's count.
+
 The scale-up is measured first so that no replacement worker (the master refills a killed
 worker's slot) is starting up while it runs. Times on both sides are wall-clock: the
 benchmark's ``time.time()`` when it acts, the logs' ``HH:MM:SS.mmm`` stamps of the event.
@@ -105,8 +111,8 @@ def _wait_for(what: str, predicate, timeout: float, job: subprocess.Popen):
     raise TimeoutError(f"no {what} after {timeout:.0f}s")
 
 
-def _worker_pids(job_pid: int) -> dict[int, int]:
-    """worker id -> pid of the job's live worker processes (the local backend marks its
+def _role_pids(job_pid: int, module: bytes, index_flag: bytes) -> dict[int, int]:
+    """index -> pid of the job's live processes of one role (the local backend marks its
     children with ELASTICDL_PARENT_PID=<master pid>)."""
     marker = f"ELASTICDL_PARENT_PID={job_pid}".encode()
     found = {}
@@ -123,15 +129,20 @@ def _worker_pids(job_pid: int) -> dict[int, int]:
                 zombie = f.read().rsplit(")", 1)[-1].split()[0] == "Z"
         except OSError:
             continue
-        if b"elasticdl.worker.main" in args and not zombie:
-            found[int(args[args.index(b"--worker_id") + 1])] = int(entry)
+        if module in args and not zombie:
+            found[int(args[args.index(index_flag) + 1])] = int(entry)
     return found
+
+
+def _worker_pids(job_pid: int) -> dict[int, int]:
+    """worker id -> pid of the job's live worker processes."""
+    return _role_pids(job_pid, b"elasticdl.worker.main", b"--worker_id")
 
 
 # ---------------------------------------------------------------- one repetition
 
 
-def _start_job(spec: dict, job: str, workdir: str) -> subprocess.Popen:
+def _start_job(spec: dict, job: str, workdir: str, *extra: str) -> subprocess.Popen:
     shutil.rmtree(os.path.join(workdir, "runs", job), ignore_errors=True)  # logs are appended to
     args = [
         sys.executable, "-m", "elasticdl", "train", "--model_zoo", MODEL_ZOO, "--model_def", MODEL_DEF,
@@ -139,6 +150,7 @@ def _start_job(spec: dict, job: str, workdir: str) -> subprocess.Popen:
         "--num_minibatches_per_task", str(spec["minibatches_per_task"]), "--num_epochs", str(spec["epochs"]),
         "--num_workers", "1", "--num_ps", "1", "--num_threads_per_process", "1", "--job_name", job,
         "--log_level", "INFO",  # the lines measured are INFO
+        *extra,
     ]
     with open(os.path.join(workdir, f"{job}.out"), "w") as out:  # the child keeps its own copy
         return subprocess.Popen(args, cwd=workdir, env=child_env(), stdout=out, stderr=subprocess.STDOUT,
@@ -259,6 +271,55 @@ def one_rep(spec: dict, rep: int, workdir: str) -> dict:
     return out
 
 
+_PS_AT = re.compile(r"parameter servers at (\S+), (\S+)")
+_WENT_BACK = re.compile(r"went back to the checkpoint's data position: (\d+) records")
+CUT_STEPS = 40
+
+
+def ps_rep(spec: dict, rep: int, workdir: str) -> dict:
+    """1 worker, 2 PS, sync: SIGKILL PS 1 once a cut is complete; seconds until training goes on."""
+    from elasticdl.rpc.ps_client import PSClient
+
+    job = f"ps-recovery-r{rep}"
+    run_dir = os.path.join(workdir, "runs", job)
+    ckpt = os.path.join(workdir, f"{job}-ckpt")
+    shutil.rmtree(ckpt, ignore_errors=True)
+    proc = _start_job(spec, job, workdir, "--num_ps", "2", "--checkpoint_dir", ckpt,
+                      "--checkpoint_steps", str(CUT_STEPS))
+    try:
+        cut = os.path.join(ckpt, f"version-{CUT_STEPS}")
+        _wait_for("the first complete cut", lambda: os.path.isdir(cut) and len(os.listdir(cut)) >= 2,
+                  spec["timeout"], proc)
+        master = os.path.join(run_dir, "logs", "master.log")
+        addresses = next(m.groups() for line in _lines(master) if (m := _PS_AT.search(line)))
+        with open(os.path.join(run_dir, "token")) as f:
+            survivor = PSClient([addresses[0]], token=f.read().strip())
+        try:
+            victim = _role_pids(proc.pid, b"elasticdl.ps.main", b"--ps_id")[1]
+            before = survivor.stats()[0].version
+            killed = time.time()
+            os.kill(victim, signal.SIGKILL)
+            rolled_back = None
+            while time.time() - killed < spec["timeout"]:
+                version = survivor.stats()[0].version
+                if rolled_back is None and version < before:
+                    rolled_back = (version, time.time())
+                elif rolled_back is not None and version > rolled_back[0]:
+                    resumed = time.time()
+                    break
+                before = max(before, version) if rolled_back is None else before
+                time.sleep(0.01)
+            else:
+                raise TimeoutError("training did not go on after the PS was killed")
+        finally:
+            survivor.close()
+        retrained = next((int(m.group(1)) for line in _lines(master) if (m := _WENT_BACK.search(line))), None)
+    finally:
+        _stop_job(proc)
+    return {"kill_ps_s": resumed - killed, "rollback_s": rolled_back[1] - killed, "rolled_back_to": rolled_back[0],
+            "ps_records_retrained": retrained}
+
+
 def run(spec: dict) -> dict:
     workdir = os.path.abspath(spec["workdir"])
     os.makedirs(workdir, exist_ok=True)
@@ -266,7 +327,7 @@ def run(spec: dict) -> dict:
     errors: list[str] = []
     for rep in range(spec["reps"]):
         try:
-            runs.append(one_rep(spec, rep, workdir))
+            runs.append({**one_rep(spec, rep, workdir), **ps_rep(spec, rep, workdir)})
         except Exception as err:  # a failed repetition is left out of the medians, never a figure
             _log(f"rep {rep + 1} failed: {type(err).__name__}: {err}")
             runs.append(None)

@@ -245,7 +245,7 @@ def run_recovery(args, out_dir: str) -> dict:
     data = prepare(os.path.join(out_dir, "data"), {"digits_x10": DATASETS["digits_x10"]})["digits_x10"]
     spec = {**RECOVERY_JOB[args.quick], "reps": args.reps, "data_dir": data["dir"], "kill_attempts": 3,
             "timeout": 180.0, "workdir": os.path.join(out_dir, "elastic_recovery")}
-    log(f"elastic_recovery: digits, {args.reps} jobs (scale 1 -> 2 workers, then kill a worker)")
+    log(f"elastic_recovery: digits, {args.reps} x 2 jobs (scale 1 -> 2 workers, then kill a worker; kill a PS)")
     try:
         result = run_child("benchmarks.elastic_recovery", spec, cwd=out_dir, timeout=args.timeout,
                            log_path=os.path.join(out_dir, "logs", "elastic_recovery.log"))
@@ -255,7 +255,8 @@ def run_recovery(args, out_dir: str) -> dict:
     for rep, r in enumerate(result["runs"]):
         if r:
             log(f"  rep {rep + 1}: scale-up {r['scale_up_s']:.2f} s, killed worker's task again "
-                f"after {r['kill_worker_s']:.3f} s")
+                f"after {r['kill_worker_s']:.3f} s, training again {r['kill_ps_s']:.2f} s after a PS SIGKILL "
+                f"({r['ps_records_retrained']} records trained again)")
     return {"runs": result["runs"], "errors": result["errors"]}
 
 
@@ -346,6 +347,7 @@ def build_rows(results: dict) -> tuple[list[dict], list[dict]]:
         for key, model, competitor, metric in (
             ("kill_worker_s", "digits, 2 workers", "kill_worker", "s to requeued task on another worker"),
             ("scale_up_s", "digits, 1 -> 2 workers", "scale_up", "s to new worker's first gradient"),
+            ("kill_ps_s", "digits, 1 worker, 2 PS, sync", "kill_ps", "s from a PS SIGKILL to training again"),
         ):
             values = [r[key] if r else None for r in recovery["runs"]]  # a failed repetition: None
             if any(v is not None for v in values):

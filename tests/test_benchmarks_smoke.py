@@ -45,7 +45,7 @@ def test_quick_suite_reports_every_case(tmp_path):
         (size, c) for size in ("1k ids", "10k ids") for c in ("elasticdl_ps", "ps_core")
     }
     recovery = {r["competitor"]: r for r in rows if r["case"] == "elastic_recovery"}
-    assert set(recovery) == {"kill_worker", "scale_up"}
+    assert set(recovery) == {"kill_worker", "scale_up", "kill_ps"}
     for row in rows:
         assert _is_number(row["median"]) and row["median"] > 0, row
         assert row["runs"] and all(_is_number(v) and v > 0 for v in row["runs"]), row
@@ -60,6 +60,7 @@ def test_quick_suite_reports_every_case(tmp_path):
     # (a process importing TensorFlow) pushes its first gradient within five.
     assert recovery["kill_worker"]["median"] < 60, recovery
     assert recovery["scale_up"]["median"] < 300, recovery
+    assert recovery["kill_ps"]["median"] < 300, recovery
 
     assert len(doc["targets"]) == 7  # 2 models x 2 vs PSS, dense vs model.fit, 2 x data plane
     assert {t["target"] for t in doc["targets"]} >= {
@@ -141,8 +142,8 @@ def test_ratios_and_targets_from_paired_runs():
             "grpc": [{"create": 50.0, "held": 100.0}, {"create": 70.0, "held": 90.0}],
             "core": [{"create": 400.0, "held": 400.0}, {"create": 500.0, "held": 100.0}],
         }}},
-        "elastic_recovery": {"runs": [{"kill_worker_s": 0.5, "scale_up_s": 8.0}, None,
-                                      {"kill_worker_s": 0.3, "scale_up_s": 6.0}]},
+        "elastic_recovery": {"runs": [{"kill_worker_s": 0.5, "scale_up_s": 8.0, "kill_ps_s": 4.0}, None,
+                                      {"kill_worker_s": 0.3, "scale_up_s": 6.0, "kill_ps_s": 6.0}]},
     }
     rows, targets = build_rows(results)
     assert [r for r in rows if r.get("status")] == []
@@ -165,6 +166,7 @@ def test_ratios_and_targets_from_paired_runs():
     recovery = by[("elastic_recovery", "kill_worker")]
     assert recovery["runs"] == [0.5, None, 0.3] and recovery["median"] == pytest.approx(0.4)
     assert by[("elastic_recovery", "scale_up")]["median"] == pytest.approx(7.0)
+    assert by[("elastic_recovery", "kill_ps")]["median"] == pytest.approx(5.0)
     table = render_table(rows, targets)
     assert "pending" not in table
     assert "| embedding | 100k ids | elasticdl_ps | ids/s per PS | 95.0 (create 60.0) | 100 90.0 |" in table
@@ -173,4 +175,5 @@ def test_ratios_and_targets_from_paired_runs():
     failed = build_rows({"elastic_recovery": {"runs": [None]}, "embedding": {"runs": {}}})[0]
     assert {r["status"] for r in failed} == {
         "error: see errors", "kill_worker error: see errors", "scale_up error: see errors",
+        "kill_ps error: see errors",
     }

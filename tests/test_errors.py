@@ -27,6 +27,10 @@ OUTSIDE_THE_TREE = {
     "elasticdl.store.api._CasFailed",
     # The memory store's simulated outage; the store's retries turn it into StoreUnavailableError.
     "elasticdl.store.memory._Unavailable",
+    # A deposed master's command on the PS; the servicer answers it FAILED_PRECONDITION.
+    "elasticdl.ps.server.StaleTermError",
+    # A task the master took back; the worker leaves it and takes the next one.
+    "elasticdl.worker.consistency.TaskTakenBackError",
 }
 # ElasticDLErrors on neither branch: families whose subclasses are on both. Only their
 # subclasses are raised (checked below); exit_status maps the family itself to 1.
