@@ -76,16 +76,17 @@ def check_job(config: JobConfig, command: str = "train") -> CheckedJob:
 
 
 def _check_room_for_the_model(config: JobConfig, optimizer_spec: OptimizerSpec, trainer) -> None:
-    """--checkpoint_dir has room for one checkpoint of the dense model (its variables and the
-    optimizer's slots), --output for the SavedModel: a full disk fails now, not after training.
-    (config.validate checked that both are writable directories, or creatable.)"""
+    """--checkpoint_dir has room for one checkpoint of the dense model (its variables, the
+    optimizer's slots for the trainable ones), --output for the SavedModel: a full disk fails now,
+    not after training. (config.validate checked that both are writable directories, or creatable.)"""
     parameter_bytes = sum(int(v.numpy().nbytes) for v in trainer.variables.values())
+    state_bytes = sum(int(v.numpy().nbytes) for v in trainer.non_trainable.values())
     slots = len(make_optimizer(optimizer_spec).slot_names)
     if config.checkpoints.checkpoint_dir:
         check_writable_dir("--checkpoint_dir", config.checkpoints.checkpoint_dir,
-                           MIN_FREE_BYTES + parameter_bytes * (1 + slots))
+                           MIN_FREE_BYTES + parameter_bytes * (1 + slots) + state_bytes)
     if config.outputs.output:
-        check_writable_dir("--output", config.outputs.output, MIN_FREE_BYTES + parameter_bytes)
+        check_writable_dir("--output", config.outputs.output, MIN_FREE_BYTES + parameter_bytes + state_bytes)
 
 
 def _check_optimizer(spec: ModelSpec) -> OptimizerSpec:
@@ -195,9 +196,10 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> tu
             "in the model and loss() (e.g. clip probabilities, or use from_logits=True)."
         )
     logger.info(
-        "model checked: %d trainable variables, %d parameters%s",
+        "model checked: %d trainable variables, %d parameters%s%s",
         len(trainer.variables),
         sum(int(v.numpy().size) for v in trainer.variables.values()),
+        f"; {len(trainer.non_trainable)} non-trainable variables" if trainer.non_trainable else "",
         "".join(f"; embedding table {i.name} (rows of {i.dim}) on the parameter servers"
                 for i in trainer.embeddings.infos.values()),
     )
