@@ -72,16 +72,6 @@ class ParameterShard:
         """Raise GradientError (EmbeddingError for rows) naming the first gradient that does not fit."""
         if not self.initialized:
             raise GradientError("the parameter server holds no model yet; push the model first")
-        trainable = sorted(n for n in self.params if n not in self.non_trainable)
-        if trainable and not any(not isinstance(g, NonTrainableChange) for g in grads.values()):
-            # Only a PS with no trainable dense variable gets empty pushes from a worker (a batch
-            # without ids of its tables): they keep versions in step. Here one would count as a
-            # whole gradient of zeros (docs/consistency.md, "What a push carries").
-            raise GradientError(
-                f"an empty push: this PS holds {len(trainable)} trainable dense variables "
-                f"({', '.join(trainable[:3])}{', ...' if len(trainable) > 3 else ''}) "
-                "and the push carries a gradient for none of them; does the loss depend on them?"
-            )
         for name, grad in grads.items():
             if isinstance(grad, IndexedRows):
                 check_rows(name, grad, self.table(name).dim, self.ps_id, self.num_ps)
@@ -107,6 +97,19 @@ class ParameterShard:
                 raise GradientError(f"gradient for {name!r} has dtype {grad.dtype}, expected float")
             if not np.isfinite(grad).all():
                 raise GradientError(f"gradient for {name!r} contains NaN or Inf")
+        if all(isinstance(g, NonTrainableChange) for g in grads.values()):
+            trainable = sorted(n for n in self.params if n not in self.non_trainable)
+        else:
+            trainable = []
+        if trainable:
+            # Only a PS with no trainable dense variable gets empty pushes from a worker (a batch
+            # without ids of its tables): they keep versions in step. Here one would count as a
+            # whole gradient of zeros (docs/consistency.md, "What a push carries").
+            raise GradientError(
+                f"an empty push: this PS holds {len(trainable)} trainable dense variables "
+                f"({', '.join(trainable[:3])}{', ...' if len(trainable) > 3 else ''}) "
+                "and the push carries a gradient for none of them; does the loss depend on them?"
+            )
 
     def apply(self, grads: dict[str, np.ndarray], learning_rate: float | None) -> None:
         """One optimizer step over the given gradients (and the non-trainable changes added);
