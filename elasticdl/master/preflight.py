@@ -18,6 +18,7 @@ from elasticdl.config.paths import MIN_FREE_BYTES, check_writable_dir
 from elasticdl.data.errors import BadRecord, BadRecordError
 from elasticdl.data.sources import count_records, read_records, record_format, resolve_data_files
 from elasticdl.mode import Mode
+from elasticdl.model.non_trainable import NonTrainableChange
 from elasticdl.model.optimizers import (
     OptimizerSpec,
     UnsupportedOptimizerError,
@@ -186,7 +187,7 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> tu
         raise ModelSpecError(
             f"{spec.module_path}: the gradients of loss(labels, predictions) failed: {describe_error(err)}"
         ) from err
-    if not grads:
+    if all(isinstance(g, NonTrainableChange) for g in grads.values()):  # BatchNorm statistics are no gradient
         raise ModelSpecError(f"{spec.module_path}: the loss has no gradient for any trainable variable.")
     if not trainer.last_step_finite:
         what = f"the loss is {loss_value}" if not math.isfinite(loss_value) else "the gradients hold NaN or Inf"
