@@ -214,7 +214,7 @@ class FakePS:
     def pull(self, versions, wait_for_newer=None, timeout=30.0):
         return [PullResult(self.params is not None, self.version, dict(self.params or {}))]
 
-    def push_model(self, params, version=0):
+    def push_model(self, params, version=0, non_trainable=()):
         if self.params is None:
             self.params = dict(params)
             return [True]

@@ -112,7 +112,7 @@ def test_the_checkpoint_dir_needs_room_for_one_checkpoint_of_the_model(tmp_path,
 
     monkeypatch.setattr(config_paths.shutil, "disk_usage", lambda p: SimpleNamespace(free=(1 << 20) + 2000))
     variable = SimpleNamespace(numpy=lambda: np.zeros(1000, np.float32))  # 4000 bytes
-    trainer = SimpleNamespace(variables={"w": variable})
+    trainer = SimpleNamespace(variables={"w": variable}, non_trainable={})
     cfg = config(tmp_path, checkpoint_dir=str(tmp_path / "ckpt"))
     # Adam keeps two slots per variable: a checkpoint is 3 x 4000 bytes.
     with pytest.raises(ConfigError, match=r"--checkpoint_dir .* has 1.00 MiB free, and the job needs at least "
@@ -120,7 +120,7 @@ def test_the_checkpoint_dir_needs_room_for_one_checkpoint_of_the_model(tmp_path,
         preflight._check_room_for_the_model(cfg, OptimizerSpec("Adam", {"learning_rate": 0.1}), trainer)
     variable = SimpleNamespace(numpy=lambda: np.zeros(100, np.float32))
     preflight._check_room_for_the_model(cfg, OptimizerSpec("Adam", {"learning_rate": 0.1}),
-                                        SimpleNamespace(variables={"w": variable}))
+                                        SimpleNamespace(variables={"w": variable}, non_trainable={}))
 
 
 def test_paths_are_not_checked_where_they_name_files_in_pods(tmp_path, monkeypatch):

@@ -29,7 +29,8 @@ from elasticdl.rpc import channel as grpc_utils
 
 ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
            grpc.StatusCode.NOT_FOUND}
-MODEL = {"dense/kernel": (3, 2), "dense/bias": (2,)}
+MODEL = {"dense/kernel": (3, 2), "dense/bias": (2,), "bn/moving_mean": (2,)}
+NON_TRAINABLE = {"bn/moving_mean"}  # changed by pushed non_trainable_changes, never by gradients
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # ---------------------------------------------------------------- field strategies
@@ -83,11 +84,12 @@ CURRENT = -999
 
 
 @st.composite
-def fitting_gradients(draw):
-    """Gradients of the model's variables with their shapes (some left out), mostly finite."""
+def fitting_gradients(draw, non_trainable: bool = False):
+    """Gradients of the model's trainable variables (``non_trainable``: changes of the others)
+    with their shapes (some left out), mostly finite."""
     out = []
     for name, shape in MODEL.items():
-        if draw(st.integers(0, 4)) == 0:
+        if (name in NON_TRAINABLE) != non_trainable or draw(st.integers(0, 4)) == 0:
             continue
         values = draw(st.lists(st.one_of(st.floats(-10, 10, width=32), numbers) if draw(st.integers(0, 5)) == 0
                                else st.floats(-10, 10, width=32), min_size=math.prod(shape), max_size=math.prod(shape)))
@@ -110,10 +112,12 @@ def ps_requests():
         embedding_gradients=st.lists(st.builds(elasticdl_pb2.IndexedRows, name=names, ids=tensors(), values=tensors()),
                                      max_size=1),
         return_parameters=st.booleans(),
+        non_trainable_changes=st.lists(tensors(st.one_of(model_names, names)), max_size=2),
     )
     model = st.builds(
         elasticdl_pb2.Model, version=ints64, dense_parameters=st.lists(tensors(st.one_of(model_names, names)), max_size=3),
         variables=st.lists(st.one_of(model_names, names), max_size=3),
+        non_trainable=st.lists(st.one_of(model_names, names), max_size=2),
     )
     snapshot = st.builds(elasticdl_pb2.Snapshot, snapshot_id=st.one_of(ints64, st.integers(-1, 6)), version=ints64)
     infos = st.builds(elasticdl_pb2.EmbeddingTableInfos, tables=st.lists(st.builds(
@@ -125,7 +129,7 @@ def ps_requests():
         elasticdl_pb2.PushGradientsRequest,
         worker_id=st.integers(0, 3), version=st.one_of(st.just(CURRENT), st.just(CURRENT), ints64),
         learning_rate=st.one_of(st.just(0.0), st.floats(1e-3, 1.0), numbers), gradients=fitting_gradients(),
-        return_parameters=st.booleans(),
+        return_parameters=st.booleans(), non_trainable_changes=fitting_gradients(non_trainable=True),
     )
     return st.one_of(
         st.tuples(st.just("push_gradients"), fitting_push),
@@ -169,7 +173,8 @@ def _call(stub, method: str, request):
 def real_ps():
     core = ParameterServer(PSSettings(grads_to_wait=2), make_optimizer(OptimizerSpec("SGD", {"learning_rate": 0.1})))
     rng = np.random.default_rng(0)
-    core.push_model({name: rng.normal(size=shape).astype(np.float32) for name, shape in MODEL.items()})
+    core.push_model({name: rng.normal(size=shape).astype(np.float32) for name, shape in MODEL.items()},
+                    non_trainable=NON_TRAINABLE)
     server = grpc_utils.make_server(max_workers=4)
     grpc_utils.add_service(server, "PServer", PServerServicer(core))
     port = grpc_utils.bind_local(server, 0)
@@ -183,7 +188,7 @@ def real_ps():
 def ps_state(core: ParameterServer):
     shard = core.shard
     return (shard.initialized, shard.version, shard.step, {n: v.tobytes() for n, v in shard.params.items()},
-            sorted(core._snapshots), core._learning_rate, core.strategy.grads_to_wait,
+            sorted(core._snapshots), core._learning_rate, core.strategy.grads_to_wait, sorted(shard.non_trainable),
             {n: t.state()[0].tobytes() for n, t in shard.embeddings.items()})
 
 
@@ -220,7 +225,7 @@ def test_fuzzed_ps_requests_are_answered_and_refusals_change_nothing(real_ps, ca
     # Still serving, and still holding the model it was given.
     code, stats = _call(stub, "get_stats", elasticdl_pb2.Empty())
     assert code == grpc.StatusCode.OK and stats.version == core.shard.version
-    assert sorted(core.shard.params) == sorted(MODEL)
+    assert sorted(core.shard.params) == sorted(MODEL) and core.shard.non_trainable == NON_TRAINABLE
 
 
 # ---------------------------------------------------------------- the master

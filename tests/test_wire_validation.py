@@ -65,7 +65,8 @@ def ps_state(core: ParameterServer):
     """What a refused request must leave as it was."""
     shard = core.shard
     return copy.deepcopy((shard.initialized, shard.version, shard.step, shard.params, shard.slots,
-                          core._learning_rate, core.strategy.grads_to_wait, sorted(core._snapshots)))
+                          core._learning_rate, core.strategy.grads_to_wait, sorted(core._snapshots),
+                          shard.non_trainable))
 
 
 def assert_same(a, b):
@@ -79,10 +80,11 @@ def assert_same(a, b):
 class RealPS:
     """A ParameterServer behind a real gRPC server, and a stub to it."""
 
-    def __init__(self, initialize: bool = True, **settings):
+    def __init__(self, initialize: bool = True, non_trainable: dict | None = None, **settings):
         self.core = ParameterServer(PSSettings(**settings), make_optimizer(OptimizerSpec("SGD", {"learning_rate": LR})))
         if initialize:
-            assert self.core.push_model(model()) == (True, 0)
+            state = non_trainable or {}
+            assert self.core.push_model({**model(), **state}, non_trainable=list(state)) == (True, 0)
         self.server = grpc_utils.make_server(max_workers=4)
         grpc_utils.add_service(self.server, "PServer", PServerServicer(self.core))
         port = grpc_utils.bind_local(self.server, 0)
@@ -262,6 +264,106 @@ def test_a_partial_sync_push_averages_the_missing_variables_as_zero():
                                    model()["dense/bias"] - LR * grads()["dense/bias"], rtol=1e-6)
     finally:
         real.close()
+
+
+# ---------------------------------------------------------------- non-trainable changes
+
+MEAN = "bn/moving_mean"
+
+
+@pytest.fixture
+def bn_ps():
+    real = RealPS(use_async=True, non_trainable={MEAN: np.zeros(2, np.float32)})
+    yield real
+    real.close()
+
+
+def push_with_changes(changes: dict, gradients=None) -> elasticdl_pb2.PushGradientsRequest:
+    request = push_request(gradients)
+    request.non_trainable_changes.extend(tensor_codec.encode_dict(changes))
+    return request
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+@pytest.mark.parametrize("changes, gradients, reason", [
+    ({"bn/nope": np.ones(2, np.float32)}, None, "unknown variable 'bn/nope'"),
+    ({"dense/bias": np.ones(2, np.float32)}, {"dense/kernel": grads()["dense/kernel"]}, "which is trainable"),
+    ({MEAN: np.ones(3, np.float32)}, None, "has shape (3,)"),
+    ({MEAN: np.ones((), np.float32)}, None, "has shape ()"),
+    ({MEAN: np.array([1, 2], np.int64)}, None, "dtype int64"),
+    ({MEAN: np.array([np.nan, 0], np.float32)}, None, "NaN or Inf"),
+    ({MEAN: np.array([np.inf, 0], np.float32)}, None, "NaN or Inf"),
+    ({MEAN: np.array([1e300, 0], np.float64)}, None, "beyond float32"),
+    ({}, {**grads(), MEAN: np.ones(2, np.float32)}, "which is non-trainable"),
+])
+def test_a_non_trainable_change_that_does_not_fit_is_refused_and_changes_nothing(
+        bn_ps, streamed, changes, gradients, reason):
+    before = ps_state(bn_ps.core)
+    request = push_with_changes(changes, gradients)
+    if streamed:
+        reply = bn_ps.stub.push_gradients_stream(iter([request]), timeout=10)
+    else:
+        reply = bn_ps.stub.push_gradients(request, timeout=10)
+    assert reply.outcome == elasticdl_pb2.REJECTED_INVALID and reason in reply.reason, reply.reason
+    assert_same(ps_state(bn_ps.core), before)
+
+
+def test_a_name_pushed_as_a_gradient_and_a_change_is_refused(bn_ps):
+    bn_ps.refused("push_gradients", push_with_changes({"dense/bias": np.ones(2, np.float32)}), INVALID,
+                  "appears twice")
+    bad = elasticdl_pb2.Tensor(name=MEAN, dtype="float32", shape=[2], content=b"\0")
+    request = push_request()
+    request.non_trainable_changes.append(bad)
+    bn_ps.refused("push_gradients", request, INVALID, MEAN)
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_change_that_fits_is_added(bn_ps, streamed):
+    request = push_with_changes({MEAN: np.array([1.5, -2], np.float32)})
+    if streamed:
+        reply = bn_ps.stub.push_gradients_stream(iter([request]), timeout=10)
+    else:
+        reply = bn_ps.stub.push_gradients(request, timeout=10)
+    assert reply.applied
+    np.testing.assert_array_equal(bn_ps.core.shard.params[MEAN], [1.5, -2])
+
+
+@pytest.mark.parametrize("non_trainable, contains", [
+    ([MEAN, MEAN], "once"),
+    (["bn/undeclared"], "not among the model's declared"),
+])
+def test_a_model_whose_non_trainable_names_no_worker_sends_is_refused(empty_ps, non_trainable, contains):
+    params = {**model(), MEAN: np.zeros(2, np.float32)}
+    message = model_message(params)
+    message.non_trainable.extend(non_trainable)
+    empty_ps.refused("push_model", message, INVALID, contains)
+    assert not empty_ps.core.shard.initialized
+
+
+def test_the_workers_client_sends_each_change_to_the_ps_holding_it():
+    from elasticdl.model.non_trainable import NonTrainableChange
+    from elasticdl.rpc.ps_client import PSClient
+
+    servers = [RealPS(initialize=False, ps_id=i, num_ps=2, use_async=True) for i in range(2)]
+    try:
+        client = PSClient([s.address for s in servers])
+        params = {f"layer{i}/kernel": np.ones(2, np.float32) for i in range(4)}
+        stats = {f"bn{i}/moving_mean": np.zeros(2, np.float32) for i in range(4)}
+        assert client.push_model({**params, **stats}, non_trainable=list(stats)) == [True, True]
+        for i, server in enumerate(servers):
+            assert server.core.shard.non_trainable == {n for n in stats if ps_for_variable(n, 2) == i}
+        step = {**{n: np.zeros(2, np.float32) for n in params},
+                **{n: NonTrainableChange(np.full(2, k, np.float32)) for k, n in enumerate(stats)}}
+        parts = client.split(step)
+        answers = client.push_gradients(dict(enumerate(parts)), [0, 0], 0.0, worker_id=0)
+        assert all(a.applied for a in answers.values())
+        pulled = {n: v for r in client.pull([-1, -1]) for n, v in r.params.items()}
+        for k, name in enumerate(stats):
+            np.testing.assert_array_equal(pulled[name], [k, k])
+        client.close()
+    finally:
+        for s in servers:
+            s.close()
 
 
 # ---------------------------------------------------------------- push_model

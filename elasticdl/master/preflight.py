@@ -18,6 +18,7 @@ from elasticdl.config.paths import MIN_FREE_BYTES, check_writable_dir
 from elasticdl.data.errors import BadRecord, BadRecordError
 from elasticdl.data.sources import count_records, read_records, record_format, resolve_data_files
 from elasticdl.mode import Mode
+from elasticdl.model.non_trainable import NonTrainableChange
 from elasticdl.model.optimizers import (
     OptimizerSpec,
     UnsupportedOptimizerError,
@@ -76,16 +77,17 @@ def check_job(config: JobConfig, command: str = "train") -> CheckedJob:
 
 
 def _check_room_for_the_model(config: JobConfig, optimizer_spec: OptimizerSpec, trainer) -> None:
-    """--checkpoint_dir has room for one checkpoint of the dense model (its variables and the
-    optimizer's slots), --output for the SavedModel: a full disk fails now, not after training.
-    (config.validate checked that both are writable directories, or creatable.)"""
+    """--checkpoint_dir has room for one checkpoint of the dense model (its variables, the
+    optimizer's slots for the trainable ones), --output for the SavedModel: a full disk fails now,
+    not after training. (config.validate checked that both are writable directories, or creatable.)"""
     parameter_bytes = sum(int(v.numpy().nbytes) for v in trainer.variables.values())
+    state_bytes = sum(int(v.numpy().nbytes) for v in trainer.non_trainable.values())
     slots = len(make_optimizer(optimizer_spec).slot_names)
     if config.checkpoints.checkpoint_dir:
         check_writable_dir("--checkpoint_dir", config.checkpoints.checkpoint_dir,
-                           MIN_FREE_BYTES + parameter_bytes * (1 + slots))
+                           MIN_FREE_BYTES + parameter_bytes * (1 + slots) + state_bytes)
     if config.outputs.output:
-        check_writable_dir("--output", config.outputs.output, MIN_FREE_BYTES + parameter_bytes)
+        check_writable_dir("--output", config.outputs.output, MIN_FREE_BYTES + parameter_bytes + state_bytes)
 
 
 def _check_optimizer(spec: ModelSpec) -> OptimizerSpec:
@@ -185,7 +187,7 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> tu
         raise ModelSpecError(
             f"{spec.module_path}: the gradients of loss(labels, predictions) failed: {describe_error(err)}"
         ) from err
-    if not grads:
+    if all(isinstance(g, NonTrainableChange) for g in grads.values()):  # BatchNorm statistics are no gradient
         raise ModelSpecError(f"{spec.module_path}: the loss has no gradient for any trainable variable.")
     if not trainer.last_step_finite:
         what = f"the loss is {loss_value}" if not math.isfinite(loss_value) else "the gradients hold NaN or Inf"
@@ -195,9 +197,10 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> tu
             "in the model and loss() (e.g. clip probabilities, or use from_logits=True)."
         )
     logger.info(
-        "model checked: %d trainable variables, %d parameters%s",
+        "model checked: %d trainable variables, %d parameters%s%s",
         len(trainer.variables),
         sum(int(v.numpy().size) for v in trainer.variables.values()),
+        f"; {len(trainer.non_trainable)} non-trainable variables" if trainer.non_trainable else "",
         "".join(f"; embedding table {i.name} (rows of {i.dim}) on the parameter servers"
                 for i in trainer.embeddings.infos.values()),
     )

@@ -17,7 +17,8 @@ leaves either the whole file or none (never a partial ``ps-*.npz``). A version d
 is complete when all ``n`` files are there. Restoring reads every file of a version and
 keeps the variables that hash to this PS, so a job may restart on a different number
 of parameter servers. Embedding tables are saved as their ids, rows and per-row slots;
-restoring keeps the rows whose ``id % num_ps`` is this PS.
+restoring keeps the rows whose ``id % num_ps`` is this PS. Non-trainable variables
+(``non_trainable:<name>``) are placed like the trainable ones (``param:<name>``).
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ class ShardState:
     marks: dict[int, int] = field(default_factory=dict)  # task id -> records applied up to this index
     records_applied: int = 0
     term: int = 0
+    # Non-trainable variables (BatchNorm moving statistics): values by name, no slots.
+    non_trainable: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def save_shard(checkpoint_dir: str, ps_id: int, num_ps: int, state: ShardState) -> str:
@@ -133,6 +136,8 @@ def _arrays(state: ShardState) -> dict[str, np.ndarray]:
         arrays[f"param:{name}"] = value
         for slot_name, slot in state.slots.get(name, {}).items():
             arrays[f"slot:{slot_name}:{name}"] = slot
+    for name, value in state.non_trainable.items():
+        arrays[f"non_trainable:{name}"] = value
     for name, table in state.embeddings.items():
         info = {"dim": table.info.dim, "initializer": table.info.initializer}
         arrays[f"embedding_info:{name}"] = np.array(json.dumps(info, sort_keys=True))
@@ -223,6 +228,7 @@ def load_shard(path: str, ps_id: int, num_ps: int) -> ShardState:
     """This PS's part of the checkpoint at ``path`` (re-sharded for ``num_ps``)."""
     version_dir = resolve_checkpoint(path)
     params: dict[str, np.ndarray] = {}
+    non_trainable: dict[str, np.ndarray] = {}
     slots: dict[str, dict[str, np.ndarray]] = {}
     tables: dict[str, list[TableState]] = {}
     version = step = term = 0
@@ -246,6 +252,8 @@ def load_shard(path: str, ps_id: int, num_ps: int) -> ShardState:
                 kind, _, rest = key.partition(":")
                 if kind == "param" and ps_for_variable(rest, num_ps) == ps_id:
                     params[rest] = data[key]
+                elif kind == "non_trainable" and ps_for_variable(rest, num_ps) == ps_id:
+                    non_trainable[rest] = data[key]
                 elif kind == "slot":
                     slot_name, _, name = rest.partition(":")
                     if ps_for_variable(name, num_ps) == ps_id:
@@ -255,7 +263,7 @@ def load_shard(path: str, ps_id: int, num_ps: int) -> ShardState:
         records_applied = min(applied)
     embeddings = {name: _concatenate(parts) for name, parts in tables.items()}
     return ShardState(version=version, step=step, params=params, slots=slots, embeddings=embeddings,
-                      marks=marks, records_applied=records_applied, term=term)
+                      marks=marks, records_applied=records_applied, term=term, non_trainable=non_trainable)
 
 
 def _tables_in(data, ps_id: int, num_ps: int) -> dict[str, TableState]:

@@ -19,6 +19,7 @@ from elasticdl.model.embedding.backends import (
 )
 from elasticdl.model.embedding.swap import DEFAULT_THRESHOLD_MB, swap_large_embeddings, threshold_bytes
 from elasticdl.model.embedding.table import IndexedRows
+from elasticdl.model.non_trainable import NonTrainableChange, lives_on_ps
 from elasticdl.model.spec import DatasetMetadata, ModelSpec, ModelSpecError
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,10 @@ class Trainer:
         self.embeddings = EmbeddingTables(embedding_source)
         with use_embedding_backend(self.embeddings), swap_large_embeddings(threshold_bytes(embedding_swap_threshold_mb)):
             self.model = spec.build_model(model_params)
-        self.variables: dict[str, tf.Variable] = {}
+        self.variables: dict[str, tf.Variable] = {}  # trainable, by path
+        # Non-trainable float variables by path (BatchNorm moving statistics): held by the PS
+        # too; a step sends how it changed them (elasticdl/model/non_trainable.py).
+        self.non_trainable: dict[str, tf.Variable] = {}
         self._built = False
         self._sample_features = None
         self._local_optimizer = None
@@ -104,8 +108,18 @@ class Trainer:
             variables[var.path] = var
         if not variables and not self.embeddings.infos:
             raise ModelSpecError(f"{self.spec.module_path}: the model has no trainable variables.")
+        non_trainable = {}
+        for var in self.model.non_trainable_variables:
+            if not lives_on_ps(var):  # integer state (seed counters) stays with each worker
+                continue
+            if var.path in variables or var.path in non_trainable:
+                raise ModelSpecError(
+                    f"{self.spec.module_path}: two variables are named {var.path!r}; give the layers distinct names."
+                )
+            non_trainable[var.path] = var
         self.variables = variables
-        self._backend_variables = {name: _backend_variable(var) for name, var in variables.items()}
+        self.non_trainable = non_trainable
+        self._backend_variables = {name: _backend_variable(var) for name, var in {**variables, **non_trainable}.items()}
         self._sample_features = features
         self._built = True
         from elasticdl.model.export import record_input_signature
@@ -113,7 +127,8 @@ class Trainer:
         record_input_signature(self.model, features)
 
     def get_params(self) -> dict[str, np.ndarray]:
-        return {name: var.numpy() for name, var in self.variables.items()}
+        """Every variable the PS holds: the trainable ones and the non-trainable float ones."""
+        return {name: var.numpy() for name, var in {**self.variables, **self.non_trainable}.items()}
 
     def set_params(self, params: dict[str, np.ndarray]) -> None:
         for name, value in params.items():
@@ -140,14 +155,24 @@ class Trainer:
         self._local_optimizer.apply_gradients(
             [(tf.convert_to_tensor(grads[name]), var) for name, var in self.variables.items() if name in grads]
         )
+        for name, change in grads.items():
+            if isinstance(change, NonTrainableChange):
+                self._backend_variables[name].assign_add(change.values)
 
-    def compute_gradients(self, features: Any, labels: Any) -> tuple[float, dict[str, np.ndarray | IndexedRows]]:
-        """The loss and the gradients: dense arrays by variable path, ``IndexedRows`` by table name."""
+    def compute_gradients(
+        self, features: Any, labels: Any
+    ) -> tuple[float, dict[str, np.ndarray | IndexedRows | NonTrainableChange]]:
+        """The loss and the gradients: dense arrays by variable path, ``IndexedRows`` by table name,
+        and a ``NonTrainableChange`` for each non-trainable variable the step changed.
+
+        The step leaves the non-trainable variables as they were: they change only by what the
+        PS sends (or ``apply_locally``), so a step computed again starts from the same values.
+        """
         self.embeddings.error = None
         if not self._traced:
             self._trace_any_batch_size(features, labels)
         try:
-            loss, grads, rows, finite = self._train_step(features, labels)
+            loss, grads, rows, changes, changed, finite = self._train_step(features, labels)
         except tf.errors.OpError as err:
             if self.embeddings.error is not None:  # a row lookup failed: raise what it raised
                 raise self.embeddings.error from err
@@ -159,6 +184,9 @@ class Trainer:
         }
         for table, (ids, values) in rows.items():
             out[table] = IndexedRows(ids.numpy(), values.numpy())
+        for name, change, moved in zip(self.non_trainable, changes, changed):
+            if moved:  # a frozen layer's weights never move: nothing to send for them
+                out[name] = NonTrainableChange(np.asarray(change))
         self.last_step_finite = bool(finite)
         return float(loss), out
 
@@ -183,6 +211,9 @@ class Trainer:
         return serving.model
 
     def _train_step_eager(self, features, labels):
+        # Reads and assigns of one variable run in program order inside a tf.function.
+        states = [self._backend_variables[name] for name in self.non_trainable]
+        before = [var.read_value() for var in states]
         with tf.GradientTape() as tape, recording(tape) as recorder:
             predictions = self.model(features, training=True)
             loss = self.spec.loss(labels, predictions)
@@ -192,12 +223,19 @@ class Trainer:
         grads = tape.gradient(loss, variables + recorder.sources)
         dense = [tf.convert_to_tensor(g) if g is not None else None for g in grads[: len(variables)]]
         row_gradients = recorder.row_gradients(grads[len(variables):])
-        return loss, dense, row_gradients, _all_finite(loss, dense, row_gradients)
+        after = [var.read_value() for var in states]
+        changes = [new - old for new, old in zip(after, before)]
+        changed = [tf.reduce_any(tf.not_equal(new, old)) for new, old in zip(after, before)]
+        for var, old in zip(states, before):
+            var.assign(old)
+        finite = _all_finite(loss, dense + changes, row_gradients)
+        return loss, dense, row_gradients, changes, changed, finite
 
 
 def _all_finite(loss, dense, row_gradients):
-    """One boolean for the step: a NaN or Inf anywhere makes the sum of each gradient non-finite
-    (one cheap pass over each, where an elementwise check would allocate a mask per variable)."""
+    """One boolean for the step: a NaN or Inf anywhere makes the sum of each gradient (and each
+    non-trainable change) non-finite (one cheap pass over each, where an elementwise check would
+    allocate a mask per variable)."""
     sums = [tf.reduce_sum(tf.cast(loss, tf.float32))]
     sums += [tf.reduce_sum(tf.cast(g, tf.float32)) for g in dense if g is not None]
     sums += [tf.reduce_sum(tf.cast(values, tf.float32)) for _, values in row_gradients.values()]

@@ -129,8 +129,9 @@ class ParameterServer:
         if self.settings.restore_position:  # this run's own timeline; a user's init is left alone
             self._discard_abandoned(state.version)
         logger.info(
-            "restored %d variables at version %d from %s (%d records applied)",
-            len(state.params), state.version, self.settings.checkpoint_dir_for_init, state.records_applied,
+            "restored %d variables (%d non-trainable) at version %d from %s (%d records applied)",
+            len(state.params) + len(state.non_trainable), len(state.non_trainable), state.version,
+            self.settings.checkpoint_dir_for_init, state.records_applied,
         )
         for name, table in state.embeddings.items():
             logger.info("restored %d rows of embedding table %s", len(table.ids), name)
@@ -139,7 +140,7 @@ class ParameterServer:
         """Replace the whole shard by a checkpoint's (with the lock held)."""
         telemetry, live = self.strategy.telemetry, self.strategy.grads_to_wait
         self.shard = ParameterShard(self.shard.optimizer, ps_id=self.settings.ps_id, num_ps=self.settings.num_ps)
-        self.shard.initialize(state.params, state.version)
+        self.shard.initialize({**state.params, **state.non_trainable}, state.version, state.non_trainable)
         self.shard.step = state.step
         for name, slots in state.slots.items():
             self.shard.slots[name].update(slots)
@@ -219,11 +220,14 @@ class ParameterServer:
             state = self._copy_locked()
         return self._write_checkpoint(state)
 
-    def push_model(self, params: dict[str, np.ndarray], version: int = 0) -> tuple[bool, int]:
+    def push_model(self, params: dict[str, np.ndarray], version: int = 0, non_trainable=()) -> tuple[bool, int]:
+        """Take the first model; ``non_trainable``: the names among ``params`` that are
+        non-trainable state (changed by pushed changes, not by gradients)."""
         with self._lock:
-            accepted = self.shard.initialize(params, version)
+            accepted = self.shard.initialize(params, version, non_trainable)
             if accepted:
-                logger.info("initialized with %d variables at version %d", len(params), version)
+                logger.info("initialized with %d variables (%d non-trainable) at version %d", len(params),
+                            len(self.shard.non_trainable), version)
             return accepted, self.shard.version
 
     def take_snapshot(self, snapshot_id: int) -> int:
@@ -476,14 +480,16 @@ class ParameterServer:
         for name, table in self.shard.embeddings.items():
             ids, rows, slots = table.state()  # copies
             tables[name] = checkpoint.TableState(table.info, ids, rows, slots)
+        held = self.shard.non_trainable
         return checkpoint.ShardState(
             self.shard.version, self.shard.step,
-            {n: v.copy() for n, v in self.shard.params.items()},
+            {n: v.copy() for n, v in self.shard.params.items() if n not in held},
             {n: {s: v.copy() for s, v in slots.items()} for n, slots in self.shard.slots.items()},
             tables,
             marks=dict(self.position.marks),
             records_applied=self.position.records_applied,
             term=self.term,
+            non_trainable={n: self.shard.params[n].copy() for n in held},
         )
 
     def _write_due_checkpoint(self, state: checkpoint.ShardState | None) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 
 from elasticdl.model.checkpoint import CheckpointError, CheckpointWriteError
 from elasticdl.model.embedding.table import EmbeddingError, IndexedRows, TableInfo
+from elasticdl.model.non_trainable import NonTrainableChange
 from elasticdl.model.optimizers import learning_rate_problem
 from elasticdl.model.sharding import ps_for_variable
 from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
@@ -50,10 +51,12 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
     def push_model(self, request, context):
         params = _decode_or_abort(request.dense_parameters, context, writable=True)
         settings = self._server.settings
-        problem = _model_problem(request.version, params, list(request.variables), settings.ps_id, settings.num_ps)
+        declared, non_trainable = list(request.variables), list(request.non_trainable)
+        problem = (_model_problem(request.version, params, declared, settings.ps_id, settings.num_ps)
+                   or _non_trainable_problem(non_trainable, declared))
         if problem:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"model refused: {problem}")
-        accepted, version = self._server.push_model(params, request.version)
+        accepted, version = self._server.push_model(params, request.version, non_trainable)
         return elasticdl_pb2.PushModelResponse(accepted=accepted, version=version)
 
     def pull_dense_parameters(self, request, context):
@@ -78,7 +81,8 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         return self._push(request, _decode_or_abort(request.gradients, context), request.embedding_gradients, context)
 
     def push_gradients_stream(self, request_iterator, context):
-        """The first request carries the header and the embedding rows; every one, tensor pieces."""
+        """The first request carries the header, the embedding rows and the non-trainable changes;
+        every one, tensor pieces (anything else in a later one is ignored)."""
         head, assembler = None, tensor_codec.TensorAssembler()
         try:
             for data in request_iterator:
@@ -100,6 +104,11 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
             if rows.name in grads:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{rows.name!r} appears twice in one push")
             grads[rows.name] = _decode_rows_or_abort(rows, context)
+        for name, change in _decode_or_abort(head.non_trainable_changes, context).items():
+            if name in grads:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"{name!r} appears twice in one push (a gradient and a non-trainable change)")
+            grads[name] = NonTrainableChange(change)
         lr = head.learning_rate if head.learning_rate != 0 else None  # the core refuses a bad one
         # Asked for (a unary push of a small model), the new parameters are written into the
         # reply under the PS lock, as a pull would: the worker then skips its next pull.
@@ -301,6 +310,16 @@ def _check_snapshot_id(snapshot_id: int, context) -> None:
     if snapshot_id <= 0:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                       f"snapshot_id {snapshot_id} is not positive (the master numbers rounds from 1)")
+
+
+def _non_trainable_problem(non_trainable: list[str], declared: list[str]) -> str:
+    """Why a model's `non_trainable` names are not ones a worker sends ('' when they are)."""
+    if len(set(non_trainable)) != len(non_trainable):
+        return "`non_trainable` must name each non-trainable variable once"
+    unknown = sorted(set(non_trainable) - set(declared))
+    if unknown:
+        return f"non-trainable {unknown[:3]} are not among the model's declared `variables`"
+    return ""
 
 
 def _model_problem(version: int, params: dict[str, np.ndarray], declared: list[str], ps_id: int, num_ps: int) -> str:

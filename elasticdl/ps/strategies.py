@@ -12,6 +12,12 @@ on. With ``lr_staleness_modulation`` its learning rate is divided by max(1, stal
 
 Embedding-row gradients (``IndexedRows``) are averaged like dense ones: the rows of all
 pushes of a version are summed per id, then divided by the number of pushes.
+
+Non-trainable changes (``NonTrainableChange``, elasticdl/model/non_trainable.py) ride with the
+gradients: ``DirectUpdatingStrategy`` adds each as it comes; ``AverageUpdatingStrategy``
+averages them like gradients (a push without one counts as 0) and adds the average, which is
+the average of the workers' new values. Staleness never scales them: they are not steps of
+the optimizer.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from elasticdl.model.embedding.table import IndexedRows, RowGradientSum
+from elasticdl.model.non_trainable import NonTrainableChange
 from elasticdl.ps.parameters import ParameterShard
 from elasticdl.rpc.push_outcome import PushOutcome
 
@@ -140,7 +147,7 @@ class AverageUpdatingStrategy(GradientUpdatingStrategy):
         self.configured_grads_to_wait = grads_to_wait
         self.effective_grads_to_wait = grads_to_wait
         self.version_tolerance = version_tolerance
-        self._sums: dict[str, np.ndarray | RowGradientSum] = {}
+        self._sums: dict[str, np.ndarray | RowGradientSum | NonTrainableChange] = {}
         self._count = 0
         self._learning_rate: float | None = None
 
@@ -167,6 +174,13 @@ class AverageUpdatingStrategy(GradientUpdatingStrategy):
         for name, grad in grads.items():
             if isinstance(grad, IndexedRows):
                 self._sums.setdefault(name, RowGradientSum()).add(grad, scale)
+                continue
+            if isinstance(grad, NonTrainableChange):
+                change = self._sums.get(name)
+                if change is None:
+                    self._sums[name] = NonTrainableChange(np.array(grad.values, dtype=np.float32))
+                else:
+                    change.values[...] += grad.values
                 continue
             acc = self._sums.get(name)
             if acc is None:
@@ -196,6 +210,8 @@ class AverageUpdatingStrategy(GradientUpdatingStrategy):
         for name, acc in self._sums.items():
             if isinstance(acc, RowGradientSum):
                 self._sums[name] = acc.mean(self._count)
+            elif isinstance(acc, NonTrainableChange):
+                acc.values[...] *= inverse
             else:
                 acc *= inverse
         shard.apply(self._sums, self._learning_rate)

@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 
 from elasticdl.model.embedding.table import EmbeddingError, IndexedRows, TableInfo
+from elasticdl.model.non_trainable import NonTrainableChange
 from elasticdl.model.sharding import partition_ids, ps_for_variable
 from elasticdl.proto import elasticdl_pb2
 from elasticdl.rpc import codec as tensor_codec
@@ -172,9 +173,10 @@ class PSClient:
             self._pull_bytes[ps] = sum(a.nbytes for a in params.values())
         return PullResult(head.initialized, head.version, params)
 
-    def push_model(self, params: dict[str, np.ndarray], version: int = 0) -> list[bool]:
-        """Give every PS its part of the model; each checks it got all of its part of ``params``."""
-        head = elasticdl_pb2.Model(version=version, variables=sorted(params))
+    def push_model(self, params: dict[str, np.ndarray], version: int = 0, non_trainable=()) -> list[bool]:
+        """Give every PS its part of the model; each checks it got all of its part of ``params``.
+        ``non_trainable``: the names among ``params`` that are non-trainable state."""
+        head = elasticdl_pb2.Model(version=version, variables=sorted(params), non_trainable=sorted(non_trainable))
         futures = [
             stub.push_model.future(tensor_codec.serialize_with_tensors(head, _MODEL_TENSORS_FIELD, part))
             for stub, part in zip(self._stubs, self.split(params))
@@ -205,13 +207,17 @@ class PSClient:
         self, ps: int, part: dict, version: int, learning_rate: float, worker_id: int, want_parameters: bool,
         batch: BatchPosition | None = None,
     ) -> PushAnswer:
-        """Dense gradients larger than STREAM_ABOVE_BYTES stream in 1 MB messages."""
-        dense = {n: v for n, v in part.items() if not isinstance(v, IndexedRows)}
+        """Dense gradients larger than STREAM_ABOVE_BYTES stream in 1 MB messages (the non-trainable
+        changes, small, go in the first)."""
+        dense = {n: v for n, v in part.items() if not isinstance(v, (IndexedRows, NonTrainableChange))}
         head = elasticdl_pb2.PushGradientsRequest(
             worker_id=worker_id,
             version=version,
             learning_rate=learning_rate,
             embedding_gradients=[_encode_rows(n, v) for n, v in part.items() if isinstance(v, IndexedRows)],
+            non_trainable_changes=[
+                tensor_codec.encode(n, v.values) for n, v in part.items() if isinstance(v, NonTrainableChange)
+            ],
         )
         if batch is not None:
             head.task_id, head.handout = batch.task_id, batch.handout

@@ -431,18 +431,19 @@ class Worker:
                     "the parameter servers hold no model: evaluate and predict need "
                     "--checkpoint_dir_for_init"
                 )
-            accepted = self.ps.push_model(self.trainer.get_params())
+            accepted = self.ps.push_model(self.trainer.get_params(), non_trainable=self.trainer.non_trainable)
             if any(accepted):
                 logger.info("initialized the parameter servers with this worker's model")
         if self.trainer.embeddings.infos:  # idempotent: restored tables keep their rows
             self.ps.push_embedding_table_infos(list(self.trainer.embeddings.infos.values()))
         self._pull(everything=True)
         held = set().union(*(p.params for p in self.ps.pull([-1] * self.ps.num_ps)))
-        missing = sorted(set(self.trainer.variables) - held)
+        missing = sorted(set(self.trainer.variables).union(self.trainer.non_trainable) - held)
         if missing:
             raise RuntimeError(
                 f"the parameter servers do not hold {missing[:5]}: was the model changed "
-                "since the checkpoint in --checkpoint_dir_for_init was made?"
+                "since the checkpoint in --checkpoint_dir_for_init was made? (A checkpoint written "
+                "before non-trainable variables lived on the parameter servers holds none of them.)"
             )
 
     def _pull(self, everything: bool = False) -> None:
@@ -453,7 +454,7 @@ class Worker:
         if empty and self.may_initialize_ps and self.trainer.built:
             # A PS relaunched without a checkpoint: give it our copy of its variables.
             logger.warning("PS %s came back empty; re-initializing it with this worker's parameters", empty)
-            self.ps.push_model(self.trainer.get_params())
+            self.ps.push_model(self.trainer.get_params(), non_trainable=self.trainer.non_trainable)
             if self.trainer.embeddings.infos:  # its tables too; their rows start over (docs/embeddings.md)
                 self.ps.push_embedding_table_infos(list(self.trainer.embeddings.infos.values()))
             results = self.ps.pull(list(request.versions))
