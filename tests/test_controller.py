@@ -11,7 +11,7 @@ from elasticdl.launch.api import ProcessExit
 from elasticdl.master import controller as c
 from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
 from elasticdl.master.instance_manager import InstanceManager, Launch, Priority, Stop
-from elasticdl.master.task_manager import Task, TaskManager, TaskType
+from elasticdl.master.task_manager import NoTask, Task, TaskManager, TaskType
 
 
 class FakeClock:
@@ -42,14 +42,14 @@ def shards(tasks: int, records: int = 10) -> list[Shard]:
 
 
 def make(command="train", workers=2, epochs=2, tasks=2, evaluation_steps=0, with_eval=False, sync=False,
-         relaunch_limit=3, max_ps_relaunches=3, max_bad_records=0, max_task_retries=3):
+         relaunch_limit=3, max_ps_relaunches=3, max_bad_records=0, max_task_retries=3, waits=False):
     clock = FakeClock()
     ps = FakePS()
     main = None
     if command in ("train", "predict"):
         main = TaskManager(shards(tasks), num_epochs=epochs if command == "train" else 1, clock=clock,
                            shuffle=False, task_type=TaskType.TRAINING if command == "train" else TaskType.PREDICTION,
-                           max_task_retries=max_task_retries)
+                           max_task_retries=max_task_retries, gate_epochs=command == "train")
     evaluation = None
     if with_eval or command == "evaluate":
         evaluation = EvaluationService(shards(1), metrics_fn=dict, snapshot=ps.take_snapshot,
@@ -58,7 +58,7 @@ def make(command="train", workers=2, epochs=2, tasks=2, evaluation_steps=0, with
     dispatcher = TaskDispatcher(main, evaluation)
     ctl = c.Controller(command, dispatcher, InstanceManager(workers, relaunch_limit=relaunch_limit),
                        sync_mode=sync, evaluation_steps=evaluation_steps, max_ps_relaunches=max_ps_relaunches,
-                       clock=clock, max_bad_records=max_bad_records)
+                       clock=clock, max_bad_records=max_bad_records, wait_for_epoch_callbacks=waits)
     return ctl, dispatcher, ps, clock
 
 
@@ -86,11 +86,16 @@ def exit_of(index: int, code: int = 0, role: str = "worker", tail: str = "") -> 
 
 
 def answer(ctl: c.Controller, decisions) -> list:
-    """Carry out the decisions the way the job does: EndEpoch is answered by EpochEnded."""
+    """Carry out the decisions the way the job does: EndEpoch is answered by EpochEnded,
+    FireEpochEnd by EpochEndFired, and OpenEpoch opens the epoch in the ledger."""
     out = []
     for decision in decisions:
         if isinstance(decision, c.EndEpoch):
             out += answer(ctl, ctl.step(c.EpochEnded(decision.epoch)))
+        elif isinstance(decision, c.FireEpochEnd):
+            out += answer(ctl, ctl.step(c.EpochEndFired(decision.epoch)))
+        elif isinstance(decision, c.OpenEpoch):
+            ctl.tasks.open_epoch(decision.epoch)
     return list(decisions) + out
 
 
@@ -121,14 +126,14 @@ def test_an_epoch_end_fires_callbacks_then_the_next_epoch_begins():
     assert of(report(ctl, dispatcher, first, 0), c.EndEpoch) == []  # one task of two: no epoch end yet
     second = take(dispatcher, 0)
     decisions = report(ctl, dispatcher, second, 0)
-    # Epoch 0 ends only once epoch 1 has started (its first task handed out).
-    assert of(decisions, c.EndEpoch) == []
-    take(dispatcher, 0)
-    decisions = ctl.step(c.Tick())
+    # Epoch 0 ends with its last report; epoch 1's tasks wait until the master opens it.
     assert of(decisions, c.EndEpoch) == [c.EndEpoch(0, final=False, sync_model=True)]
+    assert dispatcher.get_task(0) is NoTask.WAIT
     assert of(ctl.step(c.Tick()), c.EndEpoch) == []  # not asked twice
-    assert ctl.step(c.EpochEnded(0)) == [c.FireEpochEnd(0), c.FireEpochBegin(1)]
+    assert ctl.step(c.EpochEnded(0)) == [c.FireEpochEnd(0), c.FireEpochBegin(1), c.OpenEpoch(1)]
     assert ctl.epoch_done == 0
+    ctl.tasks.open_epoch(1)
+    assert take(dispatcher, 0).epoch == 1
 
 
 def test_the_job_finishes_when_the_last_epoch_ended_and_every_worker_left():
@@ -373,22 +378,47 @@ def test_epoch_end_rounds_queue_behind_a_running_round_and_fire_callbacks_on_the
     ps.version = 5
     ctl.step(c.VersionReported(5))  # a versions round takes the evaluator
     assert ctl.evaluation.current.reason == "every 5 versions"
-    report(ctl, dispatcher, training, 0)
     evaluation_task = take(dispatcher, 1)
     assert evaluation_task.type == TaskType.EVALUATION
-    take(dispatcher, 0)  # epoch 1 starts: epoch 0 is complete
-    decisions = answer(ctl, ctl.step(c.Tick()))
+    ps.version = 6
+    decisions = answer(ctl, report(ctl, dispatcher, training, 0))  # epoch 0 is complete
     assert of(decisions, c.EndEpoch) == [c.EndEpoch(0, final=False, sync_model=False)]
     assert of(decisions, c.FireEpochBegin) == [c.FireEpochBegin(1)]
     assert of(decisions, c.FireEpochEnd) == []  # after its round
+    assert ps.snapshots == [1, 2]  # the epoch's snapshot is taken at its end, not when its round starts
     assert ctl.evaluation.current.round_id == 1  # the epoch's round waits
+    take(dispatcher, 0)  # epoch 1 trains meanwhile
     ps.version = 7
     decisions = report(ctl, dispatcher, evaluation_task, 1)
     assert of(decisions, c.DropSnapshot) == [c.DropSnapshot(1)]
-    assert ctl.evaluation.current.reason == "epoch 1" and ctl.evaluation.current.model_version == 7
+    assert ctl.evaluation.current.reason == "epoch 1" and ctl.evaluation.current.model_version == 6
     decisions = run_round(ctl, dispatcher, worker=1)
     assert of(decisions, c.FireEpochEnd) == [c.FireEpochEnd(0, {}, snapshot=2)]
     assert of(decisions, c.DropSnapshot) == [c.DropSnapshot(2)]
+
+
+def test_with_early_stopping_the_next_epoch_waits_for_the_epochs_callbacks():
+    ctl, dispatcher, ps, _ = make(workers=1, epochs=3, tasks=1, with_eval=True, waits=True)
+    ctl.start()
+    decisions = answer(ctl, report(ctl, dispatcher, take(dispatcher, 0), 0))
+    assert of(decisions, c.FireEpochBegin) == [] and of(decisions, c.OpenEpoch) == []
+    evaluation_task = take(dispatcher, 0)
+    assert evaluation_task.type == TaskType.EVALUATION
+    assert dispatcher.get_task(0) is NoTask.WAIT  # epoch 1 is not open: the callbacks did not see epoch 0
+    decisions = report(ctl, dispatcher, evaluation_task, 0)  # the round's only task
+    assert of(decisions, c.FireEpochEnd) == [c.FireEpochEnd(0, {}, snapshot=1)]
+    assert of(decisions, c.OpenEpoch) == []
+    # The job answers FireEpochEnd once the callbacks ran; the next epoch opens only then.
+    assert ctl.step(c.EpochEndFired(0)) == [c.FireEpochBegin(1), c.OpenEpoch(1)]
+    ctl.tasks.open_epoch(1)
+    training = take(dispatcher, 0)
+    assert training.epoch == 1
+    answer(ctl, report(ctl, dispatcher, training, 0))
+    decisions = report(ctl, dispatcher, take(dispatcher, 0), 0)
+    assert of(decisions, c.FireEpochEnd) == [c.FireEpochEnd(1, {}, snapshot=2)]
+    ctl.step(c.StopRequested("EarlyStopping: accuracy has not improved for 1 epoch"))  # the callback's answer
+    assert of(ctl.step(c.EpochEndFired(1)), c.OpenEpoch) == []  # stopped: epoch 2 never opens
+    assert ctl.tasks.finished and len(ctl.tasks.epochs) == 2
 
 
 def test_the_job_waits_for_the_final_round_before_workers_get_end():

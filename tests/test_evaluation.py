@@ -200,7 +200,8 @@ def test_early_stopping_and_learning_rate_scheduler_act_on_the_job():
     assert job.learning_rates == [0.1, 0.05, 0.1 / 3]
     for epoch, accuracy in enumerate([0.8, 0.9, 0.85, 0.88]):
         callbacks.on_epoch_end(epoch, {"accuracy": accuracy})
-    assert "accuracy has not improved for 2 epochs" in job.stopped
+    # As Keras's: patience 1 stops at the first epoch that did not improve (0.85), once.
+    assert job.stopped == "EarlyStopping: accuracy has not improved for 1 epoch (best 0.9000)"
     with pytest.raises(ValueError, match="`mode` must be"):
         EarlyStopping(mode="up")
 

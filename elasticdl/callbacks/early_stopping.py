@@ -6,13 +6,18 @@ import logging
 
 import numpy as np
 
-from elasticdl.callbacks.callback import Callback
+from elasticdl.callbacks.callback import Callback, better_direction
 
 logger = logging.getLogger(__name__)
 
 
 class EarlyStopping(Callback):
-    """Ends training after ``patience`` epochs without improvement of ``monitor``.
+    """Ends training after ``patience`` epochs without improvement of ``monitor`` (as Keras's
+    EarlyStopping: ``patience=2`` stops after the second epoch in a row that did not improve;
+    0 or 1 after the first).
+
+    The next epoch starts only once this callback saw the epoch's evaluation, so a stop drops
+    every task of the epochs after it (docs/evaluation.md#callbacks says what that costs).
 
     ``monitor`` names a key of the epoch logs: ``loss`` or an eval metric (e.g.
     ``accuracy``). The job then stops cleanly: tasks in progress finish, the final
@@ -27,14 +32,12 @@ class EarlyStopping(Callback):
 
     def __init__(self, monitor: str = "loss", min_delta: float = 0.0, patience: int = 0, mode: str = "auto"):
         super().__init__()
-        if mode not in ("auto", "min", "max"):
-            raise ValueError(f"`mode` must be 'auto', 'min' or 'max'. Received: mode={mode!r}")
         if patience < 0:
             raise ValueError(f"`patience` must be 0 or more. Received: patience={patience}")
         self.monitor = monitor
         self.min_delta = abs(min_delta)
         self.patience = patience
-        self.mode = mode if mode != "auto" else ("min" if "loss" in monitor or "error" in monitor else "max")
+        self.mode = better_direction(monitor, mode)
         self.best = np.inf if self.mode == "min" else -np.inf
         self.wait = 0
         self.stopped_epoch: int | None = None
@@ -56,9 +59,9 @@ class EarlyStopping(Callback):
             self.best, self.wait = value, 0
             return
         self.wait += 1
-        if self.wait > self.patience and self.stopped_epoch is None:
+        if self.wait >= max(1, self.patience) and self.stopped_epoch is None:
             self.stopped_epoch = epoch
-            reason = f"EarlyStopping: {self.monitor} has not improved for {self.wait} epochs (best {self.best:.4f})"
+            reason = f"EarlyStopping: {self.monitor} has not improved for {self.wait} epoch{'s' if self.wait > 1 else ''} (best {self.best:.4f})"
             if self.job is not None:
                 self.job.stop_training(reason)
             elif self.model is not None:

@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from elasticdl.callbacks.callback import Callback
+from elasticdl.callbacks.callback import Callback, better_direction
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ class ModelCheckpoint(Callback):
         super().__init__()
         self.filepath = filepath
         self.monitor = monitor
-        self.mode = mode if mode != "auto" else ("min" if "loss" in monitor or "error" in monitor else "max")
+        self.mode = better_direction(monitor, mode)
         self.save_best_only = save_best_only
         self.best = np.inf if self.mode == "min" else -np.inf
         self.best_version: int | None = None
@@ -42,7 +42,8 @@ class ModelCheckpoint(Callback):
             if not better:
                 return
             self.best = value
-        version = self.job.model_version if self.job is not None else epoch
+        # The version whose parameters (and metrics) the callbacks see, not the PS's newer one.
+        version = self.job.params_version if self.job is not None else epoch
         path = self.filepath.format(epoch=epoch + 1, version=version)
         self.job.export(os.fspath(path))
         self.best_version = version

@@ -27,7 +27,7 @@ from elasticdl.data.errors import BadRecordError
 from elasticdl.errors import ElasticDLError, TrainingDivergedError
 from elasticdl.launch.api import ProcessExit
 from elasticdl.master.clocks import WorkerClocks
-from elasticdl.master.evaluation_service import EvaluationResult, EvaluationService, TaskDispatcher
+from elasticdl.master.evaluation_service import EvaluationResult, EvaluationService, FrozenSnapshot, TaskDispatcher
 from elasticdl.master.instance_manager import GiveUp, InstanceManager, Launch, Stop
 
 logger = logging.getLogger(__name__)
@@ -38,6 +38,10 @@ MAX_PS_RELAUNCHES = 3
 # long. A worker between two tasks is not gone; told at once, the PS would apply a version with
 # fewer gradients and refuse that worker's next one as stale.
 LIVE_WORKERS_SETTLE_SECONDS = 1.0
+# Epoch ends whose snapshot is taken at once while rounds queue up behind a slow one; later
+# ones take theirs when they start. With the running round's, that stays below the PS's limit
+# (MAX_SNAPSHOTS in elasticdl/ps/server.py evicts the oldest past 4).
+MAX_FROZEN_ROUNDS = 2
 
 
 class PSUnavailable(Exception):
@@ -101,6 +105,13 @@ class EpochEnded:
 
 
 @dataclass(frozen=True)
+class EpochEndFired:
+    """The job carried out ``FireEpochEnd`` (and what the callbacks asked, e.g. to stop)."""
+
+    epoch: int
+
+
+@dataclass(frozen=True)
 class EpochEndDeferred:
     """``EndEpoch`` found a PS unreachable (relaunching): nothing was done, ask again later."""
 
@@ -125,7 +136,7 @@ class PSRelaunched:
 
 Event = (
     Tick | RoleExited | TaskReported | VersionReported | ScaleRequested | StopRequested | StoreLost
-    | EpochEnded | EpochEndDeferred | LiveWorkersNotTold | PSRelaunched
+    | EpochEnded | EpochEndDeferred | LiveWorkersNotTold | PSRelaunched | EpochEndFired
 )
 
 
@@ -174,6 +185,14 @@ class FireEpochEnd:
 
 
 @dataclass(frozen=True)
+class OpenEpoch:
+    """Hand out the epoch's training tasks (after ``FireEpochBegin``: a learning rate set by
+    epoch applies to all of them)."""
+
+    epoch: int
+
+
+@dataclass(frozen=True)
 class VersionChanged:
     """Tell callbacks (``on_model_version``) and TensorBoard about a new model version."""
 
@@ -214,7 +233,7 @@ class Fail:
 
 Decision = (
     Launch | Stop | RelaunchPS | TellLiveWorkers | EndEpoch | FireEpochBegin | FireEpochEnd | VersionChanged
-    | RecordEvaluation | DropSnapshot | SaveLedger | Finish | Fail
+    | RecordEvaluation | DropSnapshot | SaveLedger | Finish | Fail | OpenEpoch
 )
 
 
@@ -263,6 +282,7 @@ class Controller:
         keeps_ledger: bool = True,
         clock: Callable[[], float] = time.monotonic,
         max_bad_records: int = 0,
+        wait_for_epoch_callbacks: bool = False,
     ):
         self.command = command
         self.dispatcher = dispatcher
@@ -278,6 +298,9 @@ class Controller:
         # Bad records the workers may skip in the whole job (none in predict: the outputs
         # would no longer line up with the inputs).
         self.max_bad_records = max_bad_records if command != "predict" else 0
+        # An EarlyStopping callback is present: the next epoch starts only once the callbacks
+        # saw this epoch's evaluation, so that a stop drops the next epoch's tasks.
+        self.wait_for_epoch_callbacks = wait_for_epoch_callbacks and command == "train"
 
         self.workers: set[int] = set()  # launched and not exited yet
         self.failures: list[ProcessExit] = []  # workers that exited non-zero
@@ -286,15 +309,17 @@ class Controller:
         self.rollbacks: list[PSRollback] = []
         self.stop_reason = ""
         self.epoch_done = -1  # the last training epoch whose end was handled
+        self._opened = self.tasks.epoch if self.tasks is not None else 0  # the last epoch whose tasks were opened
         self._ending: EndEpoch | None = None  # issued, its outcome not back yet
-        self._eval_queue: list[tuple[str, int | None]] = []  # (reason, epoch) waiting to start
+        # (reason, epoch, snapshot taken at the epoch's end) waiting to start
+        self._eval_queue: list[tuple[str, int | None, FrozenSnapshot | None]] = []
         self._round_epochs: dict[int, int | None] = {}
         self._live_workers_told = -1
         self._fewer_live_since: float | None = None
         self._saved_seq = -1
         self.outcome: Finish | Fail | None = None
         if command == "evaluate":
-            self._eval_queue.append(("evaluate", None))
+            self._eval_queue.append(("evaluate", None, None))
 
     # ------------------------------------------------------------ entry points
 
@@ -346,6 +371,9 @@ class Controller:
                 return [Fail(f"the job state in etcd cannot be trusted any more: {reason}")]
             case EpochEnded(epoch=epoch):
                 return self._on_epoch_ended(epoch)
+            case EpochEndFired(epoch=epoch):
+                if self.wait_for_epoch_callbacks:
+                    return self._next_epoch(epoch)
             case EpochEndDeferred(epoch=epoch):
                 logger.info("end of epoch %d waits for a restarting PS", epoch + 1)
                 self._ending = None
@@ -375,7 +403,12 @@ class Controller:
         if self.evaluation is not None and self.evaluation.busy:
             self.evaluation.suspend()  # its snapshot died with the PS: run the round again once it is back
         self._live_workers_told = -1  # the new PS knows nothing yet
-        return [RelaunchPS(exit_)]
+        decisions: list[Decision] = [RelaunchPS(exit_)]
+        for i, (reason, epoch, frozen) in enumerate(self._eval_queue):
+            if frozen is not None:  # it died with the PS too: such a round takes its snapshot when it starts
+                self._eval_queue[i] = (reason, epoch, None)
+                decisions.append(DropSnapshot(frozen.round_id, best_effort=True))
+        return decisions
 
     def _on_version(self, version: int) -> list[Decision]:
         # Monotone: worker reports and PS polls arrive out of order; a PS restored from a
@@ -392,12 +425,26 @@ class Controller:
         self.epoch_done = epoch
         decisions: list[Decision] = []
         if self.evaluation is not None:
-            self._eval_queue.append(("final" if ending.final else f"epoch {epoch + 1}", epoch))
+            frozen = None
+            try:  # the model as this epoch left it, even when a round is still running
+                if sum(f is not None for _, _, f in self._eval_queue) < MAX_FROZEN_ROUNDS:
+                    frozen = self.evaluation.freeze()
+            except PSUnavailable:
+                pass  # a PS is restarting: the round takes its snapshot when it starts
+            self._eval_queue.append(("final" if ending.final else f"epoch {epoch + 1}", epoch, frozen))
         else:
             decisions.append(FireEpochEnd(epoch))
-        if epoch < self.tasks.epoch:
-            decisions.append(FireEpochBegin(epoch + 1))
+        if not self.wait_for_epoch_callbacks:
+            decisions += self._next_epoch(epoch)
         return decisions
+
+    def _next_epoch(self, epoch: int) -> list[Decision]:
+        """After epoch ``epoch``'s end (with ``wait_for_epoch_callbacks``, its callbacks): the
+        next epoch's callbacks, then its tasks."""
+        if self.stop_reason or epoch + 1 >= self.tasks.num_epochs or epoch + 1 <= self._opened:
+            return []
+        self._opened = epoch + 1
+        return [FireEpochBegin(epoch + 1), OpenEpoch(epoch + 1)]
 
     def _stop_training(self, reason: str) -> None:
         if self.command == "train" and not self.stop_reason:
@@ -489,7 +536,7 @@ class Controller:
         if self._ending is not None:
             return None
         finished = self.tasks.finished
-        last_complete = self.tasks.epoch if finished else self.tasks.epoch - 1
+        last_complete = self.tasks.epoch if finished or self.tasks.between_epochs else self.tasks.epoch - 1
         if self.epoch_done >= last_complete:
             return None
         epoch = self.epoch_done + 1
@@ -518,8 +565,8 @@ class Controller:
             decisions.append(DropSnapshot(result.round_id))
         try:
             if not evaluation.busy and self._eval_queue:
-                reason, epoch = self._eval_queue[0]
-                self._round_epochs[evaluation.start(reason).round_id] = epoch
+                reason, epoch, frozen = self._eval_queue[0]
+                self._round_epochs[evaluation.start(reason, frozen).round_id] = epoch
                 self._eval_queue.pop(0)
             elif evaluation.due(self.model_version):
                 self._round_epochs[evaluation.start(f"every {self.evaluation_steps} versions").round_id] = None

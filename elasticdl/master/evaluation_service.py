@@ -46,6 +46,14 @@ class EvaluationRound:
 
 
 @dataclass(frozen=True)
+class FrozenSnapshot:
+    """A snapshot taken for a round that starts later (an epoch ended while a round ran)."""
+
+    round_id: int
+    model_version: int
+
+
+@dataclass(frozen=True)
 class EvaluationResult:
     round_id: int
     model_version: int
@@ -100,17 +108,26 @@ class EvaluationService:
             and now - self._last_start >= self._throttle
         )
 
-    def start(self, reason: str) -> EvaluationRound:
-        """Called by the job loop alone; the snapshot is taken without holding the lock."""
+    def freeze(self) -> FrozenSnapshot:
+        """Take a round's snapshot now (an epoch ended), to evaluate once the running round is
+        done: the round evaluates the model as it was at the epoch's end, not when the workers
+        are next free. Raises what the snapshot call raises (a PS restarting)."""
+        round_id = self._next_round
+        version = self._snapshot(round_id)  # may raise: the id is not used up
+        self._next_round += 1
+        return FrozenSnapshot(round_id, version)
+
+    def start(self, reason: str, frozen: FrozenSnapshot | None = None) -> EvaluationRound:
+        """Called by the job loop alone; the snapshot (unless ``frozen`` holds one taken earlier)
+        is taken without holding the lock."""
         if self.current is not None:
             raise RuntimeError("an evaluation round is already running")
-        round_id = self._next_round
-        version = self._snapshot(round_id)  # may raise (a PS restarting): the id is not used up
+        if frozen is None:
+            frozen = self.freeze()
         with self._lock:
-            return self._begin(round_id, version, reason)
+            return self._begin(frozen.round_id, frozen.model_version, reason)
 
     def _begin(self, round_id: int, version: int, reason: str) -> EvaluationRound:
-        self._next_round += 1
         tasks = TaskManager(
             self._shards,
             num_epochs=1,
@@ -142,11 +159,10 @@ class EvaluationService:
         lost = self.current
         if lost is None:
             raise RuntimeError("no evaluation round to restart")
-        round_id = self._next_round
-        version = self._snapshot(round_id)  # may raise: the lost round stays, suspended
+        frozen = self.freeze()  # may raise: the lost round stays, suspended
         with self._lock:
             self.current = None
-            self._begin(round_id, version, lost.reason if lost.reason.endswith(_AGAIN) else lost.reason + _AGAIN)
+            self._begin(frozen.round_id, frozen.model_version, lost.reason if lost.reason.endswith(_AGAIN) else lost.reason + _AGAIN)
         return lost.round_id
 
     def get_task(self, worker_id: int) -> Task | None:

@@ -80,6 +80,7 @@ class Job:
                 seed=cfg.data.shuffle_seed,
                 task_type=TaskType.TRAINING if command == "train" else TaskType.PREDICTION,
                 shuffle=command == "train",
+                gate_epochs=command == "train",  # the controller opens each epoch (OpenEpoch)
             )
         records = sum(n for _, n in checked.files)
         self.progress = TrainingProgress(records, cfg.training.num_epochs if command == "train" else 1)
@@ -103,6 +104,7 @@ class Job:
         self._ps = None  # the master's own PSClient
         self._trainer = None
         self._model = None  # the master's copy of the model (callbacks, export)
+        self._model_params_version = 0  # the model version of the parameters in self._model
         self.callbacks = None
         self.tensorboard = None
         self._epoch_loss_mark = (0.0, 0)
@@ -117,6 +119,11 @@ class Job:
     @property
     def model_version(self) -> int:
         return self.controller.model_version if self.controller is not None else 0
+
+    @property
+    def params_version(self) -> int:
+        """The model version of the parameters the callbacks see (an epoch's evaluated snapshot)."""
+        return self._model_params_version
 
     def stop_training(self, reason: str) -> None:
         self._follow_ups.append(c.StopRequested(reason))
@@ -330,15 +337,21 @@ class Job:
 
             self.tensorboard = TensorBoardWriter(cfg.outputs.tensorboard_log_dir)
             logger.info("TensorBoard: tensorboard --logdir %s", cfg.outputs.tensorboard_log_dir)
+        user_callbacks = []
+        if self.command == "train" and self.checked.spec.callbacks:
+            user_callbacks = self.checked.spec.callbacks()
         self.controller = c.Controller(
             self.command, self.dispatcher, self.instances, self.clocks,
             sync_mode=not cfg.consistency.use_async, evaluation_steps=cfg.evaluation.evaluation_steps,
             keeps_ledger=self.state.keeps_ledger, max_bad_records=cfg.data.max_bad_records,
+            wait_for_epoch_callbacks=_stops_early(user_callbacks),
         )
+        if self.controller.wait_for_epoch_callbacks and self.evaluation is not None:
+            logger.info("an EarlyStopping callback is present: each epoch starts once the callbacks saw "
+                        "the evaluation of the one before (the workers evaluate meanwhile, not train)")
         if self.command == "train":
             from elasticdl.callbacks import CallbackList
 
-            user_callbacks = self.checked.spec.callbacks() if self.checked.spec.callbacks else []
             self.callbacks = CallbackList(user_callbacks, model=self._model, job=self)
             self.callbacks.on_train_begin()
             self.callbacks.on_epoch_begin(0)
@@ -453,10 +466,18 @@ class Job:
                 return self._stop_flag()
             case c.FireEpochEnd(epoch=epoch, metrics=metrics, snapshot=snapshot):
                 if snapshot:
+                    version = 0
                     for pulled in self._ps.pull_snapshot(snapshot):
                         self._trainer.set_params(pulled.params)
+                        version = max(version, pulled.version)
+                    self._model_params_version = version  # ModelCheckpoint names this version
                 self.callbacks.on_epoch_end(epoch, {**self._epoch_logs(), **metrics})
-                return self._stop_flag()
+                # What the callbacks asked (a stop) before the answer: the next epoch opens after it.
+                answers = self._stop_flag() + list(self._follow_ups)
+                self._follow_ups.clear()
+                return answers + [c.EpochEndFired(epoch)]
+            case c.OpenEpoch(epoch=epoch):
+                self.main_tasks.open_epoch(epoch)
             case c.VersionChanged(version=version):
                 return self._on_version(version)
             case c.RecordEvaluation(result=result):
@@ -616,6 +637,7 @@ class Job:
         for pulled in self._ps.pull([-1] * self._ps.num_ps):
             self._trainer.set_params(pulled.params)
             version = max(version, pulled.version)
+        self._model_params_version = version
         return version
 
     # ------------------------------------------------------------ reporting
@@ -692,3 +714,12 @@ class Job:
                 "metrics of version %d: %s", last.model_version,
                 ", ".join(f"{k}={v:.4f}" for k, v in last.metrics.items()),
             )
+
+
+def _stops_early(callbacks) -> bool:
+    """An early-stopping callback (ElasticDL's or Keras's) is among ``callbacks``."""
+    import keras
+
+    from elasticdl.callbacks import EarlyStopping
+
+    return any(isinstance(cb, EarlyStopping | keras.callbacks.EarlyStopping) for cb in callbacks)

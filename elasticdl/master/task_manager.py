@@ -125,6 +125,7 @@ class TaskManager:
         shuffle: bool = True,
         clock: Callable[[], float] = time.monotonic,
         first_task_id: int = 0,
+        gate_epochs: bool = False,
     ):
         if not shards:
             raise ValueError("no records to train on: every data file is empty")
@@ -139,6 +140,10 @@ class TaskManager:
         self._lock = threading.Lock()
         self._next_id = first_task_id
         self._stopped = False
+        # With gate_epochs, epoch N+1's tasks are handed out only once the master opened it
+        # (``open_epoch``): its end is handled first (the evaluation snapshot, and, with an
+        # EarlyStopping callback, the epoch's evaluation and callbacks). None: no gate.
+        self._opened: int | None = 0 if gate_epochs else None
         self.seq = 0  # bumped by every change: the job loop saves the ledger when it moves
         self._todo: deque[Task] = deque()
         self._doing: dict[int, _Doing] = {}
@@ -154,6 +159,8 @@ class TaskManager:
         with self._lock:
             self._requeue_timed_out()
             if not self._todo and not self._doing:
+                if self._gate_closed():
+                    return NoTask.WAIT  # the master is still handling the end of this epoch
                 if not self._advance_epoch():
                     return NoTask.END
             if not self._todo:
@@ -269,6 +276,19 @@ class TaskManager:
             self._stopped = True
             self.seq += 1
             return dropped
+
+    def open_epoch(self, epoch: int) -> None:
+        """Let epoch ``epoch``'s tasks be handed out (``gate_epochs``; a no-op without the gate)."""
+        with self._lock:
+            if self._opened is not None and epoch > self._opened:
+                self._opened = epoch
+                self.seq += 1
+
+    @property
+    def between_epochs(self) -> bool:
+        """Every task of the current epoch is done and the next one has not started."""
+        with self._lock:
+            return not self._todo and not self._doing
 
     def recover_worker_tasks(self, worker_id: int) -> list[Task]:
         """Put a dead worker's in-progress tasks back at the front of todo: the records its
@@ -414,6 +434,10 @@ class TaskManager:
         self.epochs.append(EpochStats(epoch, sum(s.records for s in shards)))
         self.seq += 1
 
+    def _gate_closed(self) -> bool:
+        return (self._opened is not None and not self._stopped and self.epoch + 1 < self._num_epochs
+                and self.epoch + 1 > self._opened)
+
     def _advance_epoch(self) -> bool:
         if self._stopped or self.epoch + 1 >= self._num_epochs:
             return False
@@ -505,6 +529,8 @@ class TaskManager:
                     logger.info("task %d (%s records %d-%d) was dropped by the run before: trying it again",
                                 task.task_id, record.path, record.start, record.end)
             self.seq = resumed.seq + 1
+            if self._opened is not None:
+                self._opened = resumed.epoch  # the epoch it was in is open: its tasks go on
         logger.info(
             "resumed the task ledger: epoch %d of %d, %d tasks to do (%d were in progress)",
             resumed.epoch + 1, resumed.num_epochs, len(self._todo), len(snapshot.in_state(TaskState.DOING)),
