@@ -15,6 +15,7 @@ setup(
         "google-crc32c>=1.5",
         "etcd-sdk-python>=0.0.7",  # module pyetcd: python-etcd3's API on current protobuf (--etcd_endpoints)
         "kubernetes>=30",  # --backend kubernetes (imported only there)
+        "rich>=13",  # the master's live progress line, with log lines printed above it
     ],
     extras_require={
         # TensorFlow is an extra so a GPU image can bring its own build.

@@ -36,11 +36,13 @@ def make_config(**flags) -> JobConfig:
     return JobConfig.from_flags(**flags).with_defaults()
 
 
-def run(config: JobConfig, command: str = "train", backend=None):
+def run(config: JobConfig, command: str = "train", backend=None, before_tensorflow=None):
     """Check the job, then run it on the configured backend; returns a JobReport.
 
     With ``backend="kubernetes"`` and no ``backend`` object, this is the client: it submits
     the master pod (see elasticdl/launch/kubernetes/submit.py); the master pod runs this with its backend.
+    ``before_tensorflow`` runs once the checks that need no TensorFlow passed (the CLI loads
+    and limits TensorFlow there).
     """
     if config.job.backend == "kubernetes" and backend is None:
         from elasticdl.launch.kubernetes.submit import submit
@@ -53,7 +55,7 @@ def run(config: JobConfig, command: str = "train", backend=None):
     from elasticdl.master.job import Job
     from elasticdl.master.preflight import check_job
 
-    checked = check_job(config, command)
+    checked = check_job(config, command, before_tensorflow)
     logger.info(
         "%s job %s: %d records in %d files, %d workers, %d PS",
         command, config.job.job_name, sum(n for _, n in checked.files), len(checked.files),
@@ -97,6 +99,21 @@ def _job_token(run_dir: str, job_name: str) -> str:
     return token
 
 
+def _no_master_addr(job_name: str, run_dir: str, addr_file: str) -> str:
+    """Why there is no master to ask: the job ended (its master removes master.addr on exit
+    and leaves report.json), or it never ran here."""
+    import json
+
+    report_file = os.path.join(run_dir, "report.json")
+    try:
+        with open(report_file) as f:
+            status = json.load(f).get("status", "ended")
+    except (OSError, ValueError):
+        return (f"no running job {job_name!r} here: {addr_file} does not exist. Run this where the job "
+                "was started, or pass --master_addr.")
+    return f"job {job_name!r} has ended ({status}): there is nothing to scale. Its report: {report_file}"
+
+
 def scale(job_name: str, num_workers: int, master_addr: str = "", timeout: float = 10.0) -> str:
     """Change the number of workers of a running training job; returns the master's answer.
 
@@ -114,10 +131,7 @@ def scale(job_name: str, num_workers: int, master_addr: str = "", timeout: float
     if not master_addr:
         addr_file = os.path.join(run_dir, "master.addr")
         if not os.path.exists(addr_file):
-            raise ConfigError(
-                f"no running job {job_name!r} here: {addr_file} does not exist. Run this where the job "
-                "was started, or pass --master_addr."
-            )
+            raise ConfigError(_no_master_addr(job_name, run_dir, addr_file))
         master_addr = open(addr_file).read().strip()
     token = _job_token(run_dir, job_name)
     channel = make_channel(master_addr, token)

@@ -10,8 +10,26 @@ def line_format(role: str) -> str:
     return f"%(asctime)s.%(msecs)03d %(levelname)s [{role}] %(name)s: %(message)s"
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to ``sys.stderr`` as it is at each line, not as it was at set-up: the master's
+    live progress line (elasticdl/master/progress.py) swaps in a proxy that prints each log
+    line above the progress line instead of gluing it on."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass  # always the current sys.stderr
+
+
 def configure_logging(level: int | str = logging.INFO, role: str = "client") -> None:
-    logging.basicConfig(level=level, stream=sys.stderr, format=line_format(role), datefmt=DATE_FORMAT, force=True)
+    logging.basicConfig(level=level, handlers=[_StderrHandler()], format=line_format(role), datefmt=DATE_FORMAT,
+                        force=True)
 
 
 def master_log_handler(path: str) -> logging.Handler:

@@ -288,3 +288,14 @@ def test_the_client_exits_with_the_master_pods_code(pod_exit, error, code, capsy
         follow(_EndedMaster(pod_exit, [last]), "elasticdl-errors-master")
     assert type(info.value).__name__ == error and exit_status(info.value)[0] == code
     assert last in str(info.value) and last in capsys.readouterr().err  # streamed, then quoted
+
+
+def test_scale_on_a_job_that_has_ended_says_so_at_once(quiet_cli, monkeypatch, tmp_path, capsys):
+    """The master removes master.addr when it exits and leaves report.json: no 10 s wait for a
+    master that is not there, and no 'no server answered'."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "done").mkdir(parents=True)
+    (tmp_path / "runs" / "done" / "report.json").write_text('{"status": "succeeded"}')
+    assert quiet_cli.main(["scale", "--job_name", "done", "--num_workers", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("elasticdl scale: error: job 'done' has ended (succeeded): there is nothing to scale")

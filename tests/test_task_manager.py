@@ -358,3 +358,20 @@ def test_random_interleavings_never_lose_a_shard(n_shards, num_epochs, max_retri
         done = [s for e, s in completed if e == stats.epoch]
         assert stats.records_done == sum(s.records for s in done)
         assert stats.tasks_done == len(done)
+
+
+def test_every_requeue_counts_as_an_interruption_with_its_cause():
+    clock = FakeClock()
+    tm = make_tm(make_shards(4), clock=clock, task_timeout=10.0, max_task_retries=3, shuffle=False)
+    died, failed, late, left = (tm.get_task(w) for w in (1, 2, 3, 4))
+    tm.progress(died.task_id, 1, 3)
+    tm.recover_worker_tasks(1)  # SIGKILL'd after 3 records
+    tm.report(failed.task_id, 2, "boom", 2)
+    tm.report(left.task_id, 4, "", 5, interrupted=True)  # scale-down: its rest goes back
+    clock.advance(11.0)
+    assert tm.get_task(5).task_id == late.task_id  # the timeout is noticed here
+    stats = tm.epochs[0]
+    assert stats.tasks_interrupted == 4
+    assert stats.requeues == {"worker_exited": 1, "task_failed": 1, "worker_left": 1, "timed_out": 1}
+    assert stats.retrained_by_cause == {"worker_exited": 3, "task_failed": 2}
+    assert stats.records_trained_twice == 5

@@ -37,17 +37,19 @@ def main(argv: list[str] | None = None) -> int:
     except REPORTED as err:
         return report_exit(f"elasticdl {argv[0]}", err)
     configure_logging(config.job.logging_level, "master")
-    from elasticdl.model.tf_runtime import configure_tensorflow, quiet_tensorflow
+    from elasticdl.model.tf_runtime import configure_tensorflow
 
-    # The master process only checks the model and exports it: one thread leaves the
-    # cores to the workers. (The Python API leaves the caller's TensorFlow alone.)
-    if config.job.backend != "kubernetes":  # a Kubernetes client only submits: TensorFlow runs in the pods
-        quiet_tensorflow()
+    def set_up_tensorflow() -> None:
+        # After the checks that need no TensorFlow (a typo fails at once), before its import.
+        # The master process only checks the model and exports it: one thread leaves the
+        # cores to the workers. (The Python API leaves the caller's TensorFlow alone.)
         configure_tensorflow(1)
+
     from elasticdl.api import run
 
     try:
-        report = run(config, command)
+        # A Kubernetes client only submits: TensorFlow runs in the pods.
+        report = run(config, command, before_tensorflow=set_up_tensorflow if config.job.backend != "kubernetes" else None)
     except REPORTED as err:  # an ElasticDLError: one message, exit code 2 or 1; a bug keeps its traceback
         return report_exit(f"elasticdl {command}", err)
     print(report.to_json())

@@ -179,6 +179,7 @@ class Job:
                 self.main_tasks.start_term(self.state.term)
             if resumed and cfg.checkpoints.checkpoint_dir:
                 self._restore_latest_checkpoint()
+            self._note_restore(report)
             self._start()
             if resumed and self.command == "train":
                 self._rewind_to_restored_cut()
@@ -207,15 +208,28 @@ class Job:
         return report
 
     def _stop_everything(self, succeeded: bool) -> None:
+        self.progress.close()  # the live line stops where it is, also on a failure
         self.backend.stop_all()
         if self._ps is not None:
             self._ps.close()
         if self._server is not None:
             self._server.stop(grace=1)
+            self._remove_master_addr()
         if self.tensorboard is not None:
             self.tensorboard.close()
         job_done = succeeded and self.dispatcher.finished and self.dispatcher.main_finished
         self.state.close(self.main_tasks, job_done)
+
+    def _remove_master_addr(self) -> None:
+        """The master no longer serves: `elasticdl scale` then says the job ended, at once."""
+        path = os.path.join(self.config.job.run_dir, "master.addr")
+        try:
+            with open(path) as f:
+                mine = f.read().strip() == self.master_address
+            if mine:  # a later run of the same job name may have written its own
+                os.remove(path)
+        except OSError:
+            pass
 
     def _complete_report(self, report: JobReport, started: float) -> None:
         """Fill in the report and write report.json. On a failed job nothing here may hide its
@@ -281,6 +295,21 @@ class Job:
                            "the initial model, so the %d records the ledger counts as done are not in it. "
                            "Give the job --checkpoint_dir to resume without losing them.",
                            self.records_possibly_missing)
+
+    def _note_restore(self, report: JobReport) -> None:
+        """Name the checkpoint the PS start from (they resolve the same directory the same way)."""
+        from elasticdl.model import checkpoint
+
+        init = self._resume_cut or self.config.checkpoints.checkpoint_dir_for_init
+        if not init:
+            return
+        report.restored_from = checkpoint.resolve_checkpoint(init)
+        if self.command != "train":
+            report.checkpoint = report.restored_from  # the model evaluate and predict ran
+        version = checkpoint.version_of(report.restored_from)
+        self.progress.model_version = version
+        logger.info("the parameter servers start from checkpoint %s (model version %d)", report.restored_from, version)
+
     # ------------------------------------------------------------ set-up
 
     def _start(self) -> None:
@@ -409,7 +438,9 @@ class Job:
             events.append(c.Tick())
             for event in events:
                 self._feed(event)
-            if now - last_render >= render_every:
+            if self.dispatcher.main_finished:
+                self._render(final=True)  # training is done: the last line, once, not redrawn after
+            elif now - last_render >= render_every:
                 self._render()
                 last_render = now
         if isinstance(self.controller.outcome, c.Fail):
@@ -654,7 +685,9 @@ class Job:
         total = summarize(stats, self.clocks.blocked_seconds)
         if epoch is not None:
             since = total.minus(self._telemetry_mark)
-            logger.info("epoch %d consistency: %s", epoch + 1, since.describe())
+            # One line per epoch only when something happened; the rest is in the job's line.
+            level = logging.INFO if since.noteworthy else logging.DEBUG
+            logger.log(level, "epoch %d consistency: %s", epoch + 1, since.describe())
             self._telemetry_mark = total
         else:
             logger.info("job consistency (%s): %s", self.config.consistency.description, total.describe())

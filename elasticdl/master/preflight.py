@@ -26,7 +26,7 @@ from elasticdl.model.optimizers import (
     optimizer_spec_from_keras,
 )
 from elasticdl.model.records import describe_error
-from elasticdl.model.spec import DatasetMetadata, ModelSpec, ModelSpecError, load_model_spec
+from elasticdl.model.spec import DatasetMetadata, ModelSpec, ModelSpecError, load_model_spec, model_def_path
 
 logger = logging.getLogger(__name__)
 
@@ -40,23 +40,37 @@ class CheckedJob:
     sample_features: Any  # one batch of features: builds the model for export
 
 
-def check_job(config: JobConfig, command: str = "train") -> CheckedJob:
+def check_inputs(config: JobConfig, command: str = "train") -> list[tuple[str, int]]:
+    """The checks that need no TensorFlow: the flags, the model-zoo file, the data files and
+    their records; (path, records) of the data the command reads. A typo fails in a fraction
+    of a second, not after TensorFlow's import (seconds)."""
     config.validate(command)
-    spec = load_model_spec(config.training.model_zoo, config.training.model_def)
-    optimizer_spec = _check_optimizer(spec)
-    metrics = check_eval_metrics(spec)
-    has_header = config.data.has_header
+    model_def_path(config.training.model_zoo, config.training.model_def)
     data = {"train": config.data.training_data, "evaluate": config.data.validation_data,
             "predict": config.data.prediction_data}[command]
-    if command == "evaluate" and not metrics:
-        raise ModelSpecError(
-            f"{spec.module_path}: `elasticdl evaluate` needs eval_metrics_fn() -> {{name: metric}}."
-        )
-    files = [(path, count_records(path, has_header)) for path in resolve_data_files(data)]
+    files = [(path, count_records(path, config.data.has_header)) for path in resolve_data_files(data)]
     if sum(n for _, n in files) == 0:
         raise ModelSpecError(f"the data in {data!r} holds no records")
     if config.data.validation_data and command == "train":
         resolve_data_files(config.data.validation_data)  # fail now on a typo, not after training
+    return files
+
+
+def check_job(config: JobConfig, command: str = "train", before_tensorflow=None) -> CheckedJob:
+    """Every submit-time check. ``before_tensorflow`` runs once the checks that need no
+    TensorFlow passed, before the model zoo is imported (the CLI sets TensorFlow up there)."""
+    files = check_inputs(config, command)
+    if before_tensorflow is not None:
+        before_tensorflow()
+    spec = load_model_spec(config.training.model_zoo, config.training.model_def)
+    optimizer_spec = _check_optimizer(spec)
+    metrics = check_eval_metrics(spec)
+    has_header = config.data.has_header
+    if command == "evaluate" and not metrics:
+        raise ModelSpecError(
+            f"{spec.module_path}: `elasticdl evaluate` needs eval_metrics_fn() -> {{name: metric}}."
+        )
+    if config.data.validation_data and command == "train":
         if not metrics:
             logger.warning(
                 "--validation_data is set but %s defines no eval_metrics_fn(): no metrics will be "

@@ -51,7 +51,10 @@ class JobReport:
     records_trained_twice: list[int] = field(default_factory=list)
     records_done_per_epoch: list[int] = field(default_factory=list)  # each epoch's distinct records
     records_per_epoch: int = 0
+    # Task attempts that did not complete and went back to the queue, every cause, and by cause
+    # ("worker left", "worker died", "task failed", "timeout", "rollback", "master restart").
     tasks_interrupted: int = 0
+    tasks_requeued: dict[str, int] = field(default_factory=dict)
     worker_relaunches: int = 0
     worker_preemptions: int = 0
     ps_relaunches: int = 0
@@ -68,6 +71,9 @@ class JobReport:
     exactly_once: dict = field(default_factory=dict)
     state_store: str = "memory"
     resumed: bool = False  # continued a ledger a previous master left in etcd
+    # The checkpoint the parameter servers started from (--checkpoint_dir_for_init, or the
+    # latest in --checkpoint_dir when a resumed job restores it); "" when they started fresh.
+    restored_from: str = ""
     etcd_outages: list[dict] = field(default_factory=list)
     consistency: str = ""
     staleness: dict = field(default_factory=dict)
@@ -113,6 +119,10 @@ class JobReport:
         self.records_done_per_epoch = [e.records_done for e in tasks.epochs]
         self.records_per_epoch = tasks.records_per_epoch
         self.tasks_interrupted = sum(e.tasks_interrupted for e in tasks.epochs)
+        for epoch in tasks.epochs:
+            for cause, n in epoch.requeues.items():
+                self.tasks_requeued[cause] = self.tasks_requeued.get(cause, 0) + n
+
 
     def add_faults(self, dispatcher: TaskDispatcher, max_bad_records: int) -> None:
         """The dropped tasks with their last error, and every bad record with its reason."""

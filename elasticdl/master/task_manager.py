@@ -91,7 +91,7 @@ class EpochStats:
     records_done: int = 0
     tasks_done: int = 0
     tasks_retried: int = 0
-    tasks_interrupted: int = 0  # preempted workers' tasks, split into done and requeued
+    tasks_interrupted: int = 0  # attempts that did not complete, whatever the cause (see requeues)
     # Records of attempts that did not complete (worker killed, failed, timed out) and are
     # trained again: the price of a hard failure. A graceful preemption adds nothing.
     records_trained_twice: int = 0
@@ -100,6 +100,14 @@ class EpochStats:
     # "worker died", "task failed", "timeout". With the PS's marks only records whose
     # updates were lost are trained again; the rest of a taken-back task is not.
     retrained: dict[str, int] = field(default_factory=dict)
+
+    requeues: dict[str, int] = field(default_factory=dict)  # cause -> attempts taken back
+
+    def interrupted(self, cause: str) -> None:
+        """An attempt did not complete (``cause``: "worker left", "worker died", "task failed",
+        "timeout", "rollback", "master restart"); what is left of it goes back to todo."""
+        self.tasks_interrupted += 1
+        self.requeues[cause] = self.requeues.get(cause, 0) + 1
 
     def count_retrained(self, cause: str, records: int) -> None:
         if records > 0:
@@ -230,7 +238,7 @@ class TaskManager:
                 return ReportOutcome(True)
             if interrupted:
                 stats.records_done += records
-                stats.tasks_interrupted += 1
+                stats.interrupted("worker left")
                 self._done[task_id] = Task(task_id, task.type, Shard(task.shard.path, task.shard.start,
                                            task.shard.start + records), task.epoch, origin=task.origin)
                 if records < task.records and not self._stopped:
@@ -345,6 +353,7 @@ class TaskManager:
                 stats = self.epochs[task.epoch]
                 lost = trained - (applied - task.origin)
                 if lost > 0:
+                    stats.interrupted(cause)
                     stats.count_retrained(cause, lost)
                     again += lost
                 stats.records_done += applied - task.origin - credited
@@ -368,6 +377,7 @@ class TaskManager:
         return the task for the records not applied (None when all were: it is done)."""
         task = doing.task
         stats = self.epochs[task.epoch]
+        stats.interrupted(cause)
         marks = None
         if self.fencer is not None and task.type is TaskType.TRAINING and task.handout:
             marks = self.fencer([task.handout], [task.task_id])

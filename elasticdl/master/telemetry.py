@@ -29,6 +29,14 @@ class StalenessSummary:
         count = sum(self.staleness.values())
         return sum(k * v for k, v in self.staleness.items()) / count if count else 0.0
 
+    @property
+    def noteworthy(self) -> bool:
+        """Worth a line of its own at an epoch end: pushes refused as invalid, most pushes
+        rejected as stale, or workers held back by the staleness bound for a second or more.
+        (Some stale rejections are sync SGD's normal price; an epoch without any of these is
+        only in the job's summary.)"""
+        return bool(self.pushes_rejected_invalid or self.rejected_rate > 0.5 or self.blocked_seconds >= 1.0)
+
     def minus(self, earlier: StalenessSummary) -> StalenessSummary:
         """The counts since ``earlier`` (counters only grow)."""
         hist = collections.Counter(self.staleness)

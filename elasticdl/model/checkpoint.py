@@ -224,6 +224,11 @@ def resolve_checkpoint(path: str) -> str:
     return os.path.join(path, f"version-{versions[-1]}")
 
 
+def version_of(version_dir: str) -> int:
+    """N of a ``version-<N>`` directory."""
+    return int(_VERSION_DIR.match(os.path.basename(os.path.normpath(version_dir))).group(1))
+
+
 def load_shard(path: str, ps_id: int, num_ps: int) -> ShardState:
     """This PS's part of the checkpoint at ``path`` (re-sharded for ``num_ps``)."""
     version_dir = resolve_checkpoint(path)

@@ -99,8 +99,9 @@ class ModelSpec:
         return model
 
 
-def load_model_spec(model_zoo: str, model_def: str) -> ModelSpec:
-    """Import ``model_zoo/pkg/module.py`` for ``--model_def pkg.module.name`` and check it."""
+def model_def_path(model_zoo: str, model_def: str) -> tuple[str, str, str]:
+    """(module name, model name, module file) of ``--model_def pkg.module.name``; the file must
+    exist. Imports nothing: a typo fails before TensorFlow is loaded."""
     module_name, _, model_name = model_def.rpartition(".")
     if not module_name or not model_name:
         raise ModelSpecError(
@@ -113,6 +114,12 @@ def load_model_spec(model_zoo: str, model_def: str) -> ModelSpec:
             f"--model_def {model_def!r} points to {module_path}, which does not exist. "
             f"Check --model_zoo ({model_zoo!r}) and the module path."
         )
+    return module_name, model_name, module_path
+
+
+def load_model_spec(model_zoo: str, model_def: str) -> ModelSpec:
+    """Import ``model_zoo/pkg/module.py`` for ``--model_def pkg.module.name`` and check it."""
+    module_name, model_name, module_path = model_def_path(model_zoo, model_def)
     module = _import(model_zoo, module_name, module_path)
 
     model_fn = getattr(module, model_name, None)

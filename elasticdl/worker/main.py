@@ -11,7 +11,7 @@ from elasticdl.config import JobConfig
 from elasticdl.errors import report_exit
 from elasticdl.launch.child import die_with_parent
 from elasticdl.logs import configure_logging
-from elasticdl.model.tf_runtime import configure_tensorflow, default_threads, quiet_tensorflow
+from elasticdl.model.tf_runtime import configure_tensorflow, default_threads
 from elasticdl.rpc.auth import TokenError, require_token
 
 logger = logging.getLogger("elasticdl.worker")
@@ -34,8 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.job_config) as f:
         config = JobConfig.from_json(f.read())
     configure_logging(config.job.logging_level, f"worker-{args.worker_id}")
-    quiet_tensorflow()
-    configure_tensorflow(
+    configure_tensorflow(  # imports TensorFlow without its banner (shown with --log_level debug)
         config.training.num_threads_per_process or default_threads(config.elasticity.num_workers)
     )
 
