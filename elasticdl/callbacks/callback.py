@@ -6,7 +6,6 @@ from typing import Protocol
 
 import keras
 
-
 # Metrics that are better higher; any other (loss, mse, error, ...) is better lower.
 _HIGHER_IS_BETTER = ("acc", "auc", "precision", "recall", "f1", "iou")
 

@@ -27,7 +27,12 @@ from elasticdl.data.errors import BadRecordError
 from elasticdl.errors import ElasticDLError, TrainingDivergedError
 from elasticdl.launch.api import ProcessExit
 from elasticdl.master.clocks import WorkerClocks
-from elasticdl.master.evaluation_service import EvaluationResult, EvaluationService, FrozenSnapshot, TaskDispatcher
+from elasticdl.master.evaluation_service import (
+    EvaluationResult,
+    EvaluationService,
+    FrozenSnapshot,
+    TaskDispatcher,
+)
 from elasticdl.master.instance_manager import GiveUp, InstanceManager, Launch, Stop
 
 logger = logging.getLogger(__name__)
