@@ -15,7 +15,9 @@ import numpy as np
 
 
 def _example(image: np.ndarray, label: int) -> bytes:
-    import tensorflow as tf
+    from elasticdl.model.tf_runtime import load_tensorflow
+
+    tf = load_tensorflow()  # without TensorFlow's start-up banner
 
     return tf.train.Example(
         features=tf.train.Features(
