@@ -270,7 +270,7 @@ def test_unsupported_optimizer(tmp_path, data_file):
     )
     assert path in message
     assert "keras.optimizers.Nadam" in message
-    assert "supports SGD, Adam, Adagrad, RMSprop" in message
+    assert "supports SGD, Adam, AdamW, Adagrad, RMSprop" in message
 
 
 def test_loss_must_return_a_scalar(tmp_path, data_file):

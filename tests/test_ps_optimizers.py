@@ -156,9 +156,9 @@ def _excluded_adam():
 @pytest.mark.parametrize(
     "make_keras, needles",
     [
-        (lambda: opts.Nadam(), ["keras.optimizers.Nadam", "SGD, Adam, Adagrad, RMSprop"]),
+        (lambda: opts.Nadam(), ["keras.optimizers.Nadam", "SGD, Adam, AdamW, Adagrad, RMSprop"]),
         (lambda: opts.Ftrl(), ["Ftrl", "Return one of those"]),
-        (lambda: _MyAdam(), ["_MyAdam", "SGD, Adam, Adagrad, RMSprop"]),
+        (lambda: _MyAdam(), ["_MyAdam", "SGD, Adam, AdamW, Adagrad, RMSprop"]),
         (_Lookalike, ["test_ps_optimizers.Adam", "not Keras 3's own"]),
         (lambda: opts.LossScaleOptimizer(opts.SGD()), ["LossScaleOptimizer"]),
         (

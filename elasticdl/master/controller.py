@@ -455,7 +455,8 @@ class Controller:
         if self.command == "train" and not self.stop_reason:
             self.stop_reason = reason
             dropped = self.tasks.stop()
-            logger.info("%s: stopping training (%d tasks not started are dropped)", reason, dropped)
+            logger.info("%s: training stops in epoch %d of %d (%d of its tasks not started are dropped; "
+                        "no later epoch starts)", reason, self.tasks.epoch + 1, self.tasks.num_epochs, dropped)
 
     # ------------------------------------------------------------ what is due
 

@@ -174,12 +174,21 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _supported_names() -> str:
+    """The Keras classes a model zoo may return, aliases included (AdamW as Adam)."""
+    names = []
+    for name in SUPPORTED_OPTIMIZERS:
+        names.append(name)
+        names += [alias for alias, target in _ALIASES.items() if target == name]
+    return ", ".join(names)
+
+
 def _validate_config(name: str, config: dict) -> None:
     """Raise UnsupportedOptimizerError unless the PS can reproduce `config` exactly."""
     if name not in SUPPORTED_OPTIMIZERS:
         raise UnsupportedOptimizerError(
             f"optimizer {name!r} is not supported by the parameter server; it "
-            f"supports {', '.join(SUPPORTED_OPTIMIZERS)}."
+            f"supports {_supported_names()}."
         )
     lr = config.get("learning_rate", _DEFAULTS[name]["learning_rate"])
     if isinstance(lr, dict):
@@ -224,7 +233,7 @@ def optimizer_spec_from_keras(optimizer: Any) -> OptimizerSpec:
     cls = type(optimizer)
     qualname = f"{cls.__module__}.{cls.__name__}"
     public = f"keras.optimizers.{cls.__name__}"
-    supported = ", ".join(SUPPORTED_OPTIMIZERS)
+    supported = _supported_names()
     name = _ALIASES.get(cls.__name__, cls.__name__)
     if name not in SUPPORTED_OPTIMIZERS:
         raise UnsupportedOptimizerError(
