@@ -42,3 +42,6 @@ def test_early_stopping_ends_the_job_after_epoch_4_of_10_on_each_epochs_own_mode
     # ModelCheckpoint saved the versions whose metrics it saw improve, named by that version.
     assert sorted(os.listdir(tmp_path / "out")) == ["best-4", "best-8"]
     assert "ModelCheckpoint: saved version 8 (mse=" in result.stderr
+    # TensorFlow's start-up banner is hidden in every role (--log_level debug shows it).
+    worker_log = (tmp_path / "runs" / "plateau" / "logs" / "worker-0.log").read_text()
+    assert "absl::InitializeLog" not in result.stderr + worker_log
