@@ -372,6 +372,6 @@ def test_every_requeue_counts_as_an_interruption_with_its_cause():
     assert tm.get_task(5).task_id == late.task_id  # the timeout is noticed here
     stats = tm.epochs[0]
     assert stats.tasks_interrupted == 4
-    assert stats.requeues == {"worker_exited": 1, "task_failed": 1, "worker_left": 1, "timed_out": 1}
-    assert stats.retrained_by_cause == {"worker_exited": 3, "task_failed": 2}
+    assert stats.requeues == {"worker died": 1, "task failed": 1, "worker left": 1, "timeout": 1}
+    assert stats.retrained == {"worker died": 3, "task failed": 2}  # no PS to ask: all it trained
     assert stats.records_trained_twice == 5
