@@ -195,7 +195,8 @@ class DataSection:
         "", "Data to predict on (same forms as --training_data).", commands=("predict",)
     )
     data_reader_params: dict[str, Any] = structured(
-        "", "Reader options, e.g. \"has_header=True\" for CSV files with a header line.",
+        "", "Reader options: \"has_header=True\" for CSV files with a header line; \"columns=a,b,c\" to "
+        "read only these columns of Parquet files.",
         _kv_params("--data_reader_params"), render_kv_params,
     )
     num_minibatches_per_task: int = flag(
@@ -216,6 +217,15 @@ class DataSection:
     @property
     def has_header(self) -> bool:
         return bool(self.data_reader_params.get("has_header", False))
+
+    @property
+    def columns(self) -> list[str] | None:
+        """The Parquet columns to read (``columns=a,b,c``); None reads them all."""
+        value = self.data_reader_params.get("columns")
+        if not value:
+            return None
+        names = value.split(",") if isinstance(value, str) else list(value)
+        return [str(n).strip() for n in names if str(n).strip()]
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
+from elasticdl import fs
 from elasticdl.data.errors import DataError
 
 PathLike = str | os.PathLike[str]
@@ -21,7 +22,7 @@ def count_records(path: PathLike, has_header: bool = False) -> int:
     lines = 0
     last = b"\n"
     # Counting newlines in large chunks is much faster than iterating lines.
-    with open(os.fspath(path), "rb") as f:
+    with fs.open(os.fspath(path), "rb") as f:
         while chunk := f.read(_CHUNK):
             lines += chunk.count(b"\n")
             last = chunk[-1:]
@@ -51,7 +52,7 @@ def _iter_lines(name: str, start: int, end: int, has_header: bool) -> Iterator[b
         return
     skip = start + (1 if has_header else 0)
     index = 0
-    with open(name, "rb") as f:
+    with fs.open(name, "rb") as f:
         for line in f:
             if skip:
                 skip -= 1

@@ -2,37 +2,31 @@
 
 from __future__ import annotations
 
-import glob
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from elasticdl.data import csv_file, tfrecord
+from elasticdl import fs
+from elasticdl.data import csv_file, parquet, tfrecord
 from elasticdl.data.errors import CorruptRecordError, NoDataFilesError
 
 _TEXT_SUFFIXES = (".csv", ".txt")
-
-
-def _files_in_dir(directory: str) -> list[str]:
-    """Regular, non-hidden files directly inside ``directory``, sorted."""
-    names = sorted(n for n in os.listdir(directory) if not n.startswith("."))
-    paths = (os.path.join(directory, n) for n in names)
-    return [p for p in paths if os.path.isfile(p)]
+_PARQUET_SUFFIXES = (".parquet", ".pq")
 
 
 def _expand(part: str) -> list[str]:
-    """Files named by one spec element: a file, a directory, or a glob."""
-    if os.path.isfile(part):
+    """Files named by one spec element: a file, a directory, or a glob (local or remote)."""
+    if fs.isfile(part):
         return [part]
-    if os.path.isdir(part):
-        return _files_in_dir(part)
+    if fs.isdir(part):
+        return fs.files_in(part)
     files: list[str] = []
-    if glob.has_magic(part):
-        for match in sorted(glob.glob(part)):
-            if os.path.isfile(match):
+    if fs.has_magic(part):
+        for match in fs.glob(part):
+            if fs.isfile(match):
                 files.append(match)
-            elif os.path.isdir(match):
-                files.extend(_files_in_dir(match))
+            elif fs.isdir(match):
+                files.extend(fs.files_in(match))
     return files
 
 
@@ -53,8 +47,9 @@ def resolve_data_files(spec: str) -> list[str]:
     files: list[str] = []
     seen: set[str] = set()
     for part in parts:
-        matched = _expand(os.path.expanduser(part))
+        matched = _expand(part if fs.is_remote(part) else os.path.expanduser(part))
         if not matched:
+            fs.check_bucket(part)  # a missing bucket or no credentials, named as such
             where = f" (in {spec!r})" if len(parts) > 1 else ""
             raise NoDataFilesError(
                 f"no data files found for {part!r}{where}: check that the path "
@@ -63,7 +58,7 @@ def resolve_data_files(spec: str) -> list[str]:
                 "a glob is quoted so the shell does not expand it"
             )
         for path in matched:
-            path = os.path.normpath(path)
+            path = path if fs.is_remote(path) else os.path.normpath(path)
             if path not in seen:
                 seen.add(path)
                 files.append(path)
@@ -89,14 +84,20 @@ class Shard:
 
 
 def record_format(path: str) -> str:
-    """Return "csv" for .csv/.txt files (any case), else "tfrecord"."""
-    return "csv" if path.lower().endswith(_TEXT_SUFFIXES) else "tfrecord"
+    """Return "csv" for .csv/.txt files, "parquet" for .parquet/.pq (any case), else "tfrecord"."""
+    lower = path.lower()
+    if lower.endswith(_TEXT_SUFFIXES):
+        return "csv"
+    return "parquet" if lower.endswith(_PARQUET_SUFFIXES) else "tfrecord"
 
 
 def count_records(path: str, has_header: bool = False) -> int:
     """Count records in ``path``; ``has_header`` applies to CSV/text only."""
-    if record_format(path) == "csv":
+    kind = record_format(path)
+    if kind == "csv":
         return csv_file.count_records(path, has_header)
+    if kind == "parquet":
+        return parquet.count_records(path)
     return tfrecord.count_records(path)
 
 
@@ -106,15 +107,28 @@ def read_records(
     end: int,
     has_header: bool = False,
     on_corrupt: Callable[[CorruptRecordError], None] | None = None,
+    columns: Sequence[str] | None = None,
 ) -> Iterator[bytes]:
     """Yield records ``start`` .. ``end - 1`` of ``path`` as bytes.
 
     A TFRecord record whose data is corrupt raises CorruptRecordError, or with ``on_corrupt``
-    is passed to it and not yielded (text lines cannot be corrupt at this level).
+    is passed to it and not yielded (text lines cannot be corrupt at this level). A Parquet
+    row comes as a serialized tf.train.Example of its ``columns`` (all when None).
     """
-    if record_format(path) == "csv":
+    kind = record_format(path)
+    if kind == "csv":
         return csv_file.read_records(path, start, end, has_header)
+    if kind == "parquet":
+        return parquet.read_records(path, start, end, columns)
     return tfrecord.read_records(path, start, end, on_corrupt)
+
+
+def check_parquet_schemas(paths: Sequence[str], columns: Sequence[str] | None = None) -> None:
+    """Submit time: the Parquet files among ``paths`` agree on their (projected) columns; a
+    DataError names the file and the column otherwise. Reads footers only."""
+    found = [p for p in paths if record_format(p) == "parquet"]
+    if found:
+        parquet.check_schemas(found, columns)
 
 
 def make_shards(

@@ -20,6 +20,7 @@ from typing import BinaryIO
 
 import google_crc32c
 
+from elasticdl import fs
 from elasticdl.data.errors import CorruptRecordError, DataError
 
 _HEADER = struct.Struct("<QI")  # length, masked crc of the length bytes
@@ -74,11 +75,17 @@ def _read_header(
     return length
 
 
+def _open(name: str) -> BinaryIO:
+    if fs.is_remote(name):
+        return fs.open(name, "rb")  # streams in large blocks with read-ahead
+    return open(name, "rb", buffering=_BUFFER_SIZE)
+
+
 def count_records(path: PathLike) -> int:
     """Count the records in a TFRecord file, verifying every length CRC."""
     name = os.fspath(path)
-    with open(name, "rb", buffering=_BUFFER_SIZE) as f:
-        size = os.fstat(f.fileno()).st_size
+    size = fs.size(name)
+    with _open(name) as f:
         index = offset = 0
         while True:
             length = _read_header(f, name, index, offset, size)
@@ -113,8 +120,8 @@ def _iter_records(
 ) -> Iterator[bytes]:
     if start == end:
         return
-    with open(name, "rb", buffering=_BUFFER_SIZE) as f:
-        size = os.fstat(f.fileno()).st_size
+    size = fs.size(name)
+    with _open(name) as f:
         index = offset = 0
         while index < end:
             length = _read_header(f, name, index, offset, size)

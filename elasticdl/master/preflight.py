@@ -16,7 +16,13 @@ from typing import Any
 from elasticdl.config import JobConfig
 from elasticdl.config.paths import MIN_FREE_BYTES, check_writable_dir
 from elasticdl.data.errors import BadRecord, BadRecordError
-from elasticdl.data.sources import count_records, read_records, record_format, resolve_data_files
+from elasticdl.data.sources import (
+    check_parquet_schemas,
+    count_records,
+    read_records,
+    record_format,
+    resolve_data_files,
+)
 from elasticdl.mode import Mode
 from elasticdl.model.non_trainable import NonTrainableChange
 from elasticdl.model.optimizers import (
@@ -49,10 +55,12 @@ def check_inputs(config: JobConfig, command: str = "train") -> list[tuple[str, i
     data = {"train": config.data.training_data, "evaluate": config.data.validation_data,
             "predict": config.data.prediction_data}[command]
     files = [(path, count_records(path, config.data.has_header)) for path in resolve_data_files(data)]
+    check_parquet_schemas([path for path, _ in files], config.data.columns)
     if sum(n for _, n in files) == 0:
         raise ModelSpecError(f"the data in {data!r} holds no records")
     if config.data.validation_data and command == "train":
-        resolve_data_files(config.data.validation_data)  # fail now on a typo, not after training
+        validation = resolve_data_files(config.data.validation_data)  # fail now on a typo, not after training
+        check_parquet_schemas([path for path, _ in files] + validation, config.data.columns)
     return files
 
 
@@ -146,7 +154,8 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> tu
     n = min(config.training.minibatch_size, dict(files)[path])
     max_bad = config.data.max_bad_records if mode != Mode.PREDICTION else 0
     corrupt = []
-    records = list(itertools.islice(read_records(path, 0, n, has_header, on_corrupt=corrupt.append), n))
+    records = list(itertools.islice(read_records(path, 0, n, has_header, on_corrupt=corrupt.append,
+                                                 columns=config.data.columns), n))
     positions = [i for i in range(n) if i not in {err.index for err in corrupt}]
     bad = [BadRecord(path, err.index, err.problem + " (the file is corrupt)") for err in corrupt]
     metadata = DatasetMetadata(record_format(path))

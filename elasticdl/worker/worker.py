@@ -58,6 +58,7 @@ class Worker:
         ps: PSClient,
         minibatch_size: int,
         has_header: bool = False,
+        columns: list[str] | None = None,
         wait_seconds: float = 0.5,
         consistency: ConsistencyPolicy | None = None,
         prediction_outputs: str = "",
@@ -72,6 +73,7 @@ class Worker:
         self.ps = ps
         self.minibatch_size = minibatch_size
         self.has_header = has_header
+        self.columns = columns  # Parquet projection
         self.wait_seconds = wait_seconds
         # When to pull, when to wait, what a push's answer means: sync, async or SSP.
         self.consistency = consistency or ConsistencyPolicy(num_ps=ps.num_ps)
@@ -166,7 +168,8 @@ class Worker:
         (elasticdl/model/records.py); when none is to blame, the original error is raised.
         """
         corrupt = []
-        records = list(read_records(order.path, order.start, order.end, self.has_header, on_corrupt=corrupt.append))
+        records = list(read_records(order.path, order.start, order.end, self.has_header, on_corrupt=corrupt.append,
+                                    columns=self.columns))
         skipped = {err.index for err in corrupt}
         positions = [i for i in range(order.start, order.end) if i not in skipped]  # index in the file
         if corrupt:

@@ -1,0 +1,158 @@
+"""Parquet files through pyarrow: count rows from the footer, read a row range as Example records.
+
+Counting reads only the footer (its row-group metadata: a ranged read of the file's tail on
+an object store), never the data. Reading a row range reads only the row groups it
+overlaps and only the projected ``columns``, with pyarrow's pre-buffering: the column
+chunks it needs are fetched together, in a few large ranged reads, rather than one small
+read per page. Each row becomes a serialized tf.train.Example (elasticdl/data/examples.py),
+so ``dataset_fn`` parses Parquet rows as it parses TFRecord records.
+
+A task is best a whole number of row groups (``--records_per_task``): a row group that two
+tasks share is read by both.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+
+from elasticdl import fs
+from elasticdl.data import examples
+from elasticdl.data.errors import CorruptRecordError, DataError
+
+_FOOTERS_KEPT = 256
+_footers: OrderedDict[str, object] = OrderedDict()  # path -> FileMetaData: a worker reads a file task after task
+_footers_lock = threading.Lock()
+
+
+def _pq():
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError("Parquet data needs pyarrow: pip install pyarrow") from None
+    return pq
+
+
+def _open(path: str):
+    # No fsspec read cache: pyarrow asks for exactly the ranges it needs (the footer, then the
+    # coalesced column chunks), each one ranged request.
+    if fs.is_remote(path):
+        return fs.open(path, "rb", cache_type="none")
+    return fs.open(path, "rb")
+
+
+def _file(path: str, handle):
+    pq = _pq()
+    with _footers_lock:
+        metadata = _footers.get(path)
+    try:
+        parquet = pq.ParquetFile(handle, metadata=metadata, pre_buffer=True)
+    except (OSError, ValueError) as err:
+        if isinstance(err, fs.StorageError):
+            raise
+        better = fs.explain(path, err)
+        if better is not None:
+            raise better from err
+        raise CorruptRecordError(path, 0, 0, f"not a readable Parquet file ({err})") from err
+    with _footers_lock:
+        _footers[path] = parquet.metadata
+        _footers.move_to_end(path)
+        while len(_footers) > _FOOTERS_KEPT:
+            _footers.popitem(last=False)
+    return parquet
+
+
+def count_records(path: str) -> int:
+    """The number of rows, from the footer alone."""
+    with _open(path) as handle:
+        return _file(path, handle).metadata.num_rows
+
+
+def schema(path: str):
+    """The file's Arrow schema, struct columns flattened (``parent.child``), from the footer."""
+    with _open(path) as handle:
+        arrow = _file(path, handle).schema_arrow
+    return examples.flatten_structs(arrow.empty_table()).schema
+
+
+def read_records(path: str, start: int, end: int, columns: Sequence[str] | None = None) -> Iterator[bytes]:
+    """Yield rows ``start`` .. ``end - 1`` as serialized tf.train.Example (only ``columns``, when given)."""
+    if start < 0 or end < start:
+        raise ValueError(f"{path}: invalid record range [{start}, {end})")
+    return _iter_rows(path, start, end, list(columns) if columns else None)
+
+
+def _iter_rows(path: str, start: int, end: int, columns: list[str] | None) -> Iterator[bytes]:
+    if start == end:
+        return
+    with _open(path) as handle:
+        parquet = _file(path, handle)
+        metadata = parquet.metadata
+        if end > metadata.num_rows:
+            raise DataError(
+                f"{path}: requested records [{start}, {end}) but the file has only {metadata.num_rows} rows. If "
+                "the file changed after the job started, restart the job so its tasks are recomputed."
+            )
+        groups, first_row, row = [], 0, 0
+        for index in range(metadata.num_row_groups):
+            rows = metadata.row_group(index).num_rows
+            if row + rows > start and row < end:
+                if not groups:
+                    first_row = row
+                groups.append(index)
+            row += rows
+        try:
+            table = parquet.read_row_groups(groups, columns=columns)
+        except (OSError, ValueError) as err:  # a truncated or damaged object
+            better = fs.explain(path, err)
+            if better is not None:
+                raise better from err
+            raise CorruptRecordError(path, start, 0, f"rows [{start}, {end}) cannot be read ({err})") from err
+    yield from examples.encode(table.slice(start - first_row, end - start))
+
+
+def check_schemas(paths: Sequence[str], columns: Sequence[str] | None) -> None:
+    """DataError naming the file and column when the files disagree, a projected column is
+    missing, or a column's type cannot become an Example feature. Reads footers only."""
+    import pyarrow as pa
+
+    first = None
+    for path in paths:
+        found = schema(path)
+        if columns:
+            missing = [c for c in columns if c not in found.names]
+            if missing:
+                raise DataError(
+                    f"{path}: no column {', '.join(repr(c) for c in missing)} (from --data_reader_params "
+                    f"columns=...); the file has {', '.join(found.names)}"
+                )
+            found = pa.schema([found.field(c) for c in columns])
+        if first is None:
+            first = (path, found)
+            for field in found:
+                _check_type(path, field)
+            continue
+        reference_path, reference = first
+        for field in reference:
+            if field.name not in found.names:
+                raise DataError(
+                    f"schema mismatch: {path} has no column {field.name!r}, which {reference_path} has. All "
+                    "Parquet files of a data set need the same columns (or project the shared ones with "
+                    "--data_reader_params columns=...)."
+                )
+            other = found.field(field.name)
+            if not other.type.equals(field.type):
+                raise DataError(
+                    f"schema mismatch: column {field.name!r} is {other.type} in {path} but {field.type} in "
+                    f"{reference_path}. Rewrite the files with one type for the column."
+                )
+
+
+def _check_type(path: str, field) -> None:
+    import pyarrow as pa
+
+    try:
+        examples.encode(pa.table({field.name: pa.array([None], field.type)}))
+    except DataError as err:
+        raise DataError(f"{path}: {err}") from None
