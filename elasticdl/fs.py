@@ -222,6 +222,19 @@ def rmtree(path: str) -> None:
         pass
 
 
+def remove(path: str) -> None:
+    """Remove a file (and, remote, its commit marker first, so it never counts half-removed)."""
+    if not is_remote(path):
+        os.unlink(_strip_local(path))
+        return
+    fs = filesystem(path)
+    for name in (path + _MARKER, path):
+        try:
+            _call(path, lambda n=name: fs.rm_file(n))
+        except FileNotFoundError:
+            pass
+
+
 def read_bytes(path: str) -> bytes:
     if not is_remote(path):
         with builtins.open(_strip_local(path), "rb") as f:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from elasticdl import fs
 from elasticdl.errors import UserError
 
 BACKENDS = ("local", "kubernetes")
@@ -208,7 +209,7 @@ class JobConfig:
         if checkpoints.checkpoint_steps and not checkpoints.checkpoint_dir:
             raise ConfigError("--checkpoint_steps needs --checkpoint_dir: where should checkpoints go?")
         init = checkpoints.checkpoint_dir_for_init
-        if check_paths and init and not os.path.exists(init):
+        if check_paths and init and not fs.exists(init):
             raise ConfigError(f"--checkpoint_dir_for_init {init!r} does not exist.")
         if check_paths:
             self._validate_checkpoint_dir(command)
@@ -232,9 +233,9 @@ class JobConfig:
     def _validate_checkpoint_dir(self, command: str) -> None:
         """A fresh job must not mix its versions with an old job's: they would collide and be pruned."""
         directory, init = self.checkpoints.checkpoint_dir, self.checkpoints.checkpoint_dir_for_init
-        if command != "train" or not directory or not os.path.isdir(directory):
+        if command != "train" or not directory or not fs.isdir(directory):
             return
-        old = [e for e in os.listdir(directory) if e.startswith("version-")]
+        old = [e for e in fs.listdir(directory) if e.startswith("version-")]
         same_dir = init and os.path.abspath(init).startswith(os.path.abspath(directory))
         if old and not same_dir and not self.elasticity.etcd_endpoints:  # with etcd, a restarted master resumes
             raise ConfigError(

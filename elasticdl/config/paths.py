@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 
+from elasticdl import fs
 from elasticdl.config import ConfigError
 
 # A DNS label (RFC 1123): the job name names runs/<job_name>/, the etcd keys
@@ -49,6 +50,12 @@ def check_writable_dir(flag: str, path: str, min_free_bytes: int = MIN_FREE_BYTE
     """A ConfigError unless ``path`` is a writable directory, or can be created as one, on a disk
     with at least ``min_free_bytes`` free."""
     if not path:
+        return
+    if fs.is_remote(path):  # an object store: the bucket is there and the credentials see it
+        try:
+            fs.check_bucket(path)
+        except fs.StorageError as err:
+            raise ConfigError(f"{flag} {err}") from None
         return
     full = os.path.abspath(path)
     if os.path.exists(full) and not os.path.isdir(full):

@@ -18,7 +18,6 @@ A null is an empty list: ``dataset_fn`` gives it a default or rejects the record
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np

@@ -15,11 +15,11 @@ import json
 import logging
 import os
 import queue
-import shutil
 import time
 
 import grpc
 
+from elasticdl import fs
 from elasticdl.data.sources import count_records, make_shards, resolve_data_files
 from elasticdl.errors import JobFailedError
 from elasticdl.launch.api import Backend, RoleExitedError
@@ -388,7 +388,7 @@ class Job:
             from elasticdl.model.prediction import PARTS
 
             # Parts left by an earlier run must never be joined into this one's output.
-            shutil.rmtree(os.path.join(cfg.outputs.prediction_outputs, PARTS), ignore_errors=True)
+            fs.rmtree(fs.join(cfg.outputs.prediction_outputs, PARTS))
         self._worker_args = ["--job_config", config_file, "--command", self.command,
                              "--master_addr", self.master_address, "--ps_addrs", ",".join(self.ps_addresses)]
         for decision in self.controller.start():

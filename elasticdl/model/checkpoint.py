@@ -16,23 +16,24 @@ fsynced, renamed over the final name, then the directory fsynced, so a crash or 
 leaves either the whole file or none (never a partial ``ps-*.npz``). A version directory
 is complete when all ``n`` files are there. Restoring reads every file of a version and
 keeps the variables that hash to this PS, so a job may restart on a different number
-of parameter servers. Embedding tables are saved as their ids, rows and per-row slots;
+of parameter servers. On an object store (``s3://``, ``gs://``) a shard goes up in one put
+followed by a ``.committed`` marker, and only marked shards count (elasticdl/fs.py).
+Embedding tables are saved as their ids, rows and per-row slots;
 restoring keeps the rows whose ``id % num_ps`` is this PS. Non-trainable variables
 (``non_trainable:<name>``) are placed like the trainable ones (``param:<name>``).
 """
 
 from __future__ import annotations
 
-import glob
+import io
 import json
 import os
 import re
-import secrets
-import shutil
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from elasticdl import fs
 from elasticdl.errors import JobFailure, UserError
 from elasticdl.model.embedding.table import TableInfo
 from elasticdl.model.sharding import ps_for_variable
@@ -76,10 +77,10 @@ class ShardState:
 
 def save_shard(checkpoint_dir: str, ps_id: int, num_ps: int, state: ShardState) -> str:
     """Write this PS's shard of ``state`` atomically; its path. CheckpointWriteError on failure."""
-    version_dir = os.path.join(checkpoint_dir, f"version-{state.version}")
-    path = os.path.join(version_dir, shard_file_name(ps_id, num_ps, state.term))
+    version_dir = fs.join(checkpoint_dir, f"version-{state.version}")
+    path = fs.join(version_dir, shard_file_name(ps_id, num_ps, state.term))
     try:
-        if not os.path.isdir(version_dir):
+        if not fs.is_remote(version_dir) and not os.path.isdir(version_dir):
             os.makedirs(version_dir, exist_ok=True)
             _fsync_dir(checkpoint_dir)  # the new version directory's entry
         write_atomically(path, lambda f: np.savez(f, **_arrays(state)))
@@ -95,33 +96,14 @@ def shard_file_name(ps_id: int, num_ps: int, term: int) -> str:
 
 
 def write_atomically(path: str, write) -> None:
-    """``write(file)`` into a hidden temp file next to ``path``, fsync it, rename it over
-    ``path`` and fsync the directory. On any error the temp file is removed: ``path`` is
-    either the old file (or absent) or the whole new one."""
-    directory, name = os.path.split(path)
-    tmp = os.path.join(directory, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(directory or ".")
+    """``write(file)`` so that ``path`` is either the old file (or absent) or the whole new one
+    (elasticdl/fs.py: fsync and rename on a local disk, one put and a commit marker on an
+    object store)."""
+    fs.write_atomically(path, write)
 
 
 def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fs.fsync_dir(directory)
 
 
 def _arrays(state: ShardState) -> dict[str, np.ndarray]:
@@ -152,9 +134,9 @@ def complete_versions(checkpoint_dir: str) -> list[int]:
     """Versions with a complete cut (every shard of one term), oldest first: by term, then
     version, so the latest is the newest term's newest cut."""
     cuts = []
-    for entry in os.listdir(checkpoint_dir) if os.path.isdir(checkpoint_dir) else []:
+    for entry in fs.listdir(checkpoint_dir) if fs.isdir(checkpoint_dir) else []:
         match = _VERSION_DIR.match(entry)
-        cut = match and _complete_term(os.path.join(checkpoint_dir, entry))
+        cut = match and _complete_term(fs.join(checkpoint_dir, entry))
         if cut:
             cuts.append((cut[0], int(match.group(1))))
     return [version for _, version in sorted(cuts)]
@@ -163,9 +145,9 @@ def complete_versions(checkpoint_dir: str) -> list[int]:
 def _all_shard_files(version_dir: str) -> list[tuple[int, int, int, str]]:
     """(ps_id, num_ps, term, path) of every shard file in a version directory."""
     found = []
-    for path in glob.glob(os.path.join(version_dir, "ps-*-of-*.npz")):
-        match = _SHARD_FILE.match(os.path.basename(path))
-        if match:
+    for path in fs.glob(fs.join(version_dir, "ps-*-of-*.npz")):
+        match = _SHARD_FILE.match(fs.basename(path))
+        if match and fs.committed(path):  # on an object store: its marker is written
             found.append((int(match.group(1)), int(match.group(2)), int(match.group(3) or 0), path))
     return found
 
@@ -199,7 +181,7 @@ def cut_position(path: str) -> tuple[int, dict[int, int], list[int]]:
     marks: dict[int, int] | None = None
     applied, version = [], 0
     for _, _, file in sorted(_shard_files(version_dir)):
-        with np.load(file) as data:
+        with np.load(_local_or_bytes(file)) as data:
             version = int(data["__version__"])
             shard = {int(t): int(e) for t, e in data["__marks__"]} if "__marks__" in data.files else {}
             applied.append(int(data["__records_applied__"]) if "__records_applied__" in data.files else 0)
@@ -212,7 +194,7 @@ def cut_position(path: str) -> tuple[int, dict[int, int], list[int]]:
 
 def resolve_checkpoint(path: str) -> str:
     """A version directory: ``path`` itself, or the latest complete one under it."""
-    if _VERSION_DIR.match(os.path.basename(os.path.normpath(path))):
+    if _VERSION_DIR.match(fs.basename(path if fs.is_remote(path) else os.path.normpath(path))):
         if not _is_complete(path):
             raise CheckpointError(f"checkpoint {path} is incomplete: some ps-*-of-*.npz files are missing")
         return path
@@ -221,12 +203,13 @@ def resolve_checkpoint(path: str) -> str:
         raise CheckpointError(
             f"no complete checkpoint under {path} (expected version-<N>/ps-<i>-of-<n>.npz)"
         )
-    return os.path.join(path, f"version-{versions[-1]}")
+    return fs.join(path, f"version-{versions[-1]}")
 
 
 def version_of(version_dir: str) -> int:
     """N of a ``version-<N>`` directory."""
-    return int(_VERSION_DIR.match(os.path.basename(os.path.normpath(version_dir))).group(1))
+    return int(_VERSION_DIR.match(fs.basename(version_dir if fs.is_remote(version_dir)
+                                              else os.path.normpath(version_dir))).group(1))
 
 
 def load_shard(path: str, ps_id: int, num_ps: int) -> ShardState:
@@ -241,7 +224,7 @@ def load_shard(path: str, ps_id: int, num_ps: int) -> ShardState:
     records_applied = 0
     files = sorted(_shard_files(version_dir))
     for shard_id, saved_num_ps, file in files:
-        with np.load(file) as data:
+        with np.load(_local_or_bytes(file)) as data:
             for name, table in _tables_in(data, ps_id, num_ps).items():
                 tables.setdefault(name, []).append(table)
             version = int(data["__version__"])
@@ -269,6 +252,11 @@ def load_shard(path: str, ps_id: int, num_ps: int) -> ShardState:
     embeddings = {name: _concatenate(parts) for name, parts in tables.items()}
     return ShardState(version=version, step=step, params=params, slots=slots, embeddings=embeddings,
                       marks=marks, records_applied=records_applied, term=term, non_trainable=non_trainable)
+
+
+def _local_or_bytes(file: str):
+    """What np.load reads: a local path, or a remote shard's bytes."""
+    return io.BytesIO(fs.read_bytes(file)) if fs.is_remote(file) else file
 
 
 def _tables_in(data, ps_id: int, num_ps: int) -> dict[str, TableState]:
@@ -310,13 +298,13 @@ def discard_after(checkpoint_dir: str, version: int, ps_id: int, term: int) -> l
     anew; a file left from before could otherwise complete a cut with shards of the new timeline.
     Returns the removed paths."""
     removed = []
-    for entry in os.listdir(checkpoint_dir) if os.path.isdir(checkpoint_dir) else []:
+    for entry in fs.listdir(checkpoint_dir) if fs.isdir(checkpoint_dir) else []:
         match = _VERSION_DIR.match(entry)
         if not match or int(match.group(1)) <= version:
             continue
-        for shard_id, _, shard_term, path in _all_shard_files(os.path.join(checkpoint_dir, entry)):
+        for shard_id, _, shard_term, path in _all_shard_files(fs.join(checkpoint_dir, entry)):
             if shard_id == ps_id and shard_term <= term:
-                os.unlink(path)
+                fs.remove(path)
                 removed.append(path)
     return removed
 
@@ -326,4 +314,4 @@ def prune(checkpoint_dir: str, keep_max: int) -> None:
     if keep_max <= 0:
         return
     for version in complete_versions(checkpoint_dir)[:-keep_max]:
-        shutil.rmtree(os.path.join(checkpoint_dir, f"version-{version}"), ignore_errors=True)
+        fs.rmtree(fs.join(checkpoint_dir, f"version-{version}"))

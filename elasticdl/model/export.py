@@ -11,7 +11,10 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tempfile
 import weakref
+
+from elasticdl import fs
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +41,12 @@ def export_saved_model(model, path: str) -> str:
     """Write ``model`` with a ``serving_default`` signature to ``path`` (replaced if present)."""
     import keras
 
+    if fs.is_remote(path):  # TensorFlow writes local files only: export here, then upload the tree
+        with tempfile.TemporaryDirectory(prefix="elasticdl-export-") as local:
+            export_saved_model(model, os.path.join(local, "model"))
+            fs.put_dir(os.path.join(local, "model"), path)
+        logger.info("SavedModel uploaded to %s", path)
+        return path
     if os.path.exists(path):
         shutil.rmtree(path)
     # Keras 3's exporter traces model.call with the input spec it recorded when built.

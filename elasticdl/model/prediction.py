@@ -11,12 +11,13 @@ output value (``output_0, output_1, ...``).
 from __future__ import annotations
 
 import hashlib
+import io
 import os
-import shutil
 from collections.abc import Sequence
 
 import numpy as np
 
+from elasticdl import fs
 from elasticdl.data.sources import Shard
 
 PARTS = "parts"
@@ -24,7 +25,7 @@ PARTS = "parts"
 
 def _part_path(outputs_dir: str, path: str, start: int) -> str:
     key = hashlib.sha1(os.path.abspath(path).encode(), usedforsecurity=False).hexdigest()[:12]  # a file name
-    return os.path.join(outputs_dir, PARTS, f"{key}-{start:012d}.npy")
+    return fs.join(outputs_dir, PARTS, f"{key}-{start:012d}.npy")
 
 
 def _flatten(predictions) -> np.ndarray:
@@ -43,25 +44,23 @@ def write_part(outputs_dir: str, path: str, start: int, batches: list) -> int:
     """Write one task's predictions atomically; returns the number of rows."""
     rows = np.concatenate([_flatten(b) for b in batches]) if batches else np.zeros((0, 0))
     target = _part_path(outputs_dir, path, start)
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    tmp = target + ".tmp.npy"
-    np.save(tmp, rows)
-    os.replace(tmp, target)
+    fs.makedirs(fs.join(outputs_dir, PARTS))
+    fs.write_atomically(target, lambda f: np.save(f, rows))
     return len(rows)
 
 
 def join_parts(outputs_dir: str, shards: Sequence[Shard]) -> str:
     """Concatenate the parts in input order into predictions.csv; returns its path."""
-    missing = [s for s in shards if not os.path.exists(_part_path(outputs_dir, s.path, s.start))]
+    missing = [s for s in shards if not fs.exists(_part_path(outputs_dir, s.path, s.start))]
     if missing:
         raise FileNotFoundError(
             f"{len(missing)} prediction tasks wrote no output (first: {missing[0].path} "
             f"records {missing[0].start}-{missing[0].end}); see the worker logs"
         )
-    rows = [np.load(_part_path(outputs_dir, s.path, s.start)) for s in shards]
+    rows = [np.load(io.BytesIO(fs.read_bytes(_part_path(outputs_dir, s.path, s.start)))) for s in shards]
     table = np.concatenate(rows) if rows else np.zeros((0, 0))
-    out = os.path.join(outputs_dir, "predictions.csv")
+    out = fs.join(outputs_dir, "predictions.csv")
     header = ",".join(f"output_{i}" for i in range(table.shape[1] if table.ndim == 2 else 0))
-    np.savetxt(out, table, delimiter=",", header=header, comments="", fmt="%.7g")
-    shutil.rmtree(os.path.join(outputs_dir, PARTS), ignore_errors=True)
+    fs.write_atomically(out, lambda f: np.savetxt(f, table, delimiter=",", header=header, comments="", fmt="%.7g"))
+    fs.rmtree(fs.join(outputs_dir, PARTS))
     return out
