@@ -17,8 +17,8 @@ from deepctr.common import NUM_FIELDS, dataset_fn, eval_metrics_fn, loss  # noqa
 from elasticdl.layers import Embedding
 
 
-def custom_model(factor_dim=8, hidden_units=16):
-    ids = keras.Input(shape=(NUM_FIELDS,), dtype="int64", name="ids")
+def custom_model(factor_dim=8, hidden_units=16, num_fields=NUM_FIELDS):
+    ids = keras.Input(shape=(num_fields,), dtype="int64", name="ids")
     weights = Embedding(1, embeddings_initializer="zeros", name="linear")(ids)  # [batch, fields, 1]
     factors = Embedding(factor_dim, name="factors")(ids)  # [batch, fields, k]
     linear = keras.ops.sum(weights, axis=1)
