@@ -22,7 +22,8 @@ from elasticdl.data import examples
 from elasticdl.data.errors import CorruptRecordError, DataError
 
 _FOOTERS_KEPT = 256
-_footers: OrderedDict[str, object] = OrderedDict()  # path -> FileMetaData: a worker reads a file task after task
+# (path, size) -> FileMetaData: a worker reads a file task after task; a rewritten file has another size.
+_footers: OrderedDict[tuple[str, int], object] = OrderedDict()
 _footers_lock = threading.Lock()
 
 
@@ -44,8 +45,9 @@ def _open(path: str):
 
 def _file(path: str, handle):
     pq = _pq()
+    key = (path, fs.size(path))
     with _footers_lock:
-        metadata = _footers.get(path)
+        metadata = _footers.get(key)
     try:
         parquet = pq.ParquetFile(handle, metadata=metadata, pre_buffer=True)
     except (OSError, ValueError) as err:
@@ -56,8 +58,8 @@ def _file(path: str, handle):
             raise better from err
         raise CorruptRecordError(path, 0, 0, f"not a readable Parquet file ({err})") from err
     with _footers_lock:
-        _footers[path] = parquet.metadata
-        _footers.move_to_end(path)
+        _footers[key] = parquet.metadata
+        _footers.move_to_end(key)
         while len(_footers) > _FOOTERS_KEPT:
             _footers.popitem(last=False)
     return parquet
