@@ -6,8 +6,8 @@ import tempfile
 
 import pytest
 from etcd_fixture import etcd_process, etcd_server  # noqa: F401  (pytest finds fixtures by name)
-from s3_fixture import s3, s3_env  # noqa: F401
 from hypothesis import settings
+from s3_fixture import s3, s3_env  # noqa: F401
 
 # The suite explores the same examples on every run, so a test that passed here passes in CI.
 # To search further, run with HYPOTHESIS_PROFILE=explore (random examples, as many as asked).

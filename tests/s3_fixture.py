@@ -7,7 +7,6 @@ puts it into this process's environment for one test. Each test makes its own bu
 
 from __future__ import annotations
 
-import os
 import secrets
 import socket
 import subprocess
