@@ -35,7 +35,7 @@ from benchmarks.common import (
     run_child,
 )
 
-CASES = ("training", "ps_data_plane", "embedding", "elastic_recovery")
+CASES = ("training", "ps_data_plane", "embedding", "elastic_recovery", "parquet_s3")
 
 # (row name, driver spec). ElasticDL 2w runs async (--use_async), the consistency of
 # ParameterServerStrategy; its default, sync SGD with grads_to_wait=1, is shown too.
@@ -117,8 +117,14 @@ RECOVERY_JOB = {
     False: {"minibatch_size": 32, "minibatches_per_task": 8, "epochs": 30, "settle_s": 2.0},
     True: {"minibatch_size": 32, "minibatches_per_task": 8, "epochs": 30, "settle_s": 0.5},
 }
+# Parquet on the moto S3 endpoint (benchmarks/parquet_s3.py): rows, files, rows per row group (= per task).
+PARQUET_S3 = {
+    False: {"rows": 1_000_000, "files": 2, "row_group_rows": 65_536},
+    True: {"rows": 50_000, "files": 2, "row_group_rows": 8_192},
+}
 TARGETS = {
     "vs_pss": 1.0,
+    "vs_pyarrow": 0.8,
     "vs_fit": 0.75,
     "vs_raw_grpc": 0.6,
 }
@@ -260,6 +266,21 @@ def run_recovery(args, out_dir: str) -> dict:
     return {"runs": result["runs"], "errors": result["errors"]}
 
 
+# ---------------------------------------------------------------- case: Parquet on S3
+
+
+def run_parquet_s3(args, out_dir: str) -> dict:
+    spec = {**PARQUET_S3[args.quick], "reps": args.reps}
+    log(f"parquet_s3: {spec['rows']:,} click rows in Parquet on a moto S3 server, {args.reps} repetitions")
+    try:
+        result = run_child("benchmarks.parquet_s3", spec, cwd=out_dir, timeout=args.timeout,
+                           log_path=os.path.join(out_dir, "logs", "parquet_s3.log"))
+    except ChildFailed as err:
+        log(str(err))
+        return {"runs": [], "errors": [str(err)]}
+    return {"runs": result["runs"], "rows": spec["rows"], "bytes": result["bytes"], "errors": []}
+
+
 # ---------------------------------------------------------------- table
 
 
@@ -355,6 +376,20 @@ def build_rows(results: dict) -> tuple[list[dict], list[dict]]:
                              "median": median(values), "runs": values, "ratio": None, "ratio_to": ""})
             else:
                 rows.append(_status_row("elastic_recovery", model, f"{competitor} error: see errors"))
+    parquet = results.get("parquet_s3")
+    if parquet is not None:
+        if parquet["runs"]:
+            model = f"ctr {parquet['rows']:,} rows"
+            reader = [r["elasticdl_reader"] for r in parquet["runs"]]
+            direct = [r["pyarrow_direct"] for r in parquet["runs"]]
+            ratio = median(paired_ratios(reader, direct))
+            rows.append({"case": "parquet_s3", "model": model, "competitor": "elasticdl_reader", "metric": "rows/s",
+                         "median": median(reader), "runs": reader, "ratio": ratio, "ratio_to": "pyarrow_direct"})
+            rows.append({"case": "parquet_s3", "model": model, "competitor": "pyarrow_direct", "metric": "rows/s",
+                         "median": median(direct), "runs": direct, "ratio": None, "ratio_to": ""})
+            targets.append(_target("parquet_s3: elasticdl_reader / pyarrow_direct", ratio, TARGETS["vs_pyarrow"]))
+        else:
+            rows.append(_status_row("parquet_s3", "-", "error: see errors"))
     return rows, targets
 
 
@@ -396,7 +431,7 @@ def render_table(rows: list[dict], targets: list[dict]) -> str:
 
 
 # Rows that are not ElasticDL: the competitors, the physical limit, the PS code without gRPC.
-BASELINES = ("keras_fit", "pss_", "raw_grpc", "ps_core")
+BASELINES = ("keras_fit", "pss_", "raw_grpc", "ps_core", "pyarrow")
 
 
 def write_chart(rows: list[dict], path: str) -> str:
@@ -462,6 +497,8 @@ def run_case(case: str, args, out_dir: str) -> dict:
             return run_dataplane(args, out_dir)
         if case == "embedding":
             return run_embedding(args, out_dir)
+        if case == "parquet_s3":
+            return run_parquet_s3(args, out_dir)
         return run_recovery(args, out_dir)
     except Exception as err:  # one broken case must not hide the others
         log(f"{case} failed: {traceback.format_exc()}")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-CASES = {"training", "ps_data_plane", "embedding", "elastic_recovery"}
+CASES = {"training", "ps_data_plane", "embedding", "elastic_recovery", "parquet_s3"}
 QUICK_COMPETITORS = {"keras_fit", "elasticdl_1w1ps", "elasticdl_2w1ps", "pss_1w1ps", "pss_2w1ps"}
 QUICK_MODELS = {"dense_tiny", "deepfm_10k_ids"}  # deepfm: DeepFM, its tables on the PS in ElasticDL
 
@@ -44,6 +44,8 @@ def test_quick_suite_reports_every_case(tmp_path):
     assert {(r["model"], r["competitor"]) for r in embedding} == {
         (size, c) for size in ("1k ids", "10k ids") for c in ("elasticdl_ps", "ps_core")
     }
+    parquet = {r["competitor"] for r in rows if r["case"] == "parquet_s3"}
+    assert parquet == {"elasticdl_reader", "pyarrow_direct"}
     recovery = {r["competitor"]: r for r in rows if r["case"] == "elastic_recovery"}
     assert set(recovery) == {"kill_worker", "scale_up", "kill_ps"}
     for row in rows:

@@ -1,0 +1,126 @@
+"""Parquet on S3: rows per second one worker's reader gets, against pyarrow reading the same files.
+
+    python -m benchmarks.parquet_s3 --spec '{"rows": 1000000, "files": 2, "row_group_rows": 65536, "reps": 3}'
+
+A moto S3 server on loopback (``moto.server``, a free port) holds the synthetic click data
+(model_zoo/deepctr/generate_parquet.py: eight high-cardinality id columns, a multi-hot
+``tags`` list, the label). Every repetition reads all of it twice, in an order rotated
+between repetitions:
+
+- ``elasticdl_reader``: what a worker does with its tasks. The files are cut into tasks of
+  one row group (``make_shards`` over the footers' row counts) and each task is read with
+  ``elasticdl.data.sources.read_records`` through s3fs: the row group's column chunks in
+  ranged reads, then one serialized tf.train.Example per row, the records ``dataset_fn``
+  gets.
+- ``pyarrow_direct``: ``pyarrow.parquet.read_table`` of each file through pyarrow's own
+  S3 client (C++), into Arrow columns; no records.
+
+Both use pyarrow's default thread pool. The figure is rows per second; the ratio is the
+reader's over pyarrow's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+from benchmarks.common import REPO, emit
+
+
+@contextlib.contextmanager
+def moto_s3_server():
+    """A moto S3 server on a free loopback port; yields its environment (endpoint, test credentials)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    try:
+        while True:  # until it answers (it imports for a few seconds first)
+            try:
+                urllib.request.urlopen(endpoint + "/moto-api/", timeout=1).close()  # nosec B310 (loopback http)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto server did not start: {proc.stderr.read().decode()[-2000:]}") from None
+                time.sleep(0.1)
+        yield {
+            "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _elasticdl_reader(files: list[str], row_group_rows: int) -> tuple[int, float]:
+    from elasticdl.data.sources import count_records, make_shards, read_records
+
+    started = time.perf_counter()
+    rows = 0
+    for shard in make_shards([(f, count_records(f)) for f in files], row_group_rows):
+        rows += len(list(read_records(shard.path, shard.start, shard.end)))
+    return rows, time.perf_counter() - started
+
+
+def _pyarrow_direct(files: list[str], env: dict) -> tuple[int, float]:
+    import pyarrow.fs
+    import pyarrow.parquet as pq
+
+    started = time.perf_counter()
+    s3 = pyarrow.fs.S3FileSystem(endpoint_override=env["AWS_ENDPOINT_URL"], access_key=env["AWS_ACCESS_KEY_ID"],
+                                 secret_key=env["AWS_SECRET_ACCESS_KEY"], region=env["AWS_DEFAULT_REGION"])
+    rows = sum(pq.read_table(f.split("://", 1)[1], filesystem=s3).num_rows for f in files)
+    return rows, time.perf_counter() - started
+
+
+def run(spec: dict) -> dict:
+    sys.path.insert(0, os.path.join(REPO, "model_zoo"))
+    from deepctr.generate_parquet import generate
+
+    with moto_s3_server() as env:
+        os.environ.update(env)
+        import s3fs
+
+        s3fs.S3FileSystem(client_kwargs={"endpoint_url": env["AWS_ENDPOINT_URL"]}).mkdir("bench")
+        generate("s3://bench/ctr", train_rows=spec["rows"], test_rows=1000, train_files=spec["files"],
+                 row_group_rows=spec["row_group_rows"])
+        from elasticdl.data.sources import resolve_data_files
+
+        files = resolve_data_files("s3://bench/ctr/train")
+        runs = []
+        for rep in range(spec["reps"]):
+            result = {}
+            order = ["elasticdl_reader", "pyarrow_direct"][::1 if rep % 2 == 0 else -1]
+            for name in order:
+                rows, seconds = (_elasticdl_reader(files, spec["row_group_rows"]) if name == "elasticdl_reader"
+                                 else _pyarrow_direct(files, env))
+                if rows != spec["rows"]:
+                    raise RuntimeError(f"{name} read {rows} rows of {spec['rows']}")
+                result[name] = rows / seconds
+            runs.append(result)
+            sys.stderr.write(f"rep {rep + 1}: {json.dumps(result)}\n")
+        return {"runs": runs, "bytes": sum(s3fs.S3FileSystem().size(f) for f in files)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spec", default='{"rows": 200000, "files": 2, "row_group_rows": 16384, "reps": 1}')
+    emit(run(json.loads(parser.parse_args().spec)))
+
+
+if __name__ == "__main__":
+    main()
