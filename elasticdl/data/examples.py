@@ -29,7 +29,7 @@ _FIELD_1 = 0x0A  # field 1, length-delimited: Example.features, Features.feature
 _MAP_VALUE = 0x12  # field 2 of a map entry
 
 
-_ROWS_PER_PASS = 1 << 16  # bounds the padded matrices below to a few tens of MB
+_ROWS_PER_PASS = 16384  # bounds the padded matrices below to a few MB
 
 
 @dataclass
