@@ -1,6 +1,7 @@
 """A real S3 HTTP API on loopback: moto's server mode, talked to through s3fs as users do.
 
-``s3`` (session-scoped) starts ``moto.server`` on a free port and yields an :class:`S3`
+``s3`` (session-scoped) starts ``moto.server`` on a free port (benchmarks/parquet_s3.py's
+``moto_s3_server``, which the benchmark uses too) and yields an :class:`S3`
 with the environment a job needs (``AWS_ENDPOINT_URL``, test credentials); ``s3_env``
 puts it into this process's environment for one test. Each test makes its own bucket.
 """
@@ -8,31 +9,14 @@ puts it into this process's environment for one test. Each test makes its own bu
 from __future__ import annotations
 
 import secrets
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class S3:
-    def __init__(self, endpoint: str):
-        self.endpoint = endpoint
-        self.env = {
-            "AWS_ENDPOINT_URL": endpoint,
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_EC2_METADATA_DISABLED": "true",  # no instance-metadata probe for credentials
-        }
+    def __init__(self, env: dict[str, str]):
+        self.env = env  # AWS_ENDPOINT_URL, test credentials, no instance-metadata probe
+        self.endpoint = env["AWS_ENDPOINT_URL"]
 
     def filesystem(self):
         import s3fs
@@ -48,28 +32,10 @@ class S3:
 
 @pytest.fixture(scope="session")
 def s3():
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    try:
-        while True:  # until the server answers (it imports for a few seconds first)
-            try:
-                urllib.request.urlopen(endpoint + "/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto server did not start: {proc.stderr.read().decode()[-2000:]}") from None
-                time.sleep(0.1)
-        yield S3(endpoint)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    from benchmarks.parquet_s3 import moto_s3_server  # the benchmark starts the same server
+
+    with moto_s3_server() as env:
+        yield S3(env)
 
 
 @pytest.fixture
