@@ -163,3 +163,25 @@ def _tfrecord_bytes() -> bytes:
     with tempfile.NamedTemporaryFile() as f:
         write_records(f.name, [b"a" * 10, b"b" * 10, b"c" * 10])
         return open(f.name, "rb").read()
+
+
+def test_prediction_outputs_and_tensorboard_logs_in_a_bucket(s3_env):
+    from elasticdl.data.sources import Shard
+    from elasticdl.master.tensorboard import TensorBoardWriter
+    from elasticdl.model import prediction
+
+    bucket = s3_env.new_bucket()
+    s3 = s3_env.filesystem()
+    outputs = f"s3://{bucket}/predictions"
+    shards = [Shard("s3://data/a.parquet", 0, 2), Shard("s3://data/a.parquet", 2, 3)]
+    assert prediction.write_part(outputs, shards[1].path, 2, [np.array([[0.5]])]) == 1
+    assert prediction.write_part(outputs, shards[0].path, 0, [np.array([[0.25], [0.75]])]) == 2
+    assert prediction.join_parts(outputs, shards) == f"{outputs}/predictions.csv"
+    assert s3.cat_file(f"{bucket}/predictions/predictions.csv").decode().split() == ["output_0", "0.25", "0.75", "0.5"]
+    assert not s3.exists(f"{bucket}/predictions/parts")
+
+    writer = TensorBoardWriter(f"s3://{bucket}/tb")
+    writer.scalars(1, {"loss": 0.5})
+    writer.close()
+    (events,) = [p for p in s3.ls(f"{bucket}/tb") if not p.endswith(".committed")]
+    assert "tfevents" in events and s3.size(events) > 0
