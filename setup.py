@@ -16,12 +16,18 @@ setup(
         "etcd-sdk-python>=0.0.7",  # module pyetcd: python-etcd3's API on current protobuf (--etcd_endpoints)
         "kubernetes>=30",  # --backend kubernetes (imported only there)
         "rich>=13",  # the master's live progress line, with log lines printed above it
+        "fsspec>=2024.2",  # remote paths (elasticdl/fs.py); each scheme's backend is an extra below
+        "pyarrow>=15",  # Parquet data (imported only for .parquet files)
     ],
     extras_require={
         # TensorFlow is an extra so a GPU image can bring its own build.
         "cpu": ["tensorflow-cpu>=2.18", "tensorboard"],
         "gpu": ["tensorflow[and-cuda]>=2.18", "tensorboard"],
+        "s3": ["s3fs>=2024.2"],  # s3:// paths (AWS, MinIO, any S3-compatible store)
+        "gcs": ["gcsfs>=2024.2"],  # gs:// paths
+        # s3fs and moto's S3 server: the object-storage tests (tests/s3_fixture.py) and the parquet_s3 benchmark.
         "dev": ["pytest>=8", "pytest-timeout", "hypothesis", "ruff", "scikit-learn", "grpcio-tools>=1.70",
+                "s3fs>=2024.2", "moto[server]>=5",
                 "kubernetes-validate", "matplotlib", "import-linter>=2.16",
                 "bandit>=1.8"],  # matplotlib: the benchmarks' chart
     },
