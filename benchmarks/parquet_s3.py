@@ -46,8 +46,8 @@ def moto_s3_server():
     deadline = time.monotonic() + 60
     try:
         while True:  # until it answers (it imports for a few seconds first)
-            try:
-                urllib.request.urlopen(endpoint + "/moto-api/", timeout=1).close()  # nosec B310 (loopback http)
+            try:  # plain http to the loopback server this function started
+                urllib.request.urlopen(endpoint + "/moto-api/", timeout=1).close()  # nosec B310
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
