@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -54,7 +55,8 @@ def moto_s3_server():
                     raise RuntimeError(f"moto server did not start: {proc.stderr.read().decode()[-2000:]}") from None
                 time.sleep(0.1)
         yield {
-            "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            # moto takes any credentials; a fresh secret lets a test look for it in the logs.
+            "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "moto", "AWS_SECRET_ACCESS_KEY": secrets.token_hex(12),
             "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
         }
     finally:

@@ -15,13 +15,14 @@ import pytest
 
 class S3:
     def __init__(self, env: dict[str, str]):
-        self.env = env  # AWS_ENDPOINT_URL, test credentials, no instance-metadata probe
+        self.env = env  # AWS_ENDPOINT_URL, credentials (a fresh secret), no instance-metadata probe
         self.endpoint = env["AWS_ENDPOINT_URL"]
 
     def filesystem(self):
         import s3fs
 
-        return s3fs.S3FileSystem(key="testing", secret="testing", client_kwargs={"endpoint_url": self.endpoint},
+        return s3fs.S3FileSystem(key=self.env["AWS_ACCESS_KEY_ID"], secret=self.env["AWS_SECRET_ACCESS_KEY"],
+                                 client_kwargs={"endpoint_url": self.endpoint},
                                  skip_instance_cache=True)
 
     def new_bucket(self, prefix: str = "elasticdl") -> str:

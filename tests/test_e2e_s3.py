@@ -72,7 +72,10 @@ def test_deepfm_on_parquet_in_s3_survives_a_ps_kill_and_exports_to_s3(s3_env, tm
     assert rollback["to_version"] >= 10 and rollback["to_version"] % 10 == 0
     log = (tmp_path / "runs" / "s3-deepfm" / "logs" / "master.log").read_text()
     assert "from the latest checkpoint" in log and f"{root}/ckpt" in log
-    assert "testing" not in log and "testing" not in err  # the credentials are never logged
+    secret = s3_env.env["AWS_SECRET_ACCESS_KEY"]
+    assert secret not in log and secret not in err and secret not in out  # credentials are never logged
+    for role_log in (tmp_path / "runs" / "s3-deepfm" / "logs").iterdir():
+        assert secret not in role_log.read_text(), role_log.name
     assert report["saved_model"] == f"{root}/model"
     assert report["checkpoint"].startswith(f"{root}/ckpt/version-")
 
