@@ -303,10 +303,3 @@ def put_dir(local: str, remote: str) -> None:
             source = os.path.join(root, name)
             target = join(remote, os.path.relpath(source, local).replace(os.sep, "/"))
             _call(remote, lambda s=source, t=target: fs.put_file(s, t))
-
-
-def get_dir(remote: str, local: str) -> str:
-    """Download the tree under ``remote`` into ``local``; ``local``."""
-    fs = filesystem(remote)
-    _call(remote, lambda: fs.get(remote.rstrip("/") + "/", local.rstrip(os.sep) + os.sep, recursive=True))
-    return local

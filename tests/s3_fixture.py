@@ -21,9 +21,14 @@ class S3:
     def filesystem(self):
         import s3fs
 
-        return s3fs.S3FileSystem(key=self.env["AWS_ACCESS_KEY_ID"], secret=self.env["AWS_SECRET_ACCESS_KEY"],
-                                 client_kwargs={"endpoint_url": self.endpoint},
-                                 skip_instance_cache=True)
+        s3 = s3fs.S3FileSystem(key=self.env["AWS_ACCESS_KEY_ID"], secret=self.env["AWS_SECRET_ACCESS_KEY"],
+                               client_kwargs={"endpoint_url": self.endpoint},
+                               # A request the server never answers fails the test in seconds,
+                               # not after s3fs's and botocore's retries (minutes).
+                               config_kwargs={"read_timeout": 20, "retries": {"max_attempts": 1}},
+                               skip_instance_cache=True)
+        s3.retries = 1  # s3fs's own retries, on top of botocore's
+        return s3
 
     def new_bucket(self, prefix: str = "elasticdl") -> str:
         name = f"{prefix}-{secrets.token_hex(4)}"

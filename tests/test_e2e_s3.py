@@ -38,8 +38,6 @@ def _ids(table, max_tags: int, pad_id: int) -> np.ndarray:
 
 
 def test_deepfm_on_parquet_in_s3_survives_a_ps_kill_and_exports_to_s3(s3_env, tmp_path):
-    from elasticdl import fs
-
     bucket = s3_env.new_bucket("ctr")
     root = f"s3://{bucket}"
     meta = _generate(f"{root}/ctr")
@@ -83,8 +81,9 @@ def test_deepfm_on_parquet_in_s3_survives_a_ps_kill_and_exports_to_s3(s3_env, tm
     assert report["saved_model"] == f"{root}/model"
     assert report["checkpoint"].startswith(f"{root}/ckpt/version-")
 
-    model = tf.saved_model.load(fs.get_dir(f"{root}/model", str(tmp_path / "model")))
-    with fs.open(f"{root}/ctr/test/part-000.parquet") as f:
+    s3.get(f"{bucket}/model/", str(tmp_path / "model") + "/", recursive=True)
+    model = tf.saved_model.load(str(tmp_path / "model"))
+    with s3.open(f"{bucket}/ctr/test/part-000.parquet") as f:
         test = pq.read_table(f)
     scores = model.signatures["serving_default"](tf.constant(_ids(test, meta["max_tags"], meta["pad_id"])))
     scores = next(iter(scores.values())).numpy().ravel()
