@@ -64,9 +64,10 @@ def test_quick_suite_reports_every_case(tmp_path):
     assert recovery["scale_up"]["median"] < 300, recovery
     assert recovery["kill_ps"]["median"] < 300, recovery
 
-    assert len(doc["targets"]) == 7  # 2 models x 2 vs PSS, dense vs model.fit, 2 x data plane
+    assert len(doc["targets"]) == 8  # 2 models x 2 vs PSS, dense vs model.fit, 2 x data plane, Parquet reader
     assert {t["target"] for t in doc["targets"]} >= {
         "training deepfm_10k_ids: elasticdl_1w1ps / pss_1w1ps", "training deepfm_10k_ids: elasticdl_2w1ps / pss_2w1ps",
+        "parquet_s3: elasticdl_reader / pyarrow_direct",
     }
     for target in doc["targets"]:
         assert _is_number(target["ratio"]) and target["result"] in ("PASS", "MISS"), target
