@@ -1,4 +1,4 @@
-"""Record readers (TFRecord, CSV) and task shards; TensorFlow-free."""
+"""Record readers (TFRecord, CSV, Parquet) and task shards; TensorFlow-free."""
 
 from elasticdl.data.errors import BadRecord, BadRecordError, CorruptRecordError, DataError, NoDataFilesError
 from elasticdl.data.sources import (

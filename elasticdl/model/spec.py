@@ -48,7 +48,7 @@ _OPTIONAL = {
 class DatasetMetadata:
     """The third argument of ``dataset_fn``: what the raw records are."""
 
-    record_format: str  # "tfrecord" (serialized tf.train.Example) or "csv" (text lines)
+    record_format: str  # "tfrecord" or "parquet" (serialized tf.train.Example), or "csv" (text lines)
     column_names: tuple[str, ...] = ()
 
 
