@@ -303,7 +303,12 @@ class Job:
         init = self._resume_cut or self.config.checkpoints.checkpoint_dir_for_init
         if not init:
             return
-        report.restored_from = checkpoint.resolve_checkpoint(init)
+        try:
+            report.restored_from = checkpoint.resolve_checkpoint(init)
+        except checkpoint.CheckpointError as err:  # the PS say so too, and the job fails on their exit
+            logger.warning("%s", err)
+            report.restored_from = init
+            return
         if self.command != "train":
             report.checkpoint = report.restored_from  # the model evaluate and predict ran
         version = checkpoint.version_of(report.restored_from)
