@@ -80,6 +80,16 @@ def test_a_rollback_outside_the_checkpoint_dir_is_refused(tmp_path):
     assert ps.shard.version == 0
 
 
+def test_a_rollback_names_a_cut_under_the_checkpoint_dir_local_or_remote():
+    from elasticdl.ps.server import _under
+
+    assert _under("/ckpt/version-4", "/ckpt") and not _under("/ckpt/../etc", "/ckpt")
+    assert _under("s3://bucket/ckpt/version-4", "s3://bucket/ckpt/")
+    assert not _under("s3://bucket/ckpt/../other/version-4", "s3://bucket/ckpt")
+    assert not _under("s3://bucket/ckpt2/version-4", "s3://bucket/ckpt")
+    assert not _under("/anything", "")
+
+
 def test_commands_of_an_older_term_are_refused(tmp_path):
     ps = make_ps(params=model(), checkpoint_dir=str(tmp_path / "ckpt"), term=3)
     for command in (lambda: ps.fence([1], [], term=2), lambda: ps.set_learning_rate(0.5, term=2),

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from elasticdl import fs
 from elasticdl.model import checkpoint
 from elasticdl.model.embedding.table import EmbeddingError, FrozenTable, TableInfo, check_ids
 from elasticdl.model.optimizers import Optimizer, learning_rate_problem
@@ -163,8 +164,7 @@ class ParameterServer:
         then holds the same cut. Pushes of hand-outs below ``fence_floor`` are refused from now
         on. Returns the restored version. CheckpointError for a path outside --checkpoint_dir."""
         self.check_term(term)
-        root = os.path.realpath(self.settings.checkpoint_dir) if self.settings.checkpoint_dir else ""
-        if not root or not os.path.realpath(path).startswith(root + os.sep):
+        if not _under(path, self.settings.checkpoint_dir):
             raise checkpoint.CheckpointError(
                 f"restore from {path!r} refused: it is not a checkpoint under this job's --checkpoint_dir "
                 f"{self.settings.checkpoint_dir!r}"
@@ -523,6 +523,16 @@ class ParameterServer:
             self._last_checkpoint_version = state.version
         logger.info("checkpoint at version %d", state.version)
         return path
+
+
+def _under(path: str, root: str) -> bool:
+    """True if ``path`` lies inside the directory ``root`` (local or an object store's prefix)."""
+    if not root:
+        return False
+    if fs.is_remote(root):
+        parts = path.split("/")
+        return path.startswith(root.rstrip("/") + "/") and ".." not in parts
+    return os.path.realpath(path).startswith(os.path.realpath(root) + os.sep)
 
 
 def _check_batch(batch: BatchPosition) -> None:
