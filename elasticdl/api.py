@@ -49,6 +49,9 @@ def run(config: JobConfig, command: str = "train", backend=None, before_tensorfl
 
         return submit(config, command)
     config.validate(command)  # flags first: no TensorFlow import for a typo
+    from elasticdl.model.keras_generation import settle
+
+    config = settle(config)  # Keras 2 or 3, before TensorFlow is imported
     from elasticdl.model.tf_runtime import quiet_tensorflow
 
     quiet_tensorflow()

@@ -140,7 +140,7 @@ def test_complete_module_loads(tmp_path):
     assert spec.module_path == path and spec.model_name == "custom_model"
     module = sys.modules[model_def.rpartition(".")[0]]
     assert spec.model_fn is module.custom_model
-    assert spec.loss is module.loss and spec.optimizer is module.optimizer
+    assert spec.loss.__wrapped__ is module.loss and spec.optimizer is module.optimizer
     assert spec.dataset_fn is module.dataset_fn and spec.eval_metrics_fn is module.eval_metrics_fn
     assert spec.callbacks is None and spec.learning_rate_scheduler is None
 
@@ -273,15 +273,20 @@ def test_unsupported_optimizer(tmp_path, data_file):
     assert "supports SGD, Adam, AdamW, Adagrad, RMSprop" in message
 
 
-def test_loss_must_return_a_scalar(tmp_path, data_file):
+def test_per_example_loss_is_reduced_by_its_mean_with_a_warning(tmp_path, data_file, caplog):
     loss = """
         def loss(labels, predictions):
             labels = tf.reshape(labels, [-1])
             return keras.losses.sparse_categorical_crossentropy(labels, predictions, from_logits=True)
     """
-    message, path = check_error(tmp_path, data_file, loss=loss)
-    assert path in message
-    assert "must return a scalar" in message and "(4,)" in message
+    config = job(tmp_path, data_file, loss=loss)
+    with caplog.at_level("WARNING"):
+        checked = check_job(config)
+    warnings = [r.getMessage() for r in caplog.records if "not a scalar" in r.getMessage()]
+    assert len(warnings) == 1 and "(4,)" in warnings[0] and "its mean" in warnings[0]
+    labels, predictions = tf.constant([0, 1]), tf.constant([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    per_example = checked.spec.loss.__wrapped__(labels, predictions)
+    assert float(checked.spec.loss(labels, predictions)) == pytest.approx(float(tf.reduce_mean(per_example)))
 
 
 def test_loss_that_raises(tmp_path, data_file):

@@ -45,8 +45,10 @@ def _run(command: str):
     # written by hand with values keeps them out of the PS and worker pods all the same.
     config = manifests.without_secret_values(JobConfig.from_json(os.environ[manifests.JOB_CONFIG_ENV]))
     configure_logging(config.job.logging_level, "master")
+    from elasticdl.model.keras_generation import settle
     from elasticdl.model.tf_runtime import configure_tensorflow, quiet_tensorflow
 
+    config = settle(config)  # Keras 2 or 3, before TensorFlow is imported
     quiet_tensorflow()
     configure_tensorflow(1)
     from elasticdl.api import run

@@ -43,6 +43,7 @@ from elasticdl.config.sections import (  # noqa: E402
     EvaluationSection,
     JobSection,
     KubernetesSection,
+    ModelZooSection,
     OutputSection,
     TrainingSection,
     parse_kv_params,
@@ -52,7 +53,7 @@ from elasticdl.config.sections import (  # noqa: E402
 __all__ = [
     "BACKENDS", "COMMANDS", "FLAGS", "LOG_LEVELS", "SECTIONS", "CheckpointSection", "ConfigError",
     "ConsistencySection", "DataSection", "ElasticitySection", "EvaluationSection", "Flag", "JobConfig",
-    "JobSection", "KubernetesSection", "OutputSection", "TrainingSection", "check_job_name",
+    "JobSection", "KubernetesSection", "ModelZooSection", "OutputSection", "TrainingSection", "check_job_name",
     "check_writable_dir", "parse_kv_params", "render_kv_params", "suggest_job_name",
 ]
 
@@ -63,6 +64,7 @@ class JobConfig:
     the CLI or ``elasticdl.train(...)``."""
 
     training: TrainingSection = field(default_factory=TrainingSection)
+    model_zoo_functions: ModelZooSection = field(default_factory=ModelZooSection)
     data: DataSection = field(default_factory=DataSection)
     evaluation: EvaluationSection = field(default_factory=EvaluationSection)
     consistency: ConsistencySection = field(default_factory=ConsistencySection)
@@ -160,6 +162,10 @@ class JobConfig:
             raise ConfigError(
                 f"--model_def must be pkg.module.name under --model_zoo "
                 f"(e.g. digits.digits_functional.custom_model). Received: {training.model_def!r}"
+            )
+        if self.model_zoo_functions.keras_version not in ("auto", "2", "3"):
+            raise ConfigError(
+                f"--keras_version must be auto, 2 or 3. Received: {self.model_zoo_functions.keras_version!r}"
             )
         if command == "train" and not data.training_data:
             raise ConfigError("--training_data is required for `elasticdl train`.")

@@ -504,3 +504,41 @@ class KubernetesSection:
         """(requests, limits) of a role's pods: master, worker or ps; no limits given: the requests."""
         requests = getattr(self, f"{role}_resource_request")
         return dict(requests), dict(getattr(self, f"{role}_resource_limit") or requests)
+
+
+@dataclass
+class ModelZooSection:
+    """Which functions of the model-zoo module to use, and the Keras it is written for
+    (the original ElasticDL's flags; see docs/model_zoo.md#migrating-from-the-original-elasticdl)."""
+
+    TITLE: ClassVar[str] = "Model-zoo functions and Keras"
+
+    keras_version: str = flag(
+        "auto",
+        "The Keras the module is written for: 2 (tf_keras: tf.keras, feature columns, DenseFeatures; "
+        "needs pip install 'elasticdl[keras2]'), 3, or auto (read from the module's source at submit time).",
+    )
+    feed: str = flag("", "The dataset function's name in the module (empty: dataset_fn, else feed).")
+    loss: str = flag("loss", "The loss function's name in the module.")
+    optimizer: str = flag("optimizer", "The optimizer function's name in the module.")
+    eval_metrics_fn: str = flag("eval_metrics_fn", "The metrics function's name in the module (optional).")
+    callbacks: str = flag("callbacks", "The callbacks function's name in the module (optional).")
+    custom_data_reader: str = flag(
+        "custom_data_reader",
+        "The original ElasticDL's custom data reader's name: a module that defines it is refused "
+        "with the alternative (readers here are chosen by file format).",
+    )
+    prediction_outputs_processor: str = flag(
+        "PredictionOutputsProcessor",
+        "The prediction outputs processor class's name in the module (optional).",
+        commands=("predict",),
+    )
+
+    def names(self) -> dict[str, str]:
+        """Contract name -> the name to look up in the module."""
+        return {
+            "dataset_fn": self.feed, "loss": self.loss, "optimizer": self.optimizer,
+            "eval_metrics_fn": self.eval_metrics_fn, "callbacks": self.callbacks,
+            "custom_data_reader": self.custom_data_reader,
+            "PredictionOutputsProcessor": self.prediction_outputs_processor,
+        }

@@ -70,7 +70,8 @@ def check_job(config: JobConfig, command: str = "train", before_tensorflow=None)
     files = check_inputs(config, command)
     if before_tensorflow is not None:
         before_tensorflow()
-    spec = load_model_spec(config.training.model_zoo, config.training.model_def)
+    spec = load_model_spec(config.training.model_zoo, config.training.model_def,
+                           config.model_zoo_functions.names())
     optimizer_spec = _check_optimizer(spec)
     metrics = check_eval_metrics(spec)
     has_header = config.data.has_header

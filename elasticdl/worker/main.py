@@ -8,7 +8,7 @@ import signal
 import sys
 
 from elasticdl.config import JobConfig
-from elasticdl.errors import report_exit
+from elasticdl.errors import REPORTED, report_exit
 from elasticdl.launch.child import die_with_parent
 from elasticdl.logs import configure_logging
 from elasticdl.model.tf_runtime import configure_tensorflow, default_threads
@@ -34,6 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.job_config) as f:
         config = JobConfig.from_json(f.read())
     configure_logging(config.job.logging_level, f"worker-{args.worker_id}")
+    from elasticdl.model.keras_generation import settle
+
+    try:  # Keras 2 or 3, before TensorFlow is imported: the environment may not carry it (a pod)
+        config = settle(config, announce=False)
+    except REPORTED as err:
+        return report_exit(f"elasticdl worker-{args.worker_id}", err)
     configure_tensorflow(  # imports TensorFlow without its banner (shown with --log_level debug)
         config.training.num_threads_per_process or default_threads(config.elasticity.num_workers)
     )
@@ -46,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     from elasticdl.worker.consistency import ConsistencyPolicy
     from elasticdl.worker.worker import Worker
 
-    spec = load_model_spec(config.training.model_zoo, config.training.model_def)
+    spec = load_model_spec(config.training.model_zoo, config.training.model_def,
+                           config.model_zoo_functions.names())
     ps = PSClient(args.ps_addrs.split(","))
     worker = Worker(
         worker_id=args.worker_id,
