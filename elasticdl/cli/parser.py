@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(argv: list[str]) -> tuple[str, JobConfig]:
-    args = vars(build_parser().parse_args(argv))
+    from elasticdl.cli.legacy_flags import strip_legacy_flags
+
+    args = vars(build_parser().parse_args(strip_legacy_flags(argv)))
     command = args.pop("command")
     return command, JobConfig.from_flags(**args).with_defaults()

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from elasticdl import fs
-from elasticdl.data import csv_file, parquet, tfrecord
+from elasticdl.data import csv_file, parquet, recordio, tfrecord
 from elasticdl.data.errors import CorruptRecordError, NoDataFilesError
 
 _TEXT_SUFFIXES = (".csv", ".txt")
@@ -84,11 +84,15 @@ class Shard:
 
 
 def record_format(path: str) -> str:
-    """Return "csv" for .csv/.txt files, "parquet" for .parquet/.pq (any case), else "tfrecord"."""
+    """"csv" for .csv/.txt files, "parquet" for .parquet/.pq (any case), "recordio" for RecordIO
+    files (by suffix or by the magic number of their first chunk, elasticdl/data/recordio.py), else
+    "tfrecord"."""
     lower = path.lower()
     if lower.endswith(_TEXT_SUFFIXES):
         return "csv"
-    return "parquet" if lower.endswith(_PARQUET_SUFFIXES) else "tfrecord"
+    if lower.endswith(_PARQUET_SUFFIXES):
+        return "parquet"
+    return "recordio" if recordio.is_recordio(path) else "tfrecord"
 
 
 def count_records(path: str, has_header: bool = False) -> int:
@@ -98,6 +102,8 @@ def count_records(path: str, has_header: bool = False) -> int:
         return csv_file.count_records(path, has_header)
     if kind == "parquet":
         return parquet.count_records(path)
+    if kind == "recordio":
+        return recordio.count_records(path)
     return tfrecord.count_records(path)
 
 
@@ -120,6 +126,8 @@ def read_records(
         return csv_file.read_records(path, start, end, has_header)
     if kind == "parquet":
         return parquet.read_records(path, start, end, columns)
+    if kind == "recordio":
+        return recordio.read_records(path, start, end)  # a bad chunk checksum raises: no per-record skip
     return tfrecord.read_records(path, start, end, on_corrupt)
 
 

@@ -39,7 +39,7 @@ def record_input_signature(model, features) -> None:
 
 def export_saved_model(model, path: str) -> str:
     """Write ``model`` with a ``serving_default`` signature to ``path`` (replaced if present)."""
-    import keras
+    from elasticdl.model.keras_generation import legacy_active
 
     if fs.is_remote(path):  # TensorFlow writes local files only: export here, then upload the tree
         with tempfile.TemporaryDirectory(prefix="elasticdl-export-") as local:
@@ -49,10 +49,37 @@ def export_saved_model(model, path: str) -> str:
         return path
     if os.path.exists(path):
         shutil.rmtree(path)
+    if legacy_active():
+        return _export_keras2(model, path)
+    import keras
+
     # Keras 3's exporter traces model.call with the input spec it recorded when built.
     signature = None
     if not isinstance(model, (keras.Sequential, keras.src.models.Functional)):
         signature = _INPUT_SIGNATURES.get(model)
     model.export(path, format="tf_saved_model", verbose=False, input_signature=signature)
+    logger.info("SavedModel written to %s", path)
+    return path
+
+
+def _export_keras2(model, path: str) -> str:
+    """A Keras 2 (tf_keras) model: ``tf.saved_model.save`` with a ``serving_default`` traced on the
+    input specs the Trainer recorded (feature-column models take a dict of named inputs)."""
+    import tensorflow as tf
+
+    signature = _INPUT_SIGNATURES.get(model)
+    if signature is None:
+        raise ValueError("the model was never called on a batch: no input signature to export")
+
+    @tf.function(input_signature=signature)
+    def serve(features):
+        outputs = model(features, training=False)
+        if isinstance(outputs, dict):
+            return outputs
+        if isinstance(outputs, (list, tuple)):
+            return {f"output_{i}": t for i, t in enumerate(outputs)}
+        return {"output_0": outputs}
+
+    tf.saved_model.save(model, path, signatures={"serving_default": serve.get_concrete_function()})
     logger.info("SavedModel written to %s", path)
     return path

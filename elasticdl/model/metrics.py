@@ -7,7 +7,9 @@ per-task values. A plain function ``fn(labels, predictions) -> per-example value
 merged as a record-weighted mean (its state is ``[sum, count]``).
 
 A multi-output model may nest metrics per output: ``{"ctr": {"auc": AUC()}, "cvr": {...}}``;
-the metric then sees ``labels["ctr"]`` and ``predictions["ctr"]``, and reports as ``ctr/auc``.
+the metric then sees ``predictions["ctr"]`` and reports as ``ctr/auc``. Its labels are
+``labels["ctr"]`` when the labels are a dict, else the labels tensor itself, as the original
+ElasticDL passed it to every output's metrics.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ class MetricsAccumulator:
 
     def update(self, labels, predictions) -> None:
         for name, entry in self._entries.items():
-            y, p = _select(labels, entry.output), _select(predictions, entry.output)
+            y = labels if not isinstance(labels, dict) else _select(labels, entry.output)
+            p = _select(predictions, entry.output)
             if _is_keras_metric(entry.metric):
                 entry.metric.update_state(y, p)
             else:

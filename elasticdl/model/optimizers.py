@@ -241,6 +241,8 @@ def optimizer_spec_from_keras(optimizer: Any) -> OptimizerSpec:
             f"{public if cls.__module__.startswith('keras.') else qualname}; "
             f"the parameter server supports {supported}. Return one of those."
         )
+    if cls.__module__.startswith("tf_keras."):
+        return _spec_from_tf_keras(optimizer, name)
     if not cls.__module__.startswith("keras."):
         # A user class that merely shares the name (or a Keras 2 / tf_keras
         # optimizer) may do different math than we replicate.
@@ -276,6 +278,36 @@ def optimizer_spec_from_keras(optimizer: Any) -> OptimizerSpec:
         )
 
     config = _jsonable(optimizer.get_config(), "config")
+    _validate_config(name, config)
+    return OptimizerSpec(name=name, config=config)
+
+
+def _spec_from_tf_keras(optimizer: Any, name: str) -> OptimizerSpec:
+    """A Keras 2 (``tf_keras``) optimizer, new or ``legacy``, as the spec of the same Keras 3 one.
+
+    The update rules match for SGD and Adam; Keras 2's legacy Adagrad and RMSprop add epsilon
+    outside the square root where Keras 3 adds it inside (a difference of order epsilon).
+    """
+    cls = type(optimizer)
+    legacy = ".legacy." in cls.__module__
+    lr_obj = getattr(optimizer, "_learning_rate", None)
+    if legacy:
+        lr_obj = getattr(optimizer, "_hyper", {}).get("learning_rate", lr_obj)
+    if "LearningRateSchedule" in {c.__name__ for c in type(lr_obj).__mro__}:
+        raise UnsupportedOptimizerError(
+            f"{cls.__name__}'s learning_rate is {type(lr_obj).__name__} (a LearningRateSchedule); "
+            + _LR_SCHEDULER_HINT
+        )
+    config = _jsonable(optimizer.get_config(), "config")
+    if legacy:
+        decay = config.pop("decay", 0.0)
+        if decay:
+            raise UnsupportedOptimizerError(
+                f"{cls.__name__}(decay={decay}) is not supported by the parameter server: "
+                + _LR_SCHEDULER_HINT
+            )
+    config.pop("is_legacy_optimizer", None)
+    config.pop("jit_compile", None)
     _validate_config(name, config)
     return OptimizerSpec(name=name, config=config)
 

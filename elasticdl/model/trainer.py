@@ -19,6 +19,7 @@ from elasticdl.model.embedding.backends import (
 )
 from elasticdl.model.embedding.swap import DEFAULT_THRESHOLD_MB, swap_large_embeddings, threshold_bytes
 from elasticdl.model.embedding.table import IndexedRows
+from elasticdl.model.keras_generation import variable_name
 from elasticdl.model.non_trainable import NonTrainableChange, lives_on_ps
 from elasticdl.model.spec import DatasetMetadata, ModelSpec, ModelSpecError
 
@@ -100,23 +101,25 @@ class Trainer:
                 self.embeddings.use(source)
         variables = {}
         for var in self.model.trainable_variables:
-            if var.path in variables:
+            name = variable_name(var)  # Keras 3's path, or Keras 2's name
+            if name in variables:
                 raise ModelSpecError(
-                    f"{self.spec.module_path}: two trainable variables are named {var.path!r}; "
+                    f"{self.spec.module_path}: two trainable variables are named {name!r}; "
                     "give the layers distinct names."
                 )
-            variables[var.path] = var
+            variables[name] = var
         if not variables and not self.embeddings.infos:
             raise ModelSpecError(f"{self.spec.module_path}: the model has no trainable variables.")
         non_trainable = {}
         for var in self.model.non_trainable_variables:
             if not lives_on_ps(var):  # integer state (seed counters) stays with each worker
                 continue
-            if var.path in variables or var.path in non_trainable:
+            name = variable_name(var)
+            if name in variables or name in non_trainable:
                 raise ModelSpecError(
-                    f"{self.spec.module_path}: two variables are named {var.path!r}; give the layers distinct names."
+                    f"{self.spec.module_path}: two variables are named {name!r}; give the layers distinct names."
                 )
-            non_trainable[var.path] = var
+            non_trainable[name] = var
         self.variables = variables
         self.non_trainable = non_trainable
         self._backend_variables = {name: _backend_variable(var) for name, var in {**variables, **non_trainable}.items()}

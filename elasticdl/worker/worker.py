@@ -291,7 +291,7 @@ class Worker:
             if self.spec.prediction_outputs_processor is not None:
                 if self._processor is None:
                     self._processor = self.spec.prediction_outputs_processor()
-                self._processor.process(_to_numpy(predictions), self.worker_id)
+                self._processor.process(predictions, self.worker_id)  # tensors, as the original passed
             else:
                 outputs.append(_to_numpy(predictions))
             result.records += _batch_size(predictions)

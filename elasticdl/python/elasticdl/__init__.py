@@ -1,0 +1,1 @@
+"""The original ElasticDL's ``elasticdl.python.elasticdl`` paths: callbacks, layers, feature_column."""

@@ -1,0 +1,1 @@
+"""The original ElasticDL's ``elasticdl.python.elasticdl.layers`` package."""

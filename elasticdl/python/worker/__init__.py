@@ -1,0 +1,1 @@
+"""The original ElasticDL's ``elasticdl.python.worker`` package (prediction_outputs_processor)."""
