@@ -136,7 +136,10 @@ def check_eval_metrics(spec: ModelSpec) -> dict[str, Any]:
             f"{spec.module_path}: eval_metrics_fn() must return a non-empty dict "
             f"{{name: keras.metrics.Metric or fn(labels, predictions)}}. Received: {type(metrics).__name__}"
         )
-    for name, metric in metrics.items():
+    from elasticdl.model.metrics import flatten_metrics
+
+    for name, entry in flatten_metrics(metrics).items():  # nested per output: {"probs": {"auc": AUC()}}
+        metric = entry.metric
         if not isinstance(metric, keras.metrics.Metric) and not callable(metric):
             raise ModelSpecError(
                 f"{spec.module_path}: eval_metrics_fn()[{name!r}] must be a keras.metrics.Metric "

@@ -167,6 +167,9 @@ def variable_name(var) -> str:
     return name[:-2] if name.endswith(":0") else name
 
 
+_ANNOUNCED: list = []  # once per process: the CLI and the API both settle
+
+
 def settle(config, announce: bool = True):
     """``config`` with ``--keras_version`` decided (2 or 3), that Keras made this process's.
 
@@ -183,7 +186,8 @@ def settle(config, announce: bool = True):
         return config  # a Kubernetes client without the zoo: the master pod decides
     choice = choose(section.keras_version, training.model_zoo, training.model_def)
     activate(choice.version)
-    if announce:
+    if announce and not _ANNOUNCED:
+        _ANNOUNCED.append(choice)
         logging.getLogger(__name__).info("the model-zoo module runs on %s", choice.describe())
     if choice.version == section.keras_version:
         return config

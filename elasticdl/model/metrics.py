@@ -169,7 +169,7 @@ def merge_states(
             if f"{name}/0" not in summed:
                 continue
             for i, var in enumerate(entry.metric.variables):
-                var.assign(np.asarray(summed[f"{name}/{i}"], dtype=var.dtype))
+                var.assign(np.asarray(summed[f"{name}/{i}"], dtype=getattr(var.dtype, "as_numpy_dtype", var.dtype)))  # Keras 2: a tf.DType
             results[name] = float(np.asarray(entry.metric.result()))
         else:
             total, count = summed.get(f"{name}/0", np.zeros(2))
