@@ -71,14 +71,21 @@ def _export_keras2(model, path: str) -> str:
     if signature is None:
         raise ValueError("the model was never called on a batch: no input signature to export")
 
-    @tf.function(input_signature=signature)
-    def serve(features):
-        outputs = model(features, training=False)
-        if isinstance(outputs, dict):
-            return outputs
-        if isinstance(outputs, (list, tuple)):
-            return {f"output_{i}": t for i, t in enumerate(outputs)}
-        return {"output_0": outputs}
+    def outputs(features):
+        result = model(features, training=False)
+        if isinstance(result, dict):
+            return result
+        if isinstance(result, (list, tuple)):
+            return {f"output_{i}": t for i, t in enumerate(result)}
+        return {"output_0": result}
+
+    spec = signature[0]
+    if isinstance(spec, dict):  # named inputs (feature columns): one signature input per feature
+        keys = list(spec)
+        named = [tf.TensorSpec(spec[k].shape, spec[k].dtype, name=k) for k in keys]
+        serve = tf.function(lambda *args: outputs(dict(zip(keys, args))), input_signature=named)
+    else:
+        serve = tf.function(outputs, input_signature=signature)
 
     tf.saved_model.save(model, path, signatures={"serving_default": serve.get_concrete_function()})
     logger.info("SavedModel written to %s", path)

@@ -8,18 +8,20 @@ import numpy as np
 import tensorflow as tf
 
 from elasticdl.python.worker.prediction_outputs_processor import BasePredictionOutputsProcessor
-from model_zoo.dac_ctr.feature_config import BUCKETS, FEATURE_NAMES, HASH_FEATURES, LABEL_KEY, STANDARDIZED_FEATURES
+from model_zoo.dac_ctr.ctr_models import MODELS
+from model_zoo.dac_ctr.feature_config import FEATURE_NAMES, HASH_FEATURES, LABEL_KEY, STANDARDIZED_FEATURES
+from model_zoo.dac_ctr.feature_transform import transform_feature
 
 
-def custom_model():
-    inputs = {name: tf.keras.layers.Input(name=name, shape=(1,), dtype=tf.int64 if name in STANDARDIZED_FEATURES
-                                          else tf.string) for name in FEATURE_NAMES}
-    dense = tf.concat([tf.cast(inputs[n], tf.float32) / 100.0 for n in STANDARDIZED_FEATURES], axis=1)
-    ids = [tf.strings.to_hash_bucket_fast(inputs[n], BUCKETS) for n in HASH_FEATURES]
-    embedded = [tf.keras.layers.Flatten()(tf.keras.layers.Embedding(BUCKETS, 4)(i)) for i in ids]
-    x = tf.keras.layers.Concatenate()([dense] + embedded)
-    logits = tf.keras.layers.Dense(1)(tf.keras.layers.Dense(8, activation="relu")(x))
-    return tf.keras.Model(inputs=inputs, outputs={"logits": logits, "probs": tf.sigmoid(logits)})
+def custom_model(model="xdeepfm"):
+    input_layers = get_input_layers(FEATURE_NAMES)
+    standardized_tensor, id_tensors, max_ids = transform_feature(input_layers)
+    return MODELS[model](input_layers, standardized_tensor, id_tensors, max_ids)
+
+
+def get_input_layers(feature_names):
+    return {name: tf.keras.layers.Input(name=name, shape=(1,), dtype=tf.int64 if name in STANDARDIZED_FEATURES
+                                        else tf.string) for name in feature_names}
 
 
 def loss(labels, predictions):

@@ -1,0 +1,79 @@
+"""Run by tests/test_original_zoo.py in a fresh process (Keras 2 must be chosen before TensorFlow
+is imported, and the test process has imported it with Keras 3): every model of the
+original-style zoo through the submit-time checks, three training steps on in-process tables and
+parameters, a SavedModel export, and the exported serving signature on a batch.
+
+Usage: python tests/original_zoo_smoke.py ZOO OUT model_def=data[;model_params] ...
+Prints one JSON line per model."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def main(zoo: str, out: str, cases: list[str]) -> None:
+    from elasticdl.config import JobConfig
+    from elasticdl.model.keras_generation import settle
+
+    for case in cases:
+        model_def, _, rest = case.partition("=")
+        data, _, params = rest.partition(";")
+        config = JobConfig.from_flags(model_zoo=zoo, model_def=model_def, training_data=data,
+                                      minibatch_size=8, model_params=params).with_defaults()
+        config = settle(config, announce=False)
+        print(json.dumps(run_one(config, os.path.join(out, model_def.replace(".", "_")))), flush=True)
+
+
+def run_one(config, export_dir: str) -> dict:
+    import numpy as np
+    import tensorflow as tf
+
+    from elasticdl.master.preflight import check_job
+    from elasticdl.model.embedding.backends import LocalTables
+    from elasticdl.model.export import export_saved_model
+    from elasticdl.model.optimizers import make_optimizer
+    from elasticdl.model.trainer import Trainer
+
+    checked = check_job(config)
+    spec = checked.spec
+    trainer = Trainer(spec, config.training.model_params)
+    tables = LocalTables()
+    trainer.connect(tables)
+    optimizer = make_optimizer(checked.optimizer_spec)
+    from elasticdl.data.sources import read_records, record_format
+    from elasticdl.mode import Mode
+    from elasticdl.model.spec import DatasetMetadata
+    from elasticdl.model.trainer import make_dataset
+
+    path = checked.files[0][0]
+    records = list(read_records(path, 0, 24))
+    batches = list(make_dataset(spec, records, Mode.TRAINING, DatasetMetadata(record_format(path)), 8))
+    trainer.ensure_built(batches[0][0])
+    slots = {}
+    losses = []
+    for step, (features, labels) in enumerate(batches, start=1):
+        loss, grads = trainer.compute_gradients(features, labels)
+        losses.append(loss)
+        params = trainer.get_params()
+        for name, grad in grads.items():
+            if name in params:  # dense parameters, with the PS's optimizer (embedding rows: the full jobs)
+                slots.setdefault(name, optimizer.create_slots(params[name]))
+                optimizer.apply(params[name], grad, slots[name], step)
+        trainer.set_params(params)
+    model = trainer.serving_model(lambda name: tables.tables[name].state()[:2])
+    export_saved_model(model, export_dir)
+    loaded = tf.saved_model.load(export_dir)
+    serve = loaded.signatures["serving_default"]
+    features = batches[0][0]
+    inputs = features if isinstance(features, dict) else {"features": features}
+    outputs = serve(**{k: tf.convert_to_tensor(v) for k, v in inputs.items()})
+    rows = {k: np.asarray(v).shape[0] for k, v in outputs.items()}
+    return {"model_def": config.training.model_def, "losses": losses, "finite": bool(np.all(np.isfinite(losses))),
+            "variables": len(trainer.variables), "tables": sorted(trainer.embeddings.infos),
+            "serving_rows": rows, "optimizer": checked.optimizer_spec.name}
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])
