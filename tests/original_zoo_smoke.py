@@ -3,8 +3,8 @@ is imported, and the test process has imported it with Keras 3): every model of 
 original-style zoo through the submit-time checks, three training steps on in-process tables and
 parameters, a SavedModel export, and the exported serving signature on a batch.
 
-Usage: python tests/original_zoo_smoke.py ZOO OUT model_def=data[;model_params] ...
-Prints one JSON line per model."""
+Usage: python tests/original_zoo_smoke.py ZOO OUT CASE...; a CASE is JSON:
+{"model_def": ..., "data": ..., "flags": {flag: value}}. Prints one JSON line per model."""
 
 from __future__ import annotations
 
@@ -17,13 +17,11 @@ def main(zoo: str, out: str, cases: list[str]) -> None:
     from elasticdl.config import JobConfig
     from elasticdl.model.keras_generation import settle
 
-    for case in cases:
-        model_def, _, rest = case.partition("=")
-        data, _, params = rest.partition(";")
-        config = JobConfig.from_flags(model_zoo=zoo, model_def=model_def, training_data=data,
-                                      minibatch_size=8, model_params=params).with_defaults()
+    for i, case in enumerate(map(json.loads, cases)):
+        config = JobConfig.from_flags(model_zoo=zoo, model_def=case["model_def"], training_data=case["data"],
+                                      minibatch_size=8, **case["flags"]).with_defaults()
         config = settle(config, announce=False)
-        print(json.dumps(run_one(config, os.path.join(out, model_def.replace(".", "_")))), flush=True)
+        print(json.dumps(run_one(config, os.path.join(out, f"model-{i}"))), flush=True)
 
 
 def run_one(config, export_dir: str) -> dict:
