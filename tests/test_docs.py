@@ -161,7 +161,9 @@ def _parser_flags() -> set[str]:
 
 @pytest.mark.parametrize("doc", DOC_FILES, ids=lambda p: p.name)
 def test_docs_mention_only_real_flags(doc):
-    known = set(_config_flags()) | _parser_flags() | _OTHER_PROGRAMS_FLAGS
+    from elasticdl.cli.legacy_flags import LEGACY_FLAGS
+
+    known = set(_config_flags()) | _parser_flags() | _OTHER_PROGRAMS_FLAGS | LEGACY_FLAGS
     mentioned = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9_]*", doc.read_text(encoding="utf-8")))
     unknown = sorted(mentioned - known)
     assert not unknown, (

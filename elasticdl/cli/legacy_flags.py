@@ -25,7 +25,8 @@ IGNORED = {
     "--data_reader_params_check": "it has no meaning here",
     "--output_dir": "use --output",
 }
-# flag -> (values that mean the same as here, why other values cannot work)
+# Every flag of the original that is taken off the command line (docs may name them).
+LEGACY_FLAGS = frozenset(IGNORED) | {"--distribution_strategy"}
 _STRATEGY_OK = {"", "parameterserverstrategy", "local"}
 
 

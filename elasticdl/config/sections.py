@@ -182,7 +182,7 @@ class DataSection:
     training_data: str = flag(
         "",
         "Training data: a file, a directory, a glob, or several separated by commas "
-        "(TFRecord of tf.train.Example, or .csv/.txt lines).",
+        "(TFRecord or RecordIO of tf.train.Example, or .csv/.txt lines).",
         commands=("train",),
     )
     validation_data: str = flag(
