@@ -219,3 +219,21 @@ def test_legacy_import_paths():
     assert default_logger.name.startswith("elasticdl")
     with pytest.raises(TypeError):
         BasePredictionOutputsProcessor()  # process() is abstract
+
+
+def test_keras_2_cannot_be_chosen_after_tensorflow_was_imported_with_keras_3(monkeypatch):
+    import importlib.util
+
+    import tensorflow  # noqa: F401  (this process imported it with Keras 3)
+
+    from elasticdl.model.keras_generation import KerasVersionError, activate
+
+    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
+    with pytest.raises(KerasVersionError, match="set TF_USE_LEGACY_KERAS=1 in the environment before importing"):
+        activate("2")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tf_keras" else real(name, *a))
+    with pytest.raises(KerasVersionError, match=r"pip install 'elasticdl\[keras2\]'"):
+        activate("2")
+    activate("3")  # what this process runs: fine
+    assert os.environ["TF_USE_LEGACY_KERAS"] == "0"
