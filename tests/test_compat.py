@@ -206,13 +206,12 @@ def test_nested_metrics_get_the_labels_tensor_for_each_output():
 
 
 def test_legacy_import_paths():
+    import elasticdl.layers
     from elasticdl.callbacks import LearningRateScheduler as Ours
     from elasticdl.python.common.log_utils import default_logger
     from elasticdl.python.elasticdl.callbacks import LearningRateScheduler
     from elasticdl.python.elasticdl.layers.embedding import Embedding
     from elasticdl.python.worker.prediction_outputs_processor import BasePredictionOutputsProcessor
-
-    import elasticdl.layers
 
     assert LearningRateScheduler is Ours
     assert Embedding is elasticdl.layers.Embedding  # Keras 3 in this process

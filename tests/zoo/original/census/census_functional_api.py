@@ -1,9 +1,13 @@
 """The original's census_functional_api.py idiom: DenseFeatures in a functional model."""
 
 import tensorflow as tf
-
 from model_zoo.census.census_feature_columns import (  # noqa: F401
-    dataset_fn, eval_metrics_fn, get_feature_columns, get_feature_input_layers, loss, optimizer,
+    dataset_fn,
+    eval_metrics_fn,
+    get_feature_columns,
+    get_feature_input_layers,
+    loss,
+    optimizer,
 )
 
 

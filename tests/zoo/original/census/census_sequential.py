@@ -1,9 +1,12 @@
 """The original's census_sequential.py idiom: DenseFeatures first in a Sequential model."""
 
 import tensorflow as tf
-
 from model_zoo.census.census_feature_columns import (  # noqa: F401
-    dataset_fn, eval_metrics_fn, get_feature_columns, loss, optimizer,
+    dataset_fn,
+    eval_metrics_fn,
+    get_feature_columns,
+    loss,
+    optimizer,
 )
 
 

@@ -1,9 +1,12 @@
 """The original's census_subclass.py idiom: a subclassed model holding a DenseFeatures layer."""
 
 import tensorflow as tf
-
 from model_zoo.census.census_feature_columns import (  # noqa: F401
-    dataset_fn, eval_metrics_fn, get_feature_columns, loss, optimizer,
+    dataset_fn,
+    eval_metrics_fn,
+    get_feature_columns,
+    loss,
+    optimizer,
 )
 
 

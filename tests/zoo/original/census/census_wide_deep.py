@@ -2,10 +2,14 @@
 and a deep part of embedding columns, each through DenseFeatures, summed into one logit."""
 
 import tensorflow as tf
-
 from model_zoo.census.census_feature_columns import (  # noqa: F401
-    CATEGORICAL, NUMERIC, dataset_fn, get_feature_input_layers, optimizer,
+    CATEGORICAL,
+    NUMERIC,
+    dataset_fn,
+    get_feature_input_layers,
+    optimizer,
 )
+
 from elasticdl.python.elasticdl.feature_column import feature_column
 
 

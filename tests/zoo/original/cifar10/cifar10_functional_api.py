@@ -2,7 +2,6 @@
 on tf.keras, the shared parsing from ``model_zoo.cifar10.data_parser``."""
 
 import tensorflow as tf
-
 from model_zoo.cifar10.data_parser import SIZE, dataset_fn, eval_metrics_fn, loss  # noqa: F401
 
 

@@ -3,7 +3,6 @@
 shallow: three blocks."""
 
 import tensorflow as tf
-
 from model_zoo.cifar10.data_parser import SIZE, dataset_fn, eval_metrics_fn, loss  # noqa: F401
 
 

@@ -3,9 +3,8 @@ bottleneck blocks with BatchNormalization and shortcuts), at a depth and width t
 seconds: one conv block and one identity block per stage, two stages."""
 
 import tensorflow as tf
-from tensorflow.keras import layers
-
 from model_zoo.cifar10.data_parser import SIZE, dataset_fn, eval_metrics_fn, loss  # noqa: F401
+from tensorflow.keras import layers
 
 
 def identity_block(input_tensor, kernel_size, filters, stage, block):

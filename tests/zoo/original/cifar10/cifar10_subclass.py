@@ -2,7 +2,6 @@
 BatchNormalization layers as attributes, the training flag passed down, RMSprop."""
 
 import tensorflow as tf
-
 from model_zoo.cifar10.data_parser import dataset_fn, eval_metrics_fn, loss  # noqa: F401
 
 

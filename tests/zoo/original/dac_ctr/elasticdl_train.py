@@ -6,11 +6,11 @@ import os
 
 import numpy as np
 import tensorflow as tf
-
-from elasticdl.python.worker.prediction_outputs_processor import BasePredictionOutputsProcessor
 from model_zoo.dac_ctr.ctr_models import MODELS
 from model_zoo.dac_ctr.feature_config import FEATURE_NAMES, HASH_FEATURES, LABEL_KEY, STANDARDIZED_FEATURES
 from model_zoo.dac_ctr.feature_transform import transform_feature
+
+from elasticdl.python.worker.prediction_outputs_processor import BasePredictionOutputsProcessor
 
 
 def custom_model(model="xdeepfm"):

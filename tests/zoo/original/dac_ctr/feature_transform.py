@@ -2,7 +2,6 @@
 ops on the Keras inputs: standardize the integers, hash the strings into one id space."""
 
 import tensorflow as tf
-
 from model_zoo.dac_ctr.feature_config import BUCKETS, HASH_FEATURES, STANDARDIZED_FEATURES
 
 

@@ -2,9 +2,9 @@
 models imported through ``model_zoo.``, images decoded in the dataset function, Adam."""
 
 import tensorflow as tf
+from model_zoo.resnet50_subclass.resnet50_model import ConvBlock, IdentityBlock
 
 from elasticdl.python.common.constants import Mode
-from model_zoo.resnet50_subclass.resnet50_model import ConvBlock, IdentityBlock
 
 
 class CustomModel(tf.keras.Model):
