@@ -31,6 +31,7 @@ def run_one(config, export_dir: str) -> dict:
     from elasticdl.master.preflight import check_job
     from elasticdl.model.embedding.backends import LocalTables
     from elasticdl.model.export import export_saved_model
+    from elasticdl.model.non_trainable import NonTrainableChange
     from elasticdl.model.optimizers import make_optimizer
     from elasticdl.model.trainer import Trainer
 
@@ -51,12 +52,16 @@ def run_one(config, export_dir: str) -> dict:
     trainer.ensure_built(batches[0][0])
     slots = {}
     losses = []
+    moved: set[str] = set()
     for step, (features, labels) in enumerate(batches, start=1):
         loss, grads = trainer.compute_gradients(features, labels)
         losses.append(loss)
         params = trainer.get_params()
         for name, grad in grads.items():
-            if name in params:  # dense parameters, with the PS's optimizer (embedding rows: the full jobs)
+            if isinstance(grad, NonTrainableChange):  # BatchNorm statistics: the PS adds the change
+                params[name] = params[name] + grad.values
+                moved.add(name)
+            elif name in params:  # dense parameters, with the PS's optimizer (embedding rows: the full jobs)
                 slots.setdefault(name, optimizer.create_slots(params[name]))
                 optimizer.apply(params[name], grad, slots[name], step)
         trainer.set_params(params)
@@ -69,7 +74,7 @@ def run_one(config, export_dir: str) -> dict:
     outputs = serve(**{k: tf.convert_to_tensor(v) for k, v in inputs.items()})
     rows = {k: np.asarray(v).shape[0] for k, v in outputs.items()}
     return {"model_def": config.training.model_def, "losses": losses, "finite": bool(np.all(np.isfinite(losses))),
-            "variables": len(trainer.variables), "tables": sorted(trainer.embeddings.infos),
+            "variables": len(trainer.variables), "non_trainable_moved": len(moved), "tables": sorted(trainer.embeddings.infos),
             "serving_rows": rows, "optimizer": checked.optimizer_spec.name}
 
 

@@ -161,6 +161,9 @@ def test_every_model_passes_the_submit_checks_trains_and_exports(data, tmp_path)
         "education_embedding/embeddings", "workclass_embedding/embeddings"]  # embedding_column: PS tables
     assert by_name["cifar10.cifar10_subclass.CustomModel"]["optimizer"] == "RMSprop"
     assert by_name["heart.heart_functional_api.custom_model"]["tables"] == []  # tf's own: dense on the PS
+    # Keras 2's BatchNormalization statistics train (sent as changes, as for Keras 3 models).
+    assert by_name["cifar10.cifar10_resnet50.custom_model"]["non_trainable_moved"] == 30  # 15 BN layers x 2
+    assert by_name["census.census_dnn.custom_model"]["non_trainable_moved"] == 0
 
 
 def run(command: str, tmp_path, model_def: str, data: str, *flags: str) -> dict:
