@@ -178,18 +178,19 @@ def test_consistency_policy_pull_rules():
 
 def test_telemetry_summary_per_epoch():
     class Stats:
-        def __init__(self, accepted, stale, hist):
+        def __init__(self, accepted, stale, hist, records):
             self.pushes_accepted, self.pushes_rejected_stale = accepted, stale
-            self.pushes_rejected_invalid, self.staleness = 0, hist
+            self.pushes_rejected_invalid, self.staleness, self.records_applied = 0, hist, records
 
-    start = summarize([Stats(10, 2, {0: 8, 1: 2})], 1.0)
-    end = summarize([Stats(30, 2, {0: 20, 1: 6, 3: 4})], 3.5)
+    start = summarize([Stats(10, 2, {0: 8, 1: 2}, 320)], 1.0)
+    end = summarize([Stats(30, 2, {0: 20, 1: 6, 3: 4}, 2880)], 3.5)
     epoch = end.minus(start)
     assert (epoch.pushes_accepted, epoch.pushes_rejected_stale) == (20, 0)
     assert epoch.staleness == {0: 12, 1: 4, 3: 4}
     assert epoch.blocked_seconds == pytest.approx(2.5)
     assert epoch.mean_staleness == pytest.approx((4 + 12) / 20)
     assert "rejected as stale 0 (0.0%)" in epoch.describe()
+    assert epoch.records_per_push == 128.0 and "records per push 128.0" in epoch.describe()
     assert StalenessSummary().to_dict()["rejected_stale_rate"] == 0.0
 
 

@@ -229,3 +229,20 @@ def test_async_and_ssp_converge(digits, tmp_path, flags):
     assert report["metrics"]["accuracy"] >= 0.90
     assert report["staleness"]["pushes_accepted"] == report["model_version"]
     assert report["staleness"]["pushes_rejected_stale"] == 0
+
+
+def test_accumulated_pushes_converge_and_train_every_record_once(digits, tmp_path):
+    """--push_steps 4 (local SGD): each worker pushes the sum of 4 batches' gradients. Tasks of 6
+    batches end with a sum of 2, pushed before the task is reported: none is lost (exactly once)."""
+    report = report_of(elasticdl(
+        train_args(digits, "digits.digits_functional.custom_model", num_workers=2, num_ps=1, num_epochs=4,
+                   use_async="true", push_steps=4, num_minibatches_per_task=6),
+        cwd=tmp_path,
+    ))
+    assert report["metrics"]["accuracy"] >= 0.90
+    assert report["exactly_once"]["holds"], report["exactly_once"]
+    staleness = report["staleness"]
+    assert staleness["pushes_accepted"] == report["model_version"]
+    # 6 batches of 32 per task: pushes of 4 and of 2 batches (a file's last task may be shorter).
+    assert 32 * 2 < staleness["records_per_push"] <= 32 * 4
+    assert "push every 4 steps" in report["consistency"]

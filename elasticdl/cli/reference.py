@@ -24,9 +24,10 @@ VALIDATION_RULES: tuple[tuple[str, tuple[dict, ...]], ...] = (
     ("`--training_data` is missing (`train`)", ({"training_data": ""},)),
     (
         "`--minibatch_size`, `--num_epochs`, `--num_workers`, `--max_workers`, `--num_ps`, `--grads_to_wait`, "
-        "`--num_minibatches_per_task` or `--get_model_steps` is below 1",
+        "`--num_minibatches_per_task`, `--get_model_steps` or `--push_steps` is below 1",
         tuple({name: 0} for name in ("minibatch_size", "num_epochs", "num_workers", "max_workers", "num_ps",
-                                     "grads_to_wait", "num_minibatches_per_task", "get_model_steps")),
+                                     "grads_to_wait", "num_minibatches_per_task", "get_model_steps",
+                                     "push_steps")),
     ),
     (
         "`--num_workers` is more than `--max_workers` (which `elasticdl scale` cannot pass either)",
@@ -55,8 +56,8 @@ VALIDATION_RULES: tuple[tuple[str, tuple[dict, ...]], ...] = (
         ({"use_async": True, "grads_to_wait": 2}, {"use_async": True, "sync_version_tolerance": 1}),
     ),
     (
-        "`--staleness_bound` or `--get_model_steps` other than 1 is given without `--use_async`",
-        ({"staleness_bound": 2}, {"get_model_steps": 2}),
+        "`--staleness_bound`, or `--get_model_steps` or `--push_steps` other than 1, is given without `--use_async`",
+        ({"staleness_bound": 2}, {"get_model_steps": 2}, {"push_steps": 4}),
     ),
     (
         "`--lr_staleness_modulation` is given in sync mode without `--sync_version_tolerance` "

@@ -271,6 +271,12 @@ class ConsistencySection:
         "locally in between.",
         commands=("train",),
     )
+    push_steps: int = flag(
+        1,
+        "Async only: push the sum of the gradients of every N steps (local SGD), applying "
+        "each step's gradients locally in between; pulls happen after a push.",
+        commands=("train",),
+    )
     sync_version_tolerance: int = flag(
         0,
         "Sync only: accept gradients computed up to K versions behind the model.",
@@ -287,16 +293,19 @@ class ConsistencySection:
         if not self.use_async:
             tolerance = f", version tolerance {self.sync_version_tolerance}" if self.sync_version_tolerance else ""
             return f"sync SGD, grads_to_wait={self.grads_to_wait}{tolerance}"
+        pull = f", pull every {self.get_model_steps} steps" if self.get_model_steps > 1 else ""
+        push = f", push every {self.push_steps} steps" if self.push_steps > 1 else ""
         if self.staleness_bound:
-            return f"stale-synchronous parallel, staleness bound {self.staleness_bound}"
-        return "async SGD" + (f", pull every {self.get_model_steps} steps" if self.get_model_steps > 1 else "")
+            return f"stale-synchronous parallel, staleness bound {self.staleness_bound}" + push
+        return "async SGD" + pull + push
 
     def validate(self) -> None:
         for name in ("staleness_bound", "sync_version_tolerance"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name} must be 0 or more. Received: {name}={getattr(self, name)}")
-        if self.get_model_steps < 1:
-            raise ConfigError(f"--get_model_steps must be at least 1. Received: {self.get_model_steps}")
+        for name in ("get_model_steps", "push_steps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name} must be at least 1. Received: {getattr(self, name)}")
         if self.use_async:
             conflicts = [
                 f"--grads_to_wait={self.grads_to_wait}" if self.grads_to_wait != 1 else "",
@@ -312,6 +321,7 @@ class ConsistencySection:
         conflicts = [
             f"--staleness_bound={self.staleness_bound}" if self.staleness_bound else "",
             f"--get_model_steps={self.get_model_steps}" if self.get_model_steps != 1 else "",
+            f"--push_steps={self.push_steps}" if self.push_steps != 1 else "",
         ]
         conflicts = [c for c in conflicts if c]
         if conflicts:

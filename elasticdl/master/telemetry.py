@@ -1,8 +1,10 @@
 """What staleness does to a job, summarised from the PS counters.
 
 Each PS counts pushes accepted, pushes rejected as stale, and the staleness (PS version
-at arrival - the version the gradient was computed on) of every gradient it applied.
-The master turns those counters into a per-epoch and a whole-job summary.
+at arrival - the version the gradient was computed on) of every gradient it applied, and
+the records those gradients came from. The master turns those counters into a per-epoch and a
+whole-job summary; records per push is the effective batch (``--minibatch_size``, times
+``--push_steps`` with accumulated pushes, less at a task's end where a shorter sum is pushed).
 """
 
 from __future__ import annotations
@@ -18,6 +20,12 @@ class StalenessSummary:
     pushes_rejected_invalid: int = 0
     staleness: dict[int, int] = field(default_factory=dict)  # staleness -> applied gradients
     blocked_seconds: float = 0.0  # workers waiting for the staleness bound, summed
+    records_applied: int = 0  # summed over the PS, as pushes_accepted is
+
+    @property
+    def records_per_push(self) -> float:
+        """The effective batch: records whose gradients one accepted push carried, on average."""
+        return self.records_applied / self.pushes_accepted if self.pushes_accepted else 0.0
 
     @property
     def rejected_rate(self) -> float:
@@ -47,6 +55,7 @@ class StalenessSummary:
             self.pushes_rejected_invalid - earlier.pushes_rejected_invalid,
             {k: v for k, v in sorted(hist.items()) if v > 0},
             self.blocked_seconds - earlier.blocked_seconds,
+            self.records_applied - earlier.records_applied,
         )
 
     def to_dict(self) -> dict:
@@ -58,6 +67,7 @@ class StalenessSummary:
             "mean_staleness": round(self.mean_staleness, 3),
             "staleness_histogram": {str(k): v for k, v in sorted(self.staleness.items())},
             "seconds_blocked_by_bound": round(self.blocked_seconds, 3),
+            "records_per_push": round(self.records_per_push, 2),
         }
 
     def describe(self) -> str:
@@ -66,7 +76,8 @@ class StalenessSummary:
         return (
             f"pushes accepted {self.pushes_accepted}, rejected as stale {self.pushes_rejected_stale} "
             f"({self.rejected_rate:.1%}), invalid {self.pushes_rejected_invalid}; "
-            f"staleness histogram {{{hist}}} (mean {self.mean_staleness:.2f}){blocked}"
+            f"staleness histogram {{{hist}}} (mean {self.mean_staleness:.2f}); "
+            f"records per push {self.records_per_push:.1f}{blocked}"
         )
 
 
@@ -79,5 +90,6 @@ def summarize(ps_stats, blocked_seconds: float) -> StalenessSummary:
         summary.pushes_rejected_stale += stats.pushes_rejected_stale
         summary.pushes_rejected_invalid += stats.pushes_rejected_invalid
         hist.update(stats.staleness)
+        summary.records_applied += stats.records_applied
     summary.staleness = dict(sorted(hist.items()))
     return summary

@@ -19,6 +19,11 @@ Three modes, from the job's flags (docs/consistency.md):
 - async (--use_async): pull every ``get_model_steps`` batches; in between the worker applies
   its own gradients to its local copy. Pushes are not answered with parameters: the shorter
   loop doubled the mean staleness and cost accuracy (docs/consistency.md).
+- accumulated pushes (--use_async --push_steps n): the worker pushes the sum of the gradients
+  of n batches at once (worker/accumulation.py), applying each batch's to its own copy in
+  between. It pulls only right after such a push: a pull in the middle would throw away the
+  local updates of gradients not pushed yet. With --get_model_steps m it pulls after the
+  first push at or past m batches since the last pull (m = 1: after every push).
 - stale-synchronous parallel (--use_async --staleness_bound s): as async, and a worker waits
   while its clock (batches pushed) is more than ``s`` ahead of the slowest worker that holds
   a task. Workers without a task (dead, preempted, idle) never hold others back.
@@ -78,11 +83,15 @@ class ConsistencyPolicy:
         get_model_steps: int = 1,
         sync_version_tolerance: int = 0,
         num_ps: int = 1,
+        push_steps: int = 1,
     ):
         if num_ps < 1:
             raise ValueError(f"num_ps must be at least 1. Received: num_ps={num_ps}")
         if get_model_steps < 1:
             raise ValueError(f"get_model_steps must be at least 1. Received: get_model_steps={get_model_steps}")
+        if push_steps < 1 or (push_steps > 1 and not use_async):
+            raise ValueError(f"push_steps must be at least 1, and 1 in sync mode. Received: push_steps={push_steps}")
+        self.push_steps = push_steps
         self.use_async = use_async
         self.staleness_bound = staleness_bound
         self.get_model_steps = get_model_steps
@@ -97,6 +106,7 @@ class ConsistencyPolicy:
         self._stale = False
         self.steps_since_pull = 0  # batches pushed since the last pull (async)
         self.clock = 0  # batches pushed (stale-synchronous parallel)
+        self.unpushed = 0  # batches trained and applied locally, their gradients not pushed yet
 
     @classmethod
     def from_config(cls, config, num_ps: int) -> ConsistencyPolicy:
@@ -106,6 +116,7 @@ class ConsistencyPolicy:
             get_model_steps=config.consistency.get_model_steps,
             sync_version_tolerance=config.consistency.sync_version_tolerance,
             num_ps=num_ps,
+            push_steps=config.consistency.push_steps,
         )
 
     # ------------------------------------------------------------ the mode
@@ -117,8 +128,17 @@ class ConsistencyPolicy:
 
     @property
     def applies_locally(self) -> bool:
-        """Async workers that pull rarely keep training on their own updates in between."""
-        return self.use_async and self.get_model_steps > 1
+        """Async workers that pull (or push) rarely keep training on their own updates in between."""
+        return self.use_async and (self.get_model_steps > 1 or self.push_steps > 1)
+
+    @property
+    def accumulates(self) -> bool:
+        """Push the sum of every ``push_steps`` batches' gradients (worker/accumulation.py)."""
+        return self.push_steps > 1
+
+    def push_due(self) -> bool:
+        """Enough batches were accumulated: push their sum now."""
+        return self.unpushed >= self.push_steps
 
     @property
     def waits_for_version(self) -> bool:
@@ -153,7 +173,7 @@ class ConsistencyPolicy:
         """Before computing a batch's gradients: pull first?"""
         if self._stale:
             return True
-        if self._fresh_from_push:
+        if self._fresh_from_push or self.unpushed:
             return False
         return not self.use_async or self.steps_since_pull >= self.get_model_steps
 
@@ -224,6 +244,22 @@ class ConsistencyPolicy:
         """Every PS accepted the batch's gradients."""
         self.clock += 1
         self.steps_since_pull += 1
+
+    def batch_accumulated(self) -> None:
+        """A batch's gradients were applied locally and kept to be pushed with the next ones."""
+        self.clock += 1
+        self.steps_since_pull += 1
+        self.unpushed += 1
+
+    def accumulation_pushed(self) -> None:
+        """Every PS accepted the accumulated gradients: the next batch may pull."""
+        self.unpushed = 0
+
+    def accumulation_dropped(self) -> None:
+        """The accumulated gradients were dropped (their task was taken back): the local copy
+        holds updates the PS never got, so the next batch pulls."""
+        self.unpushed = 0
+        self.steps_since_pull = self.get_model_steps
 
     def task_started(self) -> None:
         """A push's answer stands in for the pull of the batch right after it, not of a batch

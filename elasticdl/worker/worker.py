@@ -21,6 +21,7 @@ from elasticdl.model.trainer import Trainer
 from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.rpc.master_client import MasterClient, TaskOrder
 from elasticdl.rpc.ps_client import PSClient
+from elasticdl.worker.accumulation import GradientAccumulator
 from elasticdl.worker.consistency import ConsistencyPolicy, TaskTakenBackError
 from elasticdl.worker.task_data import BatchStream
 
@@ -99,6 +100,9 @@ class Worker:
         self._nonfinite_in_row = 0  # batches in a row whose loss or gradients were NaN/Inf
         self._batch_context = ""  # "task 3 (file records 0-255), batch 2": for messages
         self._batch_position: BatchPosition | None = None  # the batch being trained (pushes name it)
+        # --push_steps: gradients applied locally, pushed every n batches and before a task is reported.
+        self._accumulator = GradientAccumulator()
+        self.pushes = 0  # pushes every PS accepted (fewer than batches_trained with --push_steps)
 
     def run(self) -> None:
         try:
@@ -332,6 +336,14 @@ class Worker:
 
         try:
             self._run_batches(order, Mode.TRAINING, step)
+            # Before the task is reported (done, or left on SIGTERM): the master counts its
+            # records as trained, so their gradients must be on the PS.
+            self._with_ps_retries(self._push_accumulated)
+        except BaseException:
+            # Taken back: another hand-out trains the records. Failed: the master requeues from
+            # the PS's mark. Either way what was not pushed is trained again, never twice.
+            self._drop_accumulated()
+            raise
         finally:
             self._batch_position = None
         self._batch_context = ""
@@ -342,10 +354,20 @@ class Worker:
 
     def train_batch(self, features, labels) -> float:
         """Train one batch; rides out a parameter server restart (it comes back on its address)."""
+        if not self.consistency.accumulates:
+            return self._with_ps_retries(lambda: self._train_batch_once(features, labels))
+        # Accumulated pushes: the batch is trained once, and its push (every n-th batch) retried
+        # on its own, so a PS restart during the push does not add the batch's gradients twice.
+        loss = self._with_ps_retries(lambda: self._accumulate_batch(features, labels))
+        if self.consistency.push_due():
+            self._with_ps_retries(self._push_accumulated)
+        return loss
+
+    def _with_ps_retries(self, call: Callable[[], float | None]):
         deadline, pause = time.monotonic() + PS_RECONNECT_SECONDS, 0.2
         while True:
             try:
-                return self._train_batch_once(features, labels)
+                return call()
             except grpc.RpcError as err:
                 if err.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
                     raise
@@ -382,15 +404,70 @@ class Worker:
                 if answer.params is not None:
                     self.trainer.set_params(answer.params)
             if not pending:
-                if not self.batches_trained:
+                if not self.pushes:
                     logger.info("first gradient pushed (model version %d)", self.model_version)
                 self.batches_trained += 1
+                self.pushes += 1
                 policy.batch_pushed()
                 if policy.applies_locally:
                     self.trainer.apply_locally(grads, lr or None)
                 return loss
         logger.warning("skipped a batch: its gradients were stale %d times in a row", MAX_PUSH_TRIES)
         return loss
+
+    def _accumulate_batch(self, features, labels) -> float:
+        """--push_steps: compute the batch's gradients, apply them locally and keep them to push."""
+        if not self.trainer.built:
+            self.trainer.ensure_built(features)
+            self._initialize_ps()
+        policy = self.consistency
+        if policy.bounded:
+            self._wait_within_staleness_bound()
+        if policy.must_pull():
+            self._pull()
+        loss, grads = self.trainer.compute_gradients(features, labels)
+        if not (math.isfinite(loss) and getattr(self.trainer, "last_step_finite", True)):
+            return self._nonfinite_batch(loss)
+        self._nonfinite_in_row = 0
+        self._accumulator.add(grads, self._batch_position)
+        self.trainer.apply_locally(grads, self._learning_rate() or None)
+        self.batches_trained += 1
+        policy.batch_accumulated()
+        return loss
+
+    def _push_accumulated(self) -> None:
+        """Push the accumulated gradients (their sum, named by the last batch's position, with the
+        records of all of them). A retry after a lost answer is taken once: the PS's mark is past it."""
+        if not self._accumulator.batches:
+            return
+        policy = self.consistency
+        # Kept until every PS took them: a retry (PS restart) pushes the same sum again.
+        grads, position = self._accumulator.sums()
+        parts = self.ps.split(grads)
+        pending = set(range(self.ps.num_ps))
+        for _ in range(MAX_PUSH_TRIES):
+            answers = self.ps.push_gradients(
+                {ps: parts[ps] for ps in pending}, policy.versions, self._learning_rate(), self.worker_id,
+                want_parameters=False, batch=position,
+            )
+            pending = policy.push_answered(answers)  # async PS take every gradient; kept for safety
+            if not pending:
+                break
+        self._accumulator.clear()
+        if pending:
+            logger.warning("dropped accumulated gradients: PS %s refused them as stale %d times", sorted(pending),
+                           MAX_PUSH_TRIES)
+        if not self.pushes:
+            logger.info("first gradient pushed (model version %d)", self.model_version)
+        self.pushes += 1
+        policy.accumulation_pushed()
+
+    def _drop_accumulated(self) -> None:
+        if self._accumulator.batches:
+            logger.info("dropped the gradients of %d batches not pushed: their records are trained again",
+                        self._accumulator.batches)
+            self._accumulator.clear()
+            self.consistency.accumulation_dropped()
 
     def _nonfinite_batch(self, loss: float) -> float:
         """A batch whose loss or gradients are NaN/Inf is not pushed (the PS would refuse it, and

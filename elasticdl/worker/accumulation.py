@@ -1,0 +1,84 @@
+"""GradientAccumulator: the gradients of the batches a worker trained but has not pushed yet.
+
+With ``--use_async --push_steps n`` a worker pushes once every n batches (the seed's "each
+trainer uploads its accumulated gradient every n mini-batches"); in between it applies each
+batch's gradients to its own copy of the model. The push carries the *sum* of the n gradients,
+not their mean: the PS's optimizer then moves the shared model by what the worker's local
+optimizer moved its copy (for plain SGD exactly; n separate pushes would have moved it the
+same), so ``optimizer()``'s learning rate keeps its meaning. A mean would divide the learning
+rate by n.
+
+The push names the position of the *last* batch (the PS's exactly-once mark moves to its
+``records_end``) and the records of *all* of them (the PS's ``records_applied`` counts each
+record once), so ps/data_position.py needs nothing new: a retried accumulated push is
+recognised as taken, like a retried single batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from elasticdl.model.embedding.table import IndexedRows
+from elasticdl.model.non_trainable import NonTrainableChange
+from elasticdl.rpc.batch_position import BatchPosition
+
+
+class GradientAccumulator:
+    """Sums dense gradients and non-trainable changes, gathers embedding rows.
+
+    >>> acc = GradientAccumulator()
+    >>> acc.add({"w": np.ones(2, np.float32)}, BatchPosition(7, 1, 132, 32))
+    >>> acc.add({"w": np.ones(2, np.float32)}, BatchPosition(7, 1, 164, 32))
+    >>> grads, position = acc.sums()
+    >>> grads["w"].tolist(), position, acc.batches
+    ([2.0, 2.0], BatchPosition(task_id=7, handout=1, records_end=164, records=64), 2)
+    """
+
+    def __init__(self):
+        self._grads: dict = {}
+        self._position: BatchPosition | None = None
+        self.batches = 0
+
+    def add(self, grads: dict, position: BatchPosition | None) -> None:
+        if self._position is not None and position is not None and (
+            (position.task_id, position.handout) != (self._position.task_id, self._position.handout)
+        ):
+            raise ValueError(
+                f"gradients of task {position.task_id} (hand-out {position.handout}) added to those of task "
+                f"{self._position.task_id} (hand-out {self._position.handout}): push those first"
+            )
+        for name, grad in grads.items():
+            held = self._grads.get(name)
+            if held is None:
+                self._grads[name] = _own_copy(grad)
+            elif isinstance(grad, IndexedRows):
+                self._grads[name] = IndexedRows(np.concatenate([held.ids, grad.ids]),
+                                                np.concatenate([held.values, grad.values]))
+            elif isinstance(grad, NonTrainableChange):
+                np.add(held.values, grad.values, out=held.values)
+            else:
+                held += grad
+        if position is not None:
+            records = position.records + (self._position.records if self._position is not None else 0)
+            self._position = BatchPosition(position.task_id, position.handout, position.records_end, records)
+        self.batches += 1
+
+    def sums(self) -> tuple[dict, BatchPosition | None]:
+        """The sums and the position they cover (kept until ``clear``: a failed push is retried)."""
+        self._grads = {name: g.deduplicated() if isinstance(g, IndexedRows) else g for name, g in self._grads.items()}
+        return dict(self._grads), self._position
+
+    def clear(self) -> None:
+        """Pushed, or dropped (the task was taken back: another hand-out trains its records)."""
+        self._grads = {}
+        self._position = None
+        self.batches = 0
+
+
+def _own_copy(grad):
+    # The first batch's arrays are read-only views of TensorFlow's tensors: sum into a copy.
+    if isinstance(grad, IndexedRows):
+        return IndexedRows(np.array(grad.ids), np.array(grad.values))
+    if isinstance(grad, NonTrainableChange):
+        return NonTrainableChange(np.array(grad.values))
+    return np.array(grad)
