@@ -30,7 +30,7 @@ NON_DEFAULT = {
     "eval_metrics_fn": "my_metrics", "callbacks": "my_callbacks", "custom_data_reader": "my_reader",
     "prediction_outputs_processor": "MyProcessor",
     "evaluation_steps": 10, "evaluation_start_delay_secs": 1.5, "evaluation_throttle_secs": 2.5,
-    "grads_to_wait": 2, "use_async": True, "staleness_bound": 3, "get_model_steps": 2,
+    "grads_to_wait": 2, "use_async": True, "staleness_bound": 3, "get_model_steps": 2, "push_steps": 4,
     "sync_version_tolerance": 1, "lr_staleness_modulation": True,
     "num_workers": 4, "max_workers": 8, "num_ps": 2, "worker_pod_priority": "0.5", "relaunch_on_worker_failure": 1,
     "task_timeout": 30.0, "max_task_retries": 1, "etcd_endpoints": "etcd-0:2379,etcd-1:2379",
@@ -58,7 +58,8 @@ def test_every_flag_is_in_exactly_one_section():
     assert {name: where for name, where in seen.items() if len(where) > 1} == {}
     assert set(seen) == set(FLAGS)
     assert all(FLAGS[name].section == where[0] for name, where in seen.items())
-    assert len(FLAGS) == 67  # the flags of the flat JobConfig, none lost or added; + --max_bad_records; + 8 model_zoo_functions
+    # the flags of the flat JobConfig, none lost or added; + --max_bad_records; + 8 model_zoo_functions; + --push_steps
+    assert len(FLAGS) == 68
 
 
 def test_jobconfig_holds_only_the_sections():

@@ -202,6 +202,8 @@ def test_telemetry_summary_per_epoch():
     [
         ({"staleness_bound": 2}, ["--staleness_bound=2", "--use_async"]),
         ({"get_model_steps": 4}, ["--get_model_steps=4", "--use_async"]),
+        ({"push_steps": 4}, ["--push_steps=4", "--use_async"]),
+        ({"use_async": True, "push_steps": 0}, ["--push_steps"]),
         ({"use_async": True, "grads_to_wait": 2}, ["--grads_to_wait=2", "--use_async"]),
         ({"use_async": True, "sync_version_tolerance": 1}, ["--sync_version_tolerance=1", "--use_async"]),
         ({"lr_staleness_modulation": True}, ["--lr_staleness_modulation", "--sync_version_tolerance"]),

@@ -7,6 +7,7 @@ import grpc
 import numpy as np
 import pytest
 
+from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.rpc.master_client import TaskOrder
 from elasticdl.rpc.ps_client import PullResult, PushAnswer
 from elasticdl.rpc.push_outcome import PushOutcome
@@ -20,12 +21,18 @@ class _Trainer:
     def __init__(self):
         self.embeddings = type("Tables", (), {"snapshot_id": 0, "infos": {}})()
         self.params = None
+        self.computed = 0
+        self.applied_locally = 0
 
     def connect(self, ps):
         pass
 
     def compute_gradients(self, features, labels):
+        self.computed += 1
         return 0.5, {"w": np.ones(2, np.float32)}
+
+    def apply_locally(self, grads, learning_rate):
+        self.applied_locally += 1
 
     def set_params(self, params):
         self.params = params
@@ -42,6 +49,7 @@ class _PS:
         self.pull_versions = []  # the versions each pull sent
         self.refusals = []  # outcomes of the next pushes, refused before they change anything
         self.unreachable = 0  # the next pushes fail: the PS is down
+        self.pushes = []  # (the gradients, the batch position) of each push taken
 
     def split(self, grads):
         return [grads]
@@ -58,6 +66,7 @@ class _PS:
         if self.refusals:
             return {0: PushAnswer(self.refusals.pop(0), self.version, "stale gradient (or not)")}
         self.version += 1
+        self.pushes.append(({n: np.array(g) for n, g in grads_by_ps[0].items()}, batch))
         params = {"w": np.full(2, self.version, np.float32)} if want_parameters else None
         return {0: PushAnswer(PushOutcome.APPLIED, self.version, "", params)}
 
@@ -83,6 +92,10 @@ class _Master:
 
     def report(self, task_id, records, err_message="", *rest, **kwargs):
         self.reports.append((task_id, err_message))
+        self.reported_records = records
+
+    def report_progress(self, task_id, records, version):
+        pass
 
     def report_clock(self, clock, blocked_seconds):
         if self.waits:
@@ -178,3 +191,60 @@ def test_after_a_ps_reconnect_the_worker_pulls_everything(monkeypatch):
     worker.train_batch(None, None)
     assert ps.pull_versions == [[-1], [1], [-1]]  # the PS may be back from an older checkpoint
     assert worker.versions == [3]
+
+
+# ---------------------------------------------------------------- --push_steps
+
+
+def _task_of_batches(worker, batches: int, stop_after: int | None = None, taken_back_at: int | None = None):
+    """Feed train_task ``batches`` batches of 2 records (records 100.. of the file), as _run_batches does."""
+    def run_batches(order, mode, step):
+        for i in range(batches):
+            if i == stop_after:
+                worker.request_stop()  # SIGTERM during this batch
+            if i == taken_back_at:
+                worker.ps.refusals = [PushOutcome.REJECTED_FENCED]
+            if not step((None, None), 2 * (i + 1)):
+                return
+    worker._run_batches = run_batches
+
+
+def test_accumulated_pushes_carry_the_sum_and_the_last_batch_position():
+    worker, ps, master = _worker(ConsistencyPolicy(use_async=True, push_steps=4))
+    _task_of_batches(worker, 6)
+    master.orders = [TaskOrder("training", task_id=3, start=100, end=112, handout=9)]
+    worker.run()
+    # Every 4th batch, then the task's last 2 before it is reported: nothing is left behind.
+    assert [(g["w"].tolist(), b) for g, b in ps.pushes] == [
+        ([4.0, 4.0], BatchPosition(3, 9, 108, 8)), ([2.0, 2.0], BatchPosition(3, 9, 112, 4)),
+    ]
+    assert master.reports == [(3, "")] and master.reported_records == 12
+    assert (worker.trainer.computed, worker.trainer.applied_locally, worker.pushes) == (6, 6, 2)
+    assert ps.pulls == 1  # after the first push (the fake trainer was built: no first pull), never between pushes
+
+
+def test_accumulated_gradients_are_pushed_before_a_task_left_on_sigterm_is_reported():
+    worker, ps, master = _worker(ConsistencyPolicy(use_async=True, push_steps=4))
+    _task_of_batches(worker, 6, stop_after=1)
+    master.orders = [TaskOrder("training", task_id=3, start=100, end=112, handout=9)]
+    worker.run()
+    assert [b for _, b in ps.pushes] == [BatchPosition(3, 9, 104, 4)]
+    assert master.reports == [(3, "")] and master.reported_records == 4  # the master requeues 104-112
+
+
+def test_accumulated_gradients_of_a_task_taken_back_are_dropped():
+    worker, ps, master = _worker(ConsistencyPolicy(use_async=True, push_steps=4))
+    _task_of_batches(worker, 6, taken_back_at=3)  # the push at the 4th batch is fenced
+    master.orders = [TaskOrder("training", task_id=3, start=100, end=112, handout=9)]
+    worker.run()
+    assert ps.pushes == [] and master.reports == []  # another hand-out trains the records
+    assert worker.consistency.unpushed == 0 and worker.consistency.must_pull()
+
+
+def test_an_accumulated_push_that_failed_is_pushed_again_not_computed_again(monkeypatch):
+    monkeypatch.setattr("elasticdl.worker.worker.time.sleep", lambda seconds: None)
+    worker, ps, _ = _worker(ConsistencyPolicy(use_async=True, push_steps=2))
+    worker.train_batch(None, None)
+    ps.unreachable = 1  # the PS restarts during the push
+    worker.train_batch(None, None)
+    assert worker.trainer.computed == 2 and [g["w"].tolist() for g, _ in ps.pushes] == [[2.0, 2.0]]
