@@ -13,11 +13,14 @@ from elasticdl.launch.child import die_with_parent
 from elasticdl.logs import configure_logging
 from elasticdl.model.tf_runtime import configure_tensorflow, default_threads
 from elasticdl.rpc.auth import TokenError, require_token
+from elasticdl.worker.startup import StartupClock
 
 logger = logging.getLogger("elasticdl.worker")
 
 
 def main(argv: list[str] | None = None) -> int:
+    startup = StartupClock()  # where the time to the first gradient goes: logged with it
+    startup.mark("python")
     die_with_parent()
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--job_config", required=True, help="JobConfig JSON file")
@@ -43,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_tensorflow(  # imports TensorFlow without its banner (shown with --log_level debug)
         config.training.num_threads_per_process or default_threads(config.elasticity.num_workers)
     )
+    startup.mark("tensorflow")
 
     # Imported after the thread limits: these pull in TensorFlow.
     from elasticdl.model.spec import load_model_spec
@@ -52,13 +56,17 @@ def main(argv: list[str] | None = None) -> int:
     from elasticdl.worker.consistency import ConsistencyPolicy
     from elasticdl.worker.worker import Worker
 
+    startup.mark("elasticdl")
     spec = load_model_spec(config.training.model_zoo, config.training.model_def,
                            config.model_zoo_functions.names())
+    startup.mark("model zoo")
     ps = PSClient(args.ps_addrs.split(","))
+    trainer = Trainer(spec, config.training.model_params, config.training.embedding_swap_threshold_mb)
+    startup.mark("model")
     worker = Worker(
         worker_id=args.worker_id,
         spec=spec,
-        trainer=Trainer(spec, config.training.model_params, config.training.embedding_swap_threshold_mb),
+        trainer=trainer,
         master=MasterClient(args.master_addr, args.worker_id),
         ps=ps,
         minibatch_size=config.training.minibatch_size,
@@ -68,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         prediction_outputs=config.outputs.prediction_outputs,
         may_initialize_ps=args.command == "train",
         max_bad_records=config.data.max_bad_records if args.command != "predict" else 0,
+        startup=startup,
     )
     # Preemption is a scale-down, not a failure: finish the batch, report, leave (exit 0).
     signal.signal(signal.SIGTERM, lambda *_: worker.request_stop())

@@ -23,6 +23,7 @@ from elasticdl.rpc.master_client import MasterClient, TaskOrder
 from elasticdl.rpc.ps_client import PSClient
 from elasticdl.worker.accumulation import GradientAccumulator
 from elasticdl.worker.consistency import ConsistencyPolicy, TaskTakenBackError
+from elasticdl.worker.startup import StartupClock
 from elasticdl.worker.task_data import BatchStream
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class Worker:
         prediction_outputs: str = "",
         may_initialize_ps: bool = True,
         max_bad_records: int = 0,
+        startup: StartupClock | None = None,
     ):
         self.worker_id = worker_id
         self.spec = spec
@@ -103,6 +105,7 @@ class Worker:
         # --push_steps: gradients applied locally, pushed every n batches and before a task is reported.
         self._accumulator = GradientAccumulator()
         self.pushes = 0  # pushes every PS accepted (fewer than batches_trained with --push_steps)
+        self._startup = startup or StartupClock()
 
     def run(self) -> None:
         try:
@@ -119,6 +122,7 @@ class Worker:
         }
         while not self.stop_requested:
             order = self.master.get_task()
+            self._startup.mark("tasks")
             if order.kind == "end":
                 logger.info("no more tasks; %d batches trained", self.batches_trained)
                 return
@@ -378,9 +382,11 @@ class Worker:
                 self.consistency.ps_reconnected()
 
     def _train_batch_once(self, features, labels) -> float:
+        self._startup.mark("records and dataset_fn")
         if not self.trainer.built:
             self.trainer.ensure_built(features)
             self._initialize_ps()
+            self._startup.mark("variables and first pull")
         policy = self.consistency
         if policy.bounded:
             self._wait_within_staleness_bound()
@@ -390,6 +396,7 @@ class Worker:
             if policy.must_pull():
                 self._pull()
             loss, grads = self.trainer.compute_gradients(features, labels)
+            self._startup.mark("gradients (tracing)")
             if not (math.isfinite(loss) and getattr(self.trainer, "last_step_finite", True)):
                 return self._nonfinite_batch(loss)
             self._nonfinite_in_row = 0
@@ -405,7 +412,7 @@ class Worker:
                     self.trainer.set_params(answer.params)
             if not pending:
                 if not self.pushes:
-                    logger.info("first gradient pushed (model version %d)", self.model_version)
+                    self._first_push_logged()
                 self.batches_trained += 1
                 self.pushes += 1
                 policy.batch_pushed()
@@ -417,15 +424,18 @@ class Worker:
 
     def _accumulate_batch(self, features, labels) -> float:
         """--push_steps: compute the batch's gradients, apply them locally and keep them to push."""
+        self._startup.mark("records and dataset_fn")
         if not self.trainer.built:
             self.trainer.ensure_built(features)
             self._initialize_ps()
+            self._startup.mark("variables and first pull")
         policy = self.consistency
         if policy.bounded:
             self._wait_within_staleness_bound()
         if policy.must_pull():
             self._pull()
         loss, grads = self.trainer.compute_gradients(features, labels)
+        self._startup.mark("gradients (tracing)")
         if not (math.isfinite(loss) and getattr(self.trainer, "last_step_finite", True)):
             return self._nonfinite_batch(loss)
         self._nonfinite_in_row = 0
@@ -458,9 +468,13 @@ class Worker:
             logger.warning("dropped accumulated gradients: PS %s refused them as stale %d times", sorted(pending),
                            MAX_PUSH_TRIES)
         if not self.pushes:
-            logger.info("first gradient pushed (model version %d)", self.model_version)
+            self._first_push_logged()
         self.pushes += 1
         policy.accumulation_pushed()
+
+    def _first_push_logged(self) -> None:
+        self._startup.mark("push")
+        logger.info("first gradient pushed (model version %d) %s", self.model_version, self._startup.finish())
 
     def _drop_accumulated(self) -> None:
         if self._accumulator.batches:
