@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib.abc
 import logging
 import os
 import sys
@@ -15,6 +17,36 @@ def quiet_tensorflow() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+# Packages Keras imports at start-up only if they are installed (its scikit-learn wrappers,
+# its plotting helpers) and that no ElasticDL role uses: with them installed `import
+# tensorflow` took 5.3 s instead of 2.8 s on the 2-core benchmark machine, half of a
+# worker's time to its first gradient (docs/benchmarks.md, "where the time goes").
+KERAS_OPTIONAL_EXTRAS = ("sklearn", "matplotlib", "scipy", "pandas")
+
+
+class _Unavailable(importlib.abc.MetaPathFinder):
+    def __init__(self, packages: tuple[str, ...]):
+        self.packages = packages
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in self.packages:
+            raise ImportError(f"{name} is not imported while TensorFlow starts (elasticdl.model.tf_runtime)")
+        return None
+
+
+@contextlib.contextmanager
+def without_optional_extras(packages: tuple[str, ...] = KERAS_OPTIONAL_EXTRAS):
+    """Within the block, importing ``packages`` fails as if they were not installed (unless they
+    were imported already). Keras catches that and leaves the features that need them out; a
+    model zoo that imports them later (after the block) gets them as usual."""
+    finder = _Unavailable(tuple(p for p in packages if p not in sys.modules))
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+
+
 def load_tensorflow(verbose: bool = False):
     """Import TensorFlow (and look for GPUs) without its start-up banner; returns the module.
 
@@ -23,10 +55,12 @@ def load_tensorflow(verbose: bool = False):
     such as TF_CPP_MIN_LOG_LEVEL is read, so the import runs with fd 2 sent to a temporary
     file. Shown after all with ``verbose`` (``--log_level debug``), or when the import fails.
     For the processes ElasticDL starts itself (the CLI, workers): the Python API never
-    touches its caller's file descriptors.
+    touches its caller's file descriptors. Keras's optional extras are left out of the import
+    (``without_optional_extras``).
     """
     if verbose or "tensorflow" in sys.modules:
-        import tensorflow as tf
+        with without_optional_extras():  # Keras's optional extras: see KERAS_OPTIONAL_EXTRAS
+            import tensorflow as tf
 
         return tf
     quiet_tensorflow()
@@ -35,7 +69,8 @@ def load_tensorflow(verbose: bool = False):
     with tempfile.TemporaryFile() as banner:
         os.dup2(banner.fileno(), 2)
         try:
-            import tensorflow as tf
+            with without_optional_extras():  # Keras's optional extras: see KERAS_OPTIONAL_EXTRAS
+                import tensorflow as tf
 
             tf.config.list_physical_devices("GPU")  # the CUDA probe prints here; later calls are cached
         except BaseException:
