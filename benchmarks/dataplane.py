@@ -13,8 +13,10 @@ Next to it, in the same run and interleaved with it, the raw limit: a Python gRP
 server (``benchmarks/echo_server.py``, same server settings) returns a bytes message as
 large as the model (``raw_grpc``, the shape of ElasticDL's messages), and streams the same
 bytes back in 1 MB messages (``raw_grpc_stream``: Python gRPC's real ceiling, since very
-large messages are slow). One round moves the model twice in each case. All figures are
-MB/s (10^6 bytes) of model bytes moved per second.
+large messages are slow). The physical reference below both (``raw_tcp``): a plain loopback
+TCP socket, ``sendall`` of the model's bytes into ``recv_into`` a ready buffer, and back
+(``_TcpEcho``: no gRPC, no framing, no allocation). One round moves the model twice in each
+case. All figures are MB/s (10^6 bytes) of model bytes moved per second.
 """
 
 from __future__ import annotations
@@ -118,6 +120,63 @@ def _measure_echo(echo, nbytes: int, rounds: int) -> dict:
     return {"mb_per_s": 2 * nbytes * rounds / 1e6 / elapsed, "round_s": elapsed / rounds}
 
 
+class _TcpEcho:
+    """A loopback TCP echo in a thread: it receives ``nbytes`` into one buffer and sends them back.
+    Socket calls release the GIL, so the two ends run in parallel as two processes would."""
+
+    def __init__(self, nbytes: int):
+        import socket
+        import threading
+
+        self.nbytes = nbytes
+        listener = socket.create_server(("127.0.0.1", 0))
+        self.client = socket.create_connection(listener.getsockname())
+        self.server, _ = listener.accept()
+        listener.close()
+        self.rounds = 0
+        self._go = threading.Semaphore(0)
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _recv_all(sock, view: memoryview) -> None:
+        got = 0
+        while got < len(view):
+            n = sock.recv_into(view[got:])
+            if not n:
+                raise ConnectionError("the echo socket closed")
+            got += n
+
+    def _serve(self) -> None:
+        buf = memoryview(bytearray(self.nbytes))
+        while True:
+            self._go.acquire()
+            if self.rounds < 0:
+                return
+            self._recv_all(self.server, buf)
+            self.server.sendall(buf)
+
+    def measure(self, rounds: int) -> dict:
+        payload = memoryview(bytearray(self.nbytes))
+        back = memoryview(bytearray(self.nbytes))
+        elapsed = 0.0
+        for i in range(rounds + 1):  # the first round warms up
+            self._go.release()
+            t0 = time.perf_counter()
+            self.client.sendall(payload)
+            self._recv_all(self.client, back)
+            if i:
+                elapsed += time.perf_counter() - t0
+        return {"mb_per_s": 2 * self.nbytes * rounds / 1e6 / elapsed, "round_s": elapsed / rounds}
+
+    def close(self) -> None:
+        self.rounds = -1
+        self._go.release()
+        self._thread.join()
+        self.client.close()
+        self.server.close()
+
+
 def run(spec: dict) -> dict:
     from benchmarks.echo_server import echo_stub
     from elasticdl.launch.local import LocalBackend
@@ -145,16 +204,22 @@ def run(spec: dict) -> dict:
                 raise RuntimeError("the PS refused the model")
             grads = {name: np.full_like(value, 1e-3) for name, value in params.items()}
             clients[label] = (ps, grads, 4 * floats)
-            results[label] = {"elasticdl": [], "raw_grpc": [], "raw_grpc_stream": [], "bytes": 4 * floats,
-                              "tensors": len(params)}
+            results[label] = {"elasticdl": [], "raw_grpc": [], "raw_grpc_stream": [], "raw_tcp": [],
+                              "bytes": 4 * floats, "tensors": len(params)}
             del params
         for rep in range(spec["reps"]):
             for label, (ps, grads, nbytes) in clients.items():
                 rounds = spec["rounds"][label]
-                order = ["raw_grpc", "elasticdl", "raw_grpc_stream"]
+                order = ["raw_grpc", "elasticdl", "raw_grpc_stream", "raw_tcp"]
                 shift = rep % len(order)
                 for who in order[shift:] + order[:shift]:
-                    if who == "raw_grpc":
+                    if who == "raw_tcp":
+                        tcp = _TcpEcho(nbytes)
+                        try:
+                            results[label][who].append(tcp.measure(rounds))
+                        finally:
+                            tcp.close()
+                    elif who == "raw_grpc":
                         results[label][who].append(_measure_echo(echo, nbytes, rounds))
                     elif who == "raw_grpc_stream":
                         results[label][who].append(_measure_echo_stream(echo_stream, nbytes, rounds))

@@ -13,7 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 CASES = {"training", "ps_data_plane", "embedding", "elastic_recovery", "parquet_s3"}
-QUICK_COMPETITORS = {"keras_fit", "elasticdl_1w1ps", "elasticdl_2w1ps", "pss_1w1ps", "pss_2w1ps"}
+QUICK_COMPETITORS = {"keras_fit", "elasticdl_1w1ps", "elasticdl_2w1ps", "elasticdl_1w1ps_push4", "pss_1w1ps",
+                     "pss_2w1ps"}
 QUICK_MODELS = {"dense_tiny", "deepfm_10k_ids"}  # deepfm: DeepFM, its tables on the PS in ElasticDL
 
 
@@ -38,8 +39,9 @@ def test_quick_suite_reports_every_case(tmp_path):
     training = [r for r in rows if r["case"] == "training"]
     assert {(r["model"], r["competitor"]) for r in training} == {(m, c) for m in QUICK_MODELS for c in QUICK_COMPETITORS}
     dataplane = [r for r in rows if r["case"] == "ps_data_plane"]
-    assert {r["competitor"] for r in dataplane} == {"raw_grpc_echo", "raw_grpc_stream_1MB", "elasticdl_ps"}
-    assert len(dataplane) == 6  # two model sizes
+    assert {r["competitor"] for r in dataplane} == {"raw_tcp_socket", "raw_grpc_echo", "raw_grpc_stream_1MB",
+                                                    "elasticdl_ps"}
+    assert len(dataplane) == 8  # two model sizes
     embedding = [r for r in rows if r["case"] == "embedding"]
     assert {(r["model"], r["competitor"]) for r in embedding} == {
         (size, c) for size in ("1k ids", "10k ids") for c in ("elasticdl_ps", "ps_core")
@@ -64,7 +66,9 @@ def test_quick_suite_reports_every_case(tmp_path):
     assert recovery["scale_up"]["median"] < 300, recovery
     assert recovery["kill_ps"]["median"] < 300, recovery
 
-    assert len(doc["targets"]) == 8  # 2 models x 2 vs PSS, dense vs model.fit, 2 x data plane, Parquet reader
+    # 2 models x (2 vs PSS + first gradient), dense vs model.fit (sync, --push_steps 4),
+    # 2 sizes x data plane (vs gRPC, MB/s), the new worker's first gradient, Parquet reader.
+    assert len(doc["targets"]) == 14
     assert {t["target"] for t in doc["targets"]} >= {
         "training deepfm_10k_ids: elasticdl_1w1ps / pss_1w1ps", "training deepfm_10k_ids: elasticdl_2w1ps / pss_2w1ps",
         "parquet_s3: elasticdl_reader / pyarrow_direct",
