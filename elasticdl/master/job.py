@@ -554,8 +554,11 @@ class Job:
         if cfg.checkpoints.checkpoint_dir and checkpoint.complete_versions(cfg.checkpoints.checkpoint_dir):
             cut = checkpoint.resolve_checkpoint(cfg.checkpoints.checkpoint_dir)
         if not cut or self.main_tasks is None:
-            missing = (cfg.training.get_model_steps * cfg.training.minibatch_size
-                       * max(1, len(self.controller.workers)))
+            # Async workers pull every --get_model_steps batches, rounded up to a whole push
+            # with --push_steps (they pull only right after a push).
+            push = cfg.consistency.push_steps
+            between_pulls = -(-cfg.consistency.get_model_steps // push) * push
+            missing = between_pulls * cfg.training.minibatch_size * max(1, len(self.controller.workers))
             logger.error(
                 "%s; relaunching it on port %s empty: the workers give it their copy of its variables. "
                 "Without a checkpoint (--checkpoint_dir, --checkpoint_steps) the updates of up to %d records "
