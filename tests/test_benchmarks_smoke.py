@@ -161,11 +161,14 @@ def test_ratios_and_targets_from_paired_runs():
     assert by[("training", "elasticdl_2w1ps")]["ratio"] == pytest.approx(1.25)  # of 0.5, 2.0
     assert by[("ps_data_plane", "elasticdl_ps")]["ratio"] == pytest.approx(0.6)  # of 0.7, 0.5
     result = {t["target"]: t["result"] for t in targets}
-    assert result == {
+    assert result == {  # issue 18's thresholds: dense 1.2x / 1.5x PSS, 0.75x fit, 2,000 MB/s, 3 s
         "training dense5m: elasticdl_1w1ps / pss_1w1ps": "MISS",
-        "training dense5m: elasticdl_2w1ps / pss_2w1ps": "PASS",
+        "training dense5m: elasticdl_2w1ps / pss_2w1ps": "MISS",  # 1.25x
         "training dense5m: elasticdl_1w1ps / keras_fit": "PASS",
+        "training dense5m: elasticdl_1w1ps first gradient": "PASS",  # 1.0 s: seconds pass at or under
         "ps_data_plane 10M: elasticdl_ps / raw_grpc_echo": "PASS",
+        "ps_data_plane 10M: elasticdl_ps": "MISS",  # 110 MB/s
+        "elastic_recovery: new worker's first gradient": "MISS",  # 7.0 s
     }
     embedding = by[("embedding", "elasticdl_ps")]
     assert (embedding["median"], embedding["create_ids_per_s"]) == (95.0, 60.0)
@@ -178,6 +181,9 @@ def test_ratios_and_targets_from_paired_runs():
     assert "pending" not in table
     assert "| embedding | 100k ids | elasticdl_ps | ids/s per PS | 95.0 (create 60.0) | 100 90.0 |" in table
     assert "| 0.400 | 0.500 - 0.300 |" in table  # seconds of the recovery, failed repetition as "-"
+    assert "| training dense5m: elasticdl_2w1ps / pss_2w1ps | 1.25x | >= 1.50x | MISS |" in table
+    assert "| elastic_recovery: new worker's first gradient | 7.00 s | <= 3.00 s | MISS |" in table
+    assert "| ps_data_plane 10M: elasticdl_ps | 110 MB/s | >= 2,000 MB/s | MISS |" in table
 
     failed = build_rows({"elastic_recovery": {"runs": [None]}, "embedding": {"runs": {}}})[0]
     assert {r["status"] for r in failed} == {
