@@ -44,7 +44,7 @@ COMPETITORS = [
     ("elasticdl_1w1ps", {"competitor": "elasticdl", "num_workers": 1}),
     ("elasticdl_2w1ps", {"competitor": "elasticdl", "num_workers": 2, "use_async": True}),
     ("elasticdl_2w1ps_sync", {"competitor": "elasticdl", "num_workers": 2}),
-    # The seed's accumulated pushes (local SGD): one push of the sum of 4 batches.
+    # The seed's accumulated pushes (local SGD): one push of the mean of 4 batches.
     ("elasticdl_1w1ps_push4", {"competitor": "elasticdl", "num_workers": 1, "use_async": True, "push_steps": 4}),
     ("pss_1w1ps", {"competitor": "pss", "num_workers": 1}),
     ("pss_2w1ps", {"competitor": "pss", "num_workers": 2}),

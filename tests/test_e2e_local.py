@@ -232,10 +232,10 @@ def test_async_and_ssp_converge(digits, tmp_path, flags):
 
 
 def test_accumulated_pushes_converge_and_train_every_record_once(digits, tmp_path):
-    """--push_steps 4 (local SGD): each worker pushes the sum of 4 batches' gradients. Tasks of 6
-    batches end with a sum of 2, pushed before the task is reported: none is lost (exactly once)."""
+    """--push_steps 4 (local SGD): each worker pushes the mean of 4 batches' gradients. Tasks of 6
+    batches end with a mean of 2, pushed before the task is reported: none is lost (exactly once)."""
     report = report_of(elasticdl(
-        train_args(digits, "digits.digits_functional.custom_model", num_workers=2, num_ps=1, num_epochs=2,
+        train_args(digits, "digits.digits_functional.custom_model", num_workers=2, num_ps=1, num_epochs=3,
                    use_async="true", push_steps=4, num_minibatches_per_task=6),
         cwd=tmp_path,
     ))

@@ -29,7 +29,7 @@ class _Trainer:
 
     def compute_gradients(self, features, labels):
         self.computed += 1
-        return 0.5, {"w": np.ones(2, np.float32)}
+        return 0.5, {"w": np.full(2, self.computed, np.float32)}  # batch k's gradient: k
 
     def apply_locally(self, grads, learning_rate):
         self.applied_locally += 1
@@ -209,14 +209,14 @@ def _task_of_batches(worker, batches: int, stop_after: int | None = None, taken_
     worker._run_batches = run_batches
 
 
-def test_accumulated_pushes_carry_the_sum_and_the_last_batch_position():
+def test_accumulated_pushes_carry_the_mean_and_the_last_batch_position():
     worker, ps, master = _worker(ConsistencyPolicy(use_async=True, push_steps=4))
     _task_of_batches(worker, 6)
     master.orders = [TaskOrder("training", task_id=3, start=100, end=112, handout=9)]
     worker.run()
     # Every 4th batch, then the task's last 2 before it is reported: nothing is left behind.
-    assert [(g["w"].tolist(), b) for g, b in ps.pushes] == [
-        ([4.0, 4.0], BatchPosition(3, 9, 108, 8)), ([2.0, 2.0], BatchPosition(3, 9, 112, 4)),
+    assert [(g["w"].tolist(), b) for g, b in ps.pushes] == [  # means of batches 1-4, then 5-6
+        ([2.5, 2.5], BatchPosition(3, 9, 108, 8)), ([5.5, 5.5], BatchPosition(3, 9, 112, 4)),
     ]
     assert master.reports == [(3, "")] and master.reported_records == 12
     assert (worker.trainer.computed, worker.trainer.applied_locally, worker.pushes) == (6, 6, 2)
@@ -247,4 +247,19 @@ def test_an_accumulated_push_that_failed_is_pushed_again_not_computed_again(monk
     worker.train_batch(None, None)
     ps.unreachable = 1  # the PS restarts during the push
     worker.train_batch(None, None)
-    assert worker.trainer.computed == 2 and [g["w"].tolist() for g, _ in ps.pushes] == [[2.0, 2.0]]
+    assert worker.trainer.computed == 2 and [g["w"].tolist() for g, _ in ps.pushes] == [[1.5, 1.5]]
+
+
+def test_accumulated_rows_are_averaged_and_non_trainable_changes_summed():
+    from elasticdl.model.embedding.table import IndexedRows
+    from elasticdl.model.non_trainable import NonTrainableChange
+    from elasticdl.worker.accumulation import GradientAccumulator
+
+    acc = GradientAccumulator()
+    for k in (1.0, 3.0):
+        acc.add({"table": IndexedRows(np.array([5, 7]), np.full((2, 1), k, np.float32)),
+                 "bn/moving_mean": NonTrainableChange(np.full(2, k, np.float32))}, None)
+    grads, position = acc.means()
+    assert position is None and acc.batches == 2
+    assert grads["table"].ids.tolist() == [5, 7] and grads["table"].values.tolist() == [[2.0], [2.0]]
+    assert grads["bn/moving_mean"].values.tolist() == [4.0, 4.0]  # what the 2 steps did to the copy

@@ -273,7 +273,7 @@ class ConsistencySection:
     )
     push_steps: int = flag(
         1,
-        "Async only: push the sum of the gradients of every N steps (local SGD), applying "
+        "Async only: push the mean of the gradients of every N steps (local SGD), applying "
         "each step's gradients locally in between; pulls happen after a push.",
         commands=("train",),
     )

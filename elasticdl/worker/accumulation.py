@@ -2,11 +2,13 @@
 
 With ``--use_async --push_steps n`` a worker pushes once every n batches (the seed's "each
 trainer uploads its accumulated gradient every n mini-batches"); in between it applies each
-batch's gradients to its own copy of the model. The push carries the *sum* of the n gradients,
-not their mean: the PS's optimizer then moves the shared model by what the worker's local
-optimizer moved its copy (for plain SGD exactly; n separate pushes would have moved it the
-same), so ``optimizer()``'s learning rate keeps its meaning. A mean would divide the learning
-rate by n.
+batch's gradients to its own copy of the model. The push carries the *mean* of the n
+gradients (of the dense variables and the embedding rows): the gradient of one batch n times
+larger, which the PS's optimizer applies as one step, as it applies the average of a sync
+version's gradients; the learning rate keeps that meaning. The sum moved the shared model by
+n steps' worth per push and was unstable on digits with momentum (docs/consistency.md). The
+changes of non-trainable variables (BatchNorm statistics) are summed: they are what the n
+steps did to the worker's copy, and the PS adds them.
 
 The push names the position of the *last* batch (the PS's exactly-once mark moves to its
 ``records_end``) and the records of *all* of them (the PS's ``records_applied`` counts each
@@ -24,12 +26,12 @@ from elasticdl.rpc.batch_position import BatchPosition
 
 
 class GradientAccumulator:
-    """Sums dense gradients and non-trainable changes, gathers embedding rows.
+    """Sums dense gradients and non-trainable changes, gathers embedding rows; pushes means.
 
     >>> acc = GradientAccumulator()
     >>> acc.add({"w": np.ones(2, np.float32)}, BatchPosition(7, 1, 132, 32))
-    >>> acc.add({"w": np.ones(2, np.float32)}, BatchPosition(7, 1, 164, 32))
-    >>> grads, position = acc.sums()
+    >>> acc.add({"w": np.full(2, 3, np.float32)}, BatchPosition(7, 1, 164, 32))
+    >>> grads, position = acc.means()
     >>> grads["w"].tolist(), position, acc.batches
     ([2.0, 2.0], BatchPosition(task_id=7, handout=1, records_end=164, records=64), 2)
     """
@@ -63,10 +65,20 @@ class GradientAccumulator:
             self._position = BatchPosition(position.task_id, position.handout, position.records_end, records)
         self.batches += 1
 
-    def sums(self) -> tuple[dict, BatchPosition | None]:
-        """The sums and the position they cover (kept until ``clear``: a failed push is retried)."""
+    def means(self) -> tuple[dict, BatchPosition | None]:
+        """What to push and the position it covers: the mean gradients, the summed non-trainable
+        changes. The sums are kept until ``clear`` (a failed push is pushed again)."""
         self._grads = {name: g.deduplicated() if isinstance(g, IndexedRows) else g for name, g in self._grads.items()}
-        return dict(self._grads), self._position
+        n = np.float32(max(1, self.batches))
+        out = {}
+        for name, g in self._grads.items():
+            if isinstance(g, IndexedRows):
+                out[name] = IndexedRows(g.ids, g.values / n)
+            elif isinstance(g, NonTrainableChange):
+                out[name] = g
+            else:
+                out[name] = g / n
+        return out, self._position
 
     def clear(self) -> None:
         """Pushed, or dropped (the task was taken back: another hand-out trains its records)."""

@@ -19,7 +19,7 @@ Three modes, from the job's flags (docs/consistency.md):
 - async (--use_async): pull every ``get_model_steps`` batches; in between the worker applies
   its own gradients to its local copy. Pushes are not answered with parameters: the shorter
   loop doubled the mean staleness and cost accuracy (docs/consistency.md).
-- accumulated pushes (--use_async --push_steps n): the worker pushes the sum of the gradients
+- accumulated pushes (--use_async --push_steps n): the worker pushes the mean of the gradients
   of n batches at once (worker/accumulation.py), applying each batch's to its own copy in
   between. It pulls only right after such a push: a pull in the middle would throw away the
   local updates of gradients not pushed yet. With --get_model_steps m it pulls after the
@@ -133,7 +133,7 @@ class ConsistencyPolicy:
 
     @property
     def accumulates(self) -> bool:
-        """Push the sum of every ``push_steps`` batches' gradients (worker/accumulation.py)."""
+        """Push the mean of every ``push_steps`` batches' gradients (worker/accumulation.py)."""
         return self.push_steps > 1
 
     def push_due(self) -> bool:

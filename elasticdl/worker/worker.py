@@ -446,13 +446,13 @@ class Worker:
         return loss
 
     def _push_accumulated(self) -> None:
-        """Push the accumulated gradients (their sum, named by the last batch's position, with the
+        """Push the accumulated gradients (their mean, named by the last batch's position, with the
         records of all of them). A retry after a lost answer is taken once: the PS's mark is past it."""
         if not self._accumulator.batches:
             return
         policy = self.consistency
-        # Kept until every PS took them: a retry (PS restart) pushes the same sum again.
-        grads, position = self._accumulator.sums()
+        # Kept until every PS took them: a retry (PS restart) pushes the same mean again.
+        grads, position = self._accumulator.means()
         parts = self.ps.split(grads)
         pending = set(range(self.ps.num_ps))
         for _ in range(MAX_PUSH_TRIES):
