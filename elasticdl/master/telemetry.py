@@ -4,7 +4,7 @@ Each PS counts pushes accepted, pushes rejected as stale, and the staleness (PS 
 at arrival - the version the gradient was computed on) of every gradient it applied, and
 the records those gradients came from. The master turns those counters into a per-epoch and a
 whole-job summary; records per push is the effective batch (``--minibatch_size``, times
-``--push_steps`` with accumulated pushes, less at a task's end where a shorter sum is pushed).
+``--push_steps`` with accumulated pushes, less at a task's end where fewer batches are pushed).
 """
 
 from __future__ import annotations
