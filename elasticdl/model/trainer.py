@@ -154,7 +154,9 @@ class Trainer:
         """Async with --get_model_steps > 1: train on our own updates until the next pull."""
         if self._local_optimizer is None:
             self._local_optimizer = self.spec.optimizer()
-            self._local_optimizer.build(list(self.variables.values()))  # its slots: outside the tf.function
+            build = getattr(self._local_optimizer, "build", None)  # Keras 2's legacy optimizers have none
+            if build is not None:
+                build(list(self.variables.values()))  # its slots: made outside the tf.function
             # Traced: Keras's eager apply_gradients took 32 ms per step on the 5M-parameter model
             # (more than the gradient, 20 ms), the traced one a few (docs/benchmarks.md).
             self._local_apply = tf.function(self._apply_local_eager)
