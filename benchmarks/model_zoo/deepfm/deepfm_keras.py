@@ -13,11 +13,30 @@ Records: ``benchmarks/data.py`` writes model_zoo/deepctr/generate_data.py's clic
 with the ids folded modulo ``vocabulary``.
 """
 
+import importlib.util
+import os
+import sys
+
 import keras
 
-# The zoo's record parsing and loss (the repository root is on every benchmark process's
-# PYTHONPATH: benchmarks/common.py child_env).
-from model_zoo.deepctr.common import NUM_FIELDS, dataset_fn, loss  # noqa: F401
+
+def _zoo_common():
+    """The repository zoo's model_zoo/deepctr/common.py, loaded from its path: while this zoo
+    (benchmarks/model_zoo) is loaded, ``model_zoo`` names *this* directory (the original
+    ElasticDL's ``from model_zoo.x import y``, elasticdl/model/spec.py), which has no deepctr."""
+    name = "_bench_deepctr_common"
+    if name not in sys.modules:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "model_zoo", "deepctr",
+                            "common.py")
+        spec = importlib.util.spec_from_file_location(name, os.path.normpath(path))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+# The zoo's record parsing and loss.
+NUM_FIELDS, dataset_fn, loss = _zoo_common().NUM_FIELDS, _zoo_common().dataset_fn, _zoo_common().loss
 
 VOCABULARY = 1_000_000
 
