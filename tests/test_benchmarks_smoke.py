@@ -107,9 +107,17 @@ def test_hand_encoded_examples_parse_as_tf_train_example(tmp_path):
     assert again == made  # reused, not rewritten
 
 
-def test_click_records_are_the_zoo_data_folded_into_the_table(tmp_path):
+def test_click_records_are_the_zoo_data_folded_into_the_table(tmp_path, monkeypatch):
     """benchmarks/data.py writes model_zoo/deepctr's records (ids mod the table size) as the zoo parses them."""
+    import sys
+
     import tensorflow as tf
+
+    # A zoo loaded earlier in this process may have made `model_zoo` name its own directory
+    # (the original ElasticDL's imports, elasticdl/model/spec.py): this test means the repository's.
+    for name in [n for n in sys.modules if n == "model_zoo" or n.startswith("model_zoo.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(REPO))
 
     from benchmarks.data import prepare
     from elasticdl.mode import Mode
