@@ -107,3 +107,29 @@ def test_a_master_sigkilled_and_restarted_with_etcd_ends_at_the_fault_free_versi
     _check_history(report, digits, report["records_per_epoch"])
     assert "resumed at the checkpoint of version" in _master_log(tmp_path, job)
     _check_lineages(tmp_path)
+
+
+def test_a_ps_sigkilled_without_checkpoints_is_refilled_and_the_report_counts_what_may_be_missing(
+        digits, tmp_path):  # noqa: F811
+    """No --checkpoint_dir: the PS comes back empty and a worker refills it. The loss is not
+    repaired, but never silent: the report bounds it, and the model-side check fails."""
+    job = "chaos-no-ckpt"
+    command = [sys.executable, "-m", "elasticdl", *train_args(
+        digits, "digits.digits_functional.custom_model", job_name=job, num_workers=1, num_ps=2,
+        num_epochs=EPOCHS, records_per_task=RECORDS_PER_TASK,
+    )]
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: "epoch 2 of 3 starts" in _master_log(tmp_path, job), 120, "epoch 2")
+        os.kill(_ps_pids(proc.pid)[1], signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    report = report_of(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    (rollback,) = report["ps_rollbacks"]
+    assert rollback["to_version"] is None and rollback["records_possibly_missing"] > 0
+    assert report["records_possibly_missing"] == rollback["records_possibly_missing"]
+    check = report["exactly_once"]
+    assert not check["holds"] and check["records_applied"][1] < check["records_done"] == check["records_applied"][0]
+    assert "missing from its shard" in _master_log(tmp_path, job)
