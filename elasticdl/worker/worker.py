@@ -381,15 +381,20 @@ class Worker:
                 # It may come back older (from a checkpoint) or empty: pull everything again.
                 self.consistency.ps_reconnected()
 
-    def _train_batch_once(self, features, labels) -> float:
+    def _before_batch(self, features) -> None:
+        """What every trained batch needs first: the model built and the PS holding it (the
+        first batch), and, in SSP, this worker within the staleness bound."""
         self._startup.mark("records and dataset_fn")
         if not self.trainer.built:
             self.trainer.ensure_built(features)
             self._initialize_ps()
             self._startup.mark("variables and first pull")
-        policy = self.consistency
-        if policy.bounded:
+        if self.consistency.bounded:
             self._wait_within_staleness_bound()
+
+    def _train_batch_once(self, features, labels) -> float:
+        self._before_batch(features)
+        policy = self.consistency
         pending = set(range(self.ps.num_ps))
         loss = 0.0
         for _ in range(MAX_PUSH_TRIES):
@@ -424,14 +429,8 @@ class Worker:
 
     def _accumulate_batch(self, features, labels) -> float:
         """--push_steps: compute the batch's gradients, apply them locally and keep them to push."""
-        self._startup.mark("records and dataset_fn")
-        if not self.trainer.built:
-            self.trainer.ensure_built(features)
-            self._initialize_ps()
-            self._startup.mark("variables and first pull")
+        self._before_batch(features)
         policy = self.consistency
-        if policy.bounded:
-            self._wait_within_staleness_bound()
         if policy.must_pull():
             self._pull()
         loss, grads = self.trainer.compute_gradients(features, labels)
