@@ -1,11 +1,13 @@
-"""Parquet files through pyarrow: count rows from the footer, read a row range as Example records.
+"""Parquet files through pyarrow: count rows from the footer, read a row range as Example records or columns.
 
 Counting reads only the footer (its row-group metadata: a ranged read of the file's tail on
 an object store), never the data. Reading a row range reads only the row groups it
 overlaps and only the projected ``columns``, with pyarrow's pre-buffering: the column
 chunks it needs are fetched together, in a few large ranged reads, rather than one small
 read per page. Each row becomes a serialized tf.train.Example (elasticdl/data/examples.py),
-so ``dataset_fn`` parses Parquet rows as it parses TFRecord records.
+so ``dataset_fn`` parses Parquet rows as it parses TFRecord records; or, with
+``--data_reader_params records=columns``, the range comes as numpy columns
+(elasticdl/data/columns.py), read a row group at a time with the next one fetched ahead.
 
 A task is best a whole number of row groups (``--records_per_task``): a row group that two
 tasks share is read by both.
@@ -18,8 +20,11 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 
 from elasticdl import fs
+from elasticdl.data import columns as _columns
 from elasticdl.data import examples
+from elasticdl.data.columns import Columns
 from elasticdl.data.errors import CorruptRecordError, DataError
+from elasticdl.data.read_ahead import read_ahead
 
 _FOOTERS_KEPT = 256
 # (path, size) -> FileMetaData: a worker reads a file task after task; a rewritten file has another size.
@@ -80,9 +85,35 @@ def schema(path: str):
 
 def read_records(path: str, start: int, end: int, columns: Sequence[str] | None = None) -> Iterator[bytes]:
     """Yield rows ``start`` .. ``end - 1`` as serialized tf.train.Example (only ``columns``, when given)."""
+    _check_range(path, start, end)
+    return _iter_rows(path, start, end, list(columns) if columns else None)
+
+
+def read_columns(path: str, start: int, end: int, columns: Sequence[str] | None = None) -> Columns:
+    """Rows ``start`` .. ``end - 1`` as Columns (elasticdl/data/columns.py; only ``columns``, when given).
+
+    The row groups are read one ahead of their conversion: while one group's Arrow columns
+    become numpy ones, a thread fetches and decodes the next (elasticdl/data/read_ahead.py).
+    """
+    _check_range(path, start, end)
+    names = list(columns) if columns else None
+    if start == end:
+        return _columns.from_arrow(_table_schema(path, names).empty_table())
+    pieces = [_columns.from_arrow(table) for table in read_ahead(_row_groups(path, start, end, names))]
+    return pieces[0] if len(pieces) == 1 else _columns.concat(pieces)
+
+
+def _check_range(path: str, start: int, end: int) -> None:
     if start < 0 or end < start:
         raise ValueError(f"{path}: invalid record range [{start}, {end})")
-    return _iter_rows(path, start, end, list(columns) if columns else None)
+
+
+def _table_schema(path: str, columns: list[str] | None):
+    import pyarrow as pa
+
+    with _open(path) as handle:
+        arrow = _file(path, handle).schema_arrow
+    return arrow if columns is None else pa.schema([arrow.field(c) for c in columns])
 
 
 def _iter_rows(path: str, start: int, end: int, columns: list[str] | None) -> Iterator[bytes]:
@@ -90,28 +121,52 @@ def _iter_rows(path: str, start: int, end: int, columns: list[str] | None) -> It
         return
     with _open(path) as handle:
         parquet = _file(path, handle)
-        metadata = parquet.metadata
-        if end > metadata.num_rows:
-            raise DataError(
-                f"{path}: requested records [{start}, {end}) but the file has only {metadata.num_rows} rows. If "
-                "the file changed after the job started, restart the job so its tasks are recomputed."
-            )
-        groups, first_row, row = [], 0, 0
-        for index in range(metadata.num_row_groups):
-            rows = metadata.row_group(index).num_rows
-            if row + rows > start and row < end:
-                if not groups:
-                    first_row = row
-                groups.append(index)
-            row += rows
+        groups, first_row = _groups(path, parquet.metadata, start, end)
         try:
             table = parquet.read_row_groups(groups, columns=columns)
         except (OSError, ValueError) as err:  # a truncated or damaged object
-            better = fs.explain(path, err)
-            if better is not None:
-                raise better from err
-            raise CorruptRecordError(path, start, 0, f"rows [{start}, {end}) cannot be read ({err})") from err
+            raise _unreadable(path, start, end, err) from err
     yield from examples.encode(table.slice(start - first_row, end - start))
+
+
+def _row_groups(path: str, start: int, end: int, columns: list[str] | None) -> Iterator[object]:
+    """The rows, a row group at a time, as Arrow tables (the first and last cut to the range)."""
+    with _open(path) as handle:
+        parquet = _file(path, handle)
+        groups, row = _groups(path, parquet.metadata, start, end)
+        for index in groups:
+            try:
+                table = parquet.read_row_group(index, columns=columns)
+            except (OSError, ValueError) as err:  # a truncated or damaged object
+                raise _unreadable(path, start, end, err) from err
+            lo, hi = max(start, row), min(end, row + table.num_rows)
+            yield table.slice(lo - row, hi - lo)
+            row += table.num_rows
+
+
+def _groups(path: str, metadata, start: int, end: int) -> tuple[list[int], int]:
+    """(the row groups holding rows [start, end), the first row of the first)."""
+    if end > metadata.num_rows:
+        raise DataError(
+            f"{path}: requested records [{start}, {end}) but the file has only {metadata.num_rows} rows. If "
+            "the file changed after the job started, restart the job so its tasks are recomputed."
+        )
+    groups, first_row, row = [], 0, 0
+    for index in range(metadata.num_row_groups):
+        rows = metadata.row_group(index).num_rows
+        if row + rows > start and row < end:
+            if not groups:
+                first_row = row
+            groups.append(index)
+        row += rows
+    return groups, first_row
+
+
+def _unreadable(path: str, start: int, end: int, err: Exception) -> Exception:
+    better = fs.explain(path, err)
+    if better is not None:
+        return better
+    return CorruptRecordError(path, start, 0, f"rows [{start}, {end}) cannot be read ({err})")
 
 
 def check_schemas(paths: Sequence[str], columns: Sequence[str] | None) -> None:

@@ -1,0 +1,203 @@
+"""Column records: a Parquet row range as numpy columns, for a model that reads columns.
+
+With ``--data_reader_params records=columns`` a Parquet task reaches ``dataset_fn`` not as
+one serialized tf.train.Example per row but as its columns: ``Columns`` holds each column
+as one numpy array of values (and, for a list column, the row offsets into it), taken
+from pyarrow's Arrow arrays with at most a cast. Building an Example per row costs about
+2 µs a row in numpy (elasticdl/data/examples.py), several times what pyarrow takes to
+read the row; the columns cost almost nothing beyond the read.
+
+Types follow the Example path's features (docs/model_zoo.md, "Parquet rows"), so a model
+moves between the two paths without changing its dtypes: integers, booleans, dates and
+timestamps become int64, floating point float32, strings and binary bytes. A list column
+(multi-hot ids; nested lists flattened) is values plus offsets, a struct column one column
+per field named ``parent.child``. A null in a list column is an empty list; a null in a
+scalar column has no value to give, and is refused with the row and the column named.
+
+``Columns`` behaves as the sequence of its rows where a worker needs one: its length, a
+slice or a selection of rows (a batch cut from the task, the rows left after a bad one is
+skipped), so task accounting and the bisection for bad records work on it unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from elasticdl.data.errors import DataError
+from elasticdl.data.examples import flatten_structs
+
+# The reader's choice between the paths: --data_reader_params records=examples|columns.
+EXAMPLES, COLUMNS = "examples", "columns"
+RECORD_KINDS = (EXAMPLES, COLUMNS)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of ``rows`` rows: row r is ``values[r]``, or ``values[offsets[r]:offsets[r + 1]]``
+    for a list column."""
+
+    name: str
+    values: np.ndarray  # int64, float32, bool or object (bytes)
+    offsets: np.ndarray | None = None  # int64 [rows + 1], a list column only
+
+    @property
+    def is_list(self) -> bool:
+        return self.offsets is not None
+
+    @property
+    def kind(self) -> str:
+        """"int64", "float32" or "string": the tensor's dtype."""
+        return "string" if self.values.dtype == object else self.values.dtype.name
+
+    def __len__(self) -> int:
+        return len(self.values) if self.offsets is None else len(self.offsets) - 1
+
+    def rows(self, start: int, stop: int) -> Column:
+        if self.offsets is None:
+            return Column(self.name, self.values[start:stop])
+        offsets = self.offsets[start:stop + 1]
+        return Column(self.name, self.values[offsets[0]:offsets[-1]], offsets - offsets[0])
+
+    def take(self, rows: np.ndarray) -> Column:
+        if self.offsets is None:
+            return Column(self.name, self.values[rows])
+        starts, ends = self.offsets[rows], self.offsets[rows + 1]
+        lens = ends - starts
+        offsets = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        # index of every kept value: its row's start plus its place in the row
+        within = np.arange(offsets[-1]) - np.repeat(offsets[:-1], lens)
+        return Column(self.name, self.values[np.repeat(starts, lens) + within], offsets)
+
+
+class Columns(Sequence):
+    """The rows of a task as columns; a slice or ``take`` of it is Columns too."""
+
+    def __init__(self, columns: Sequence[Column], rows: int):
+        self.columns = list(columns)
+        self._rows = rows
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    @property
+    def layout(self) -> tuple[tuple[str, str, bool], ...]:
+        """(name, dtype, is a list) per column: what a pipeline fed these columns is built for."""
+        return tuple((c.name, c.kind, c.is_list) for c in self.columns)
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._rows)
+            if step != 1:
+                return self.take(np.arange(start, stop, step))
+            stop = max(start, stop)
+            return Columns([c.rows(start, stop) for c in self.columns], stop - start)
+        if index < 0:
+            index += self._rows
+        if not 0 <= index < self._rows:
+            raise IndexError(f"row {index} of {self._rows}")
+        return self[index:index + 1]
+
+    def take(self, rows: Sequence[int]) -> Columns:
+        rows = np.asarray(rows, np.int64)
+        return Columns([c.take(rows) for c in self.columns], len(rows))
+
+    def __repr__(self) -> str:
+        return f"Columns({self._rows} rows: {', '.join(self.names)})"
+
+
+def select(records, rows: Sequence[int]):
+    """The ``rows`` of a task's records, kept in order: a list of bytes, or Columns."""
+    if isinstance(records, Columns):
+        return records.take(rows)
+    return [records[k] for k in rows]
+
+
+def concat(pieces: Sequence[Columns]) -> Columns:
+    """The rows of ``pieces`` (of one layout) one after another."""
+    merged = []
+    for i, first in enumerate(pieces[0].columns):
+        parts = [p.columns[i] for p in pieces]
+        values = np.concatenate([c.values for c in parts])
+        offsets = None
+        if first.is_list:
+            offsets, base = [np.zeros(1, np.int64)], 0
+            for c in parts:
+                offsets.append(c.offsets[1:] + base)
+                base += int(c.offsets[-1])
+            offsets = np.concatenate(offsets)
+        merged.append(Column(first.name, values, offsets))
+    return Columns(merged, sum(len(p) for p in pieces))
+
+
+def from_arrow(table) -> Columns:
+    """The Arrow ``table`` as Columns (structs flattened to ``parent.child``)."""
+    table = flatten_structs(table)
+    return Columns([_column(name, table.column(name).combine_chunks()) for name in table.column_names],
+                   table.num_rows)
+
+
+def _column(name: str, array) -> Column:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    offsets = None
+    values = array
+    while pa.types.is_list(values.type) or pa.types.is_large_list(values.type) or pa.types.is_fixed_size_list(values.type):
+        if pa.types.is_fixed_size_list(values.type):
+            values = values.cast(pa.large_list(values.type.value_type))
+        # A null list is an empty one; an outer list's offsets are composed with the inner's.
+        own = pc.fill_null(pc.list_value_length(values), 0).to_numpy().astype(np.int64)
+        inner = np.zeros(len(own) + 1, np.int64)
+        np.cumsum(own, out=inner[1:])
+        offsets = inner if offsets is None else inner[offsets]
+        values = pc.list_flatten(values)
+    kind = values.type
+    if pa.types.is_dictionary(kind):
+        values = values.dictionary_decode()
+        kind = values.type
+    if values.null_count:
+        if offsets is None:
+            row = int(np.flatnonzero(~values.is_valid().to_numpy(zero_copy_only=False))[0])
+            raise DataError(
+                f"column {name!r} is null in row {row} (of the rows read): a scalar column read as columns "
+                "(--data_reader_params records=columns) needs a value in every row. Fill the nulls when "
+                "writing the files, or read Examples (records=examples), where a null is an empty feature."
+            )
+        valid = values.is_valid().to_numpy(zero_copy_only=False)
+        kept = np.zeros(len(valid) + 1, np.int64)
+        np.cumsum(valid, out=kept[1:])
+        offsets = kept[offsets]
+        values = values.filter(pa.array(valid))
+    if pa.types.is_floating(kind):
+        data = values.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    elif pa.types.is_integer(kind) or pa.types.is_boolean(kind) or pa.types.is_temporal(kind):
+        if pa.types.is_temporal(kind):
+            values = values.cast(pa.int32() if pa.types.is_date32(kind) else pa.int64())
+        data = values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    elif pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        data = values.cast(pa.large_binary()).to_numpy(zero_copy_only=False)
+    else:
+        raise DataError(
+            f"column {name!r} has type {array.type}, which has no tensor as a column: use integers, "
+            "floating point numbers, strings or binary, lists of them, or structs of them"
+        )
+    return Column(name, data, offsets)
+
+
+def parse_record_kind(value) -> str:
+    """``records=`` of --data_reader_params: "examples" (the default) or "columns"."""
+    kind = str(value or EXAMPLES).strip().lower()
+    if kind not in RECORD_KINDS:
+        raise DataError(
+            f"--data_reader_params records={value!r}: use records=examples (a serialized tf.train.Example "
+            "per Parquet row, the default) or records=columns (a dict of column tensors per row)"
+        )
+    return kind
