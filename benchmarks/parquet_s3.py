@@ -68,13 +68,15 @@ def moto_s3_server():
             proc.wait()
 
 
-def _elasticdl_reader(files: list[str], row_group_rows: int) -> tuple[int, float]:
-    from elasticdl.data.sources import count_records, make_shards, read_records
+def _elasticdl_reader(files: list[str], row_group_rows: int, batch_size: int) -> tuple[int, float]:
+    from elasticdl.data.sources import count_records, make_shards, read_columns
 
     started = time.perf_counter()
     rows = 0
     for shard in make_shards([(f, count_records(f)) for f in files], row_group_rows):
-        rows += len(list(read_records(shard.path, shard.start, shard.end)))
+        records = read_columns(shard.path, shard.start, shard.end)
+        chunks = records.chunks(batch_size)  # what BatchStream feeds its pipeline, as numpy arrays
+        rows += sum(len(chunk[0]) for chunk in chunks)
     return rows, time.perf_counter() - started
 
 
@@ -108,7 +110,7 @@ def run(spec: dict) -> dict:
             result = {}
             order = ["elasticdl_reader", "pyarrow_direct"][::1 if rep % 2 == 0 else -1]
             for name in order:
-                rows, seconds = (_elasticdl_reader(files, spec["row_group_rows"]) if name == "elasticdl_reader"
+                rows, seconds = (_elasticdl_reader(files, spec["row_group_rows"], spec.get("batch_size", 256)) if name == "elasticdl_reader"
                                  else _pyarrow_direct(files, env))
                 if rows != spec["rows"]:
                     raise RuntimeError(f"{name} read {rows} rows of {spec['rows']}")

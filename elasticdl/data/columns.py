@@ -109,6 +109,29 @@ class Columns(Sequence):
         rows = np.asarray(rows, np.int64)
         return Columns([c.take(rows) for c in self.columns], len(rows))
 
+    def components(self) -> list[np.ndarray]:
+        """What a pipeline is fed: per column its values, then its offsets for a list column."""
+        arrays = []
+        for column in self.columns:
+            arrays.append(column.values)
+            if column.offsets is not None:
+                arrays.append(column.offsets)
+        return arrays
+
+    def chunks(self, size: int) -> list[list[np.ndarray]]:
+        """``components()`` of rows [0, size), [size, 2 size), ...: views, cut per column in one pass."""
+        starts = np.arange(0, self._rows, size)
+        ends = np.minimum(starts + size, self._rows)
+        per_column = []
+        for column in self.columns:
+            if column.offsets is None:
+                per_column.append([column.values[a:b] for a, b in zip(starts.tolist(), ends.tolist())])
+                continue
+            first, last = column.offsets[starts].tolist(), column.offsets[ends].tolist()
+            per_column.append([column.values[a:b] for a, b in zip(first, last)])
+            per_column.append([column.offsets[a:b + 1] - o for a, b, o in zip(starts.tolist(), ends.tolist(), first)])
+        return [list(parts) for parts in zip(*per_column)]
+
     def __repr__(self) -> str:
         return f"Columns({self._rows} rows: {', '.join(self.names)})"
 

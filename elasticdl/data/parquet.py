@@ -99,7 +99,13 @@ def read_columns(path: str, start: int, end: int, columns: Sequence[str] | None 
     names = list(columns) if columns else None
     if start == end:
         return _columns.from_arrow(_table_schema(path, names).empty_table())
-    pieces = [_columns.from_arrow(table) for table in read_ahead(_row_groups(path, start, end, names))]
+    with _open(path) as handle:
+        parquet = _file(path, handle)
+        groups, first_row = _groups(path, parquet.metadata, start, end)
+        tables = _row_groups(path, parquet, groups, first_row, start, end, names)
+        if len(groups) > 1:  # else nothing to overlap: no thread
+            tables = read_ahead(tables)
+        pieces = [_columns.from_arrow(table) for table in tables]
     return pieces[0] if len(pieces) == 1 else _columns.concat(pieces)
 
 
@@ -129,19 +135,17 @@ def _iter_rows(path: str, start: int, end: int, columns: list[str] | None) -> It
     yield from examples.encode(table.slice(start - first_row, end - start))
 
 
-def _row_groups(path: str, start: int, end: int, columns: list[str] | None) -> Iterator[object]:
-    """The rows, a row group at a time, as Arrow tables (the first and last cut to the range)."""
-    with _open(path) as handle:
-        parquet = _file(path, handle)
-        groups, row = _groups(path, parquet.metadata, start, end)
-        for index in groups:
-            try:
-                table = parquet.read_row_group(index, columns=columns)
-            except (OSError, ValueError) as err:  # a truncated or damaged object
-                raise _unreadable(path, start, end, err) from err
-            lo, hi = max(start, row), min(end, row + table.num_rows)
-            yield table.slice(lo - row, hi - lo)
-            row += table.num_rows
+def _row_groups(path: str, parquet, groups: list[int], row: int, start: int, end: int,
+                columns: list[str] | None) -> Iterator[object]:
+    """Rows [start, end), a row group at a time, as Arrow tables (the first and last cut to the range)."""
+    for index in groups:
+        try:
+            table = parquet.read_row_group(index, columns=columns)
+        except (OSError, ValueError) as err:  # a truncated or damaged object
+            raise _unreadable(path, start, end, err) from err
+        lo, hi = max(start, row), min(end, row + table.num_rows)
+        yield table.slice(lo - row, hi - lo)
+        row += table.num_rows
 
 
 def _groups(path: str, metadata, start: int, end: int) -> tuple[list[int], int]:

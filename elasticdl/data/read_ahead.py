@@ -52,7 +52,7 @@ def read_ahead(source: Iterable[T]) -> Iterator[T]:
         finally:
             close = getattr(items, "close", None)
             if close is not None:
-                close()  # a generator's `with` (an open file) ends in this thread
+                close()  # a generator left early ends here, in the thread that ran it
 
     thread = threading.Thread(target=fetch, name="read-ahead", daemon=True)
     thread.start()
@@ -70,3 +70,4 @@ def read_ahead(source: Iterable[T]) -> Iterator[T]:
             ready.get_nowait()
         except queue.Empty:
             pass
+        thread.join()  # it ends after the item it is fetching: the source's resources are free after this

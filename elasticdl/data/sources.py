@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from elasticdl import fs
 from elasticdl.data import csv_file, parquet, recordio, tfrecord
-from elasticdl.data.errors import CorruptRecordError, NoDataFilesError
+from elasticdl.data.columns import Columns
+from elasticdl.data.errors import CorruptRecordError, DataError, NoDataFilesError
 
 _TEXT_SUFFIXES = (".csv", ".txt")
 _PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -129,6 +130,18 @@ def read_records(
     if kind == "recordio":
         return recordio.read_records(path, start, end)  # a bad chunk checksum raises: no per-record skip
     return tfrecord.read_records(path, start, end, on_corrupt)
+
+
+def read_columns(path: str, start: int, end: int, columns: Sequence[str] | None = None) -> Columns:
+    """Records ``start`` .. ``end - 1`` of a Parquet file as Columns (``--data_reader_params
+    records=columns``); only ``columns``, when given. Other formats have no columns: DataError."""
+    kind = record_format(path)
+    if kind != "parquet":
+        raise DataError(
+            f"{path}: --data_reader_params records=columns reads Parquet files (.parquet, .pq), and this is "
+            f"{kind}: drop records=columns to read its records as bytes"
+        )
+    return parquet.read_columns(path, start, end, columns)
 
 
 def check_parquet_schemas(paths: Sequence[str], columns: Sequence[str] | None = None) -> None:
