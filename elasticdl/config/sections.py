@@ -196,7 +196,8 @@ class DataSection:
     )
     data_reader_params: dict[str, Any] = structured(
         "", "Reader options: \"has_header=True\" for CSV files with a header line; \"columns=a,b,c\" to "
-        "read only these columns of Parquet files.",
+        "read only these columns of Parquet files; \"records=columns\" to give dataset_fn a dict of column "
+        "tensors per Parquet row instead of a serialized tf.train.Example (records=examples, the default).",
         _kv_params("--data_reader_params"), render_kv_params,
     )
     num_minibatches_per_task: int = flag(
@@ -217,6 +218,19 @@ class DataSection:
     @property
     def has_header(self) -> bool:
         return bool(self.data_reader_params.get("has_header", False))
+
+    @property
+    def records(self) -> str:
+        """How a Parquet row reaches dataset_fn: "examples" (a serialized tf.train.Example, the
+        default) or "columns" (a dict of column tensors), from ``records=`` of --data_reader_params."""
+        value = str(self.data_reader_params.get("records") or "examples").strip().lower()
+        if value not in ("examples", "columns"):
+            raise ConfigError(
+                f"--data_reader_params records={self.data_reader_params.get('records')!r}: use records=examples "
+                "(a serialized tf.train.Example per Parquet row, the default) or records=columns (a dict of "
+                "column tensors per row)"
+            )
+        return value
 
     @property
     def columns(self) -> list[str] | None:

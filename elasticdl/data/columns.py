@@ -29,11 +29,6 @@ import numpy as np
 from elasticdl.data.errors import DataError
 from elasticdl.data.examples import flatten_structs
 
-# The reader's choice between the paths: --data_reader_params records=examples|columns.
-EXAMPLES, COLUMNS = "examples", "columns"
-RECORD_KINDS = (EXAMPLES, COLUMNS)
-
-
 @dataclass(frozen=True)
 class Column:
     """One column of ``rows`` rows: row r is ``values[r]``, or ``values[offsets[r]:offsets[r + 1]]``
@@ -214,13 +209,3 @@ def _column(name: str, array) -> Column:
         )
     return Column(name, data, offsets)
 
-
-def parse_record_kind(value) -> str:
-    """``records=`` of --data_reader_params: "examples" (the default) or "columns"."""
-    kind = str(value or EXAMPLES).strip().lower()
-    if kind not in RECORD_KINDS:
-        raise DataError(
-            f"--data_reader_params records={value!r}: use records=examples (a serialized tf.train.Example "
-            "per Parquet row, the default) or records=columns (a dict of column tensors per row)"
-        )
-    return kind

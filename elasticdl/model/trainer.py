@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from elasticdl.data.columns import Columns
 from elasticdl.mode import Mode
 from elasticdl.model.embedding.backends import (
     EmbeddingTables,
@@ -28,20 +29,49 @@ logger = logging.getLogger(__name__)
 
 def make_dataset(
     spec: ModelSpec,
-    records: Sequence[bytes],
+    records: Sequence[bytes] | Columns,
     mode: Mode,
     metadata: DatasetMetadata,
     batch_size: int,
 ) -> tf.data.Dataset:
-    """Raw records -> the model zoo's ``dataset_fn`` -> batches."""
-    raw = tf.data.Dataset.from_tensor_slices(tf.constant(list(records), dtype=tf.string))
-    dataset = spec.dataset_fn(raw, mode, metadata)
+    """Raw records (bytes, or Parquet Columns) -> the model zoo's ``dataset_fn`` -> batches."""
+    dataset = spec.dataset_fn(raw_dataset(records), mode, metadata)
     if not isinstance(dataset, tf.data.Dataset):
         raise ModelSpecError(
             f"{spec.module_path}: dataset_fn must return a tf.data.Dataset. "
             f"Received: {type(dataset).__name__}"
         )
     return dataset.batch(batch_size)
+
+
+def raw_dataset(records: Sequence[bytes] | Columns) -> tf.data.Dataset:
+    """What ``dataset_fn`` receives: a string per record, or for Columns a dict of column tensors per row."""
+    if isinstance(records, Columns):
+        return tf.data.Dataset.from_tensor_slices(column_tensors(records.layout, records.components()))
+    return tf.data.Dataset.from_tensor_slices(tf.constant(list(records), dtype=tf.string))
+
+
+def column_dtypes(layout: Sequence[tuple[str, str, bool]]) -> list[tf.DType]:
+    """The dtypes of ``Columns.components()`` for Columns of this ``layout``."""
+    dtypes = []
+    for _name, kind, is_list in layout:
+        dtypes.append(tf.string if kind == "string" else tf.as_dtype(kind))
+        if is_list:
+            dtypes.append(tf.int64)
+    return dtypes
+
+
+def column_tensors(layout: Sequence[tuple[str, str, bool]], components: Sequence[Any]) -> dict[str, Any]:
+    """{column name: values} of some rows, a list column as a RaggedTensor (a row of it: a 1-D tensor)."""
+    tensors, position = {}, 0
+    for name, kind, is_list in layout:
+        values = tf.convert_to_tensor(components[position], tf.string if kind == "string" else kind)
+        position += 1
+        if is_list:
+            values = tf.RaggedTensor.from_row_splits(values, components[position], validate=False)
+            position += 1
+        tensors[name] = values
+    return tensors
 
 
 class Trainer:

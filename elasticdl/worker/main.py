@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         minibatch_size=config.training.minibatch_size,
         has_header=config.data.has_header,
         columns=config.data.columns,
+        records=config.data.records,
         consistency=ConsistencyPolicy.from_config(config, ps.num_ps),
         prediction_outputs=config.outputs.prediction_outputs,
         may_initialize_ps=args.command == "train",

@@ -30,8 +30,10 @@ from collections.abc import Iterator, Sequence
 
 import tensorflow as tf
 
+from elasticdl.data.columns import Columns
 from elasticdl.mode import Mode
 from elasticdl.model.spec import DatasetMetadata, ModelSpec, ModelSpecError
+from elasticdl.model.trainer import column_dtypes, column_tensors
 
 _QUEUE_CAPACITY = 1 << 20  # chunks; a task has far fewer
 _RETIRED_QUEUES: list = []  # see BatchStream.close
@@ -48,12 +50,13 @@ class BatchStream:
         self._chunks: tf.queue.FIFOQueue | None = None
         self._iterator = None
         self._reader: _Reader | None = None  # only when each chunk is one batch
+        self._layout: tuple | None = None  # Columns.layout the pipeline is fed; None: bytes records
 
     @property
     def _one_batch_per_chunk(self) -> bool:
         return self._reader is not None
 
-    def batches(self, records: Sequence[bytes]) -> Iterator[tuple[object, int]]:
+    def batches(self, records: Sequence[bytes] | Columns) -> Iterator[tuple[object, int]]:
         """Yield (batch, records of this task done once this batch is trained).
 
         A task left early (an exception, or a worker told to leave) leaves batches in the
@@ -63,11 +66,18 @@ class BatchStream:
         n_chunks = math.ceil(len(records) / self.batch_size)
         if not n_chunks:
             return
+        layout = records.layout if isinstance(records, Columns) else None
+        if self._iterator is not None and layout != self._layout:
+            self.close()  # other column types than the pipeline was built for (not within one data set)
         if self._iterator is None:
-            self._open()
-        for i in range(n_chunks):
-            chunk = list(records[i * self.batch_size:(i + 1) * self.batch_size])
-            self._chunks.enqueue((tf.constant(i, tf.int64), tf.constant(chunk, tf.string)))
+            self._open(layout)
+        if layout is None:
+            for i in range(n_chunks):
+                chunk = list(records[i * self.batch_size:(i + 1) * self.batch_size])
+                self._chunks.enqueue((tf.constant(i, tf.int64), tf.constant(chunk, tf.string)))
+        else:
+            for i, components in enumerate(records.chunks(self.batch_size)):
+                self._chunks.enqueue([tf.constant(i, tf.int64), *components])
         complete = False
         try:
             if self._one_batch_per_chunk:
@@ -108,17 +118,21 @@ class BatchStream:
         self._iterator = None
         self._reader = None
         self._chunks = None
+        self._layout = None
 
     def __del__(self):
         self.close()
 
-    def _open(self) -> None:
+    def _open(self, layout: tuple | None) -> None:
         # A TensorFlow queue, not a Python generator: the pipeline's thread then waits for the
         # next task without the GIL, and a dropped pipeline never deadlocks the interpreter.
-        self._chunks = tf.queue.FIFOQueue(_QUEUE_CAPACITY, [tf.int64, tf.string])
-        one_batch_per_chunk = _one_example_per_record(self.spec, self.mode, self.metadata)
+        # A chunk of Columns travels as its numpy components (values, and offsets of a list column).
+        dtypes = [tf.string] if layout is None else column_dtypes(layout)
+        self._chunks = tf.queue.FIFOQueue(_QUEUE_CAPACITY, [tf.int64, *dtypes])
+        self._layout = layout
+        one_batch_per_chunk = _one_example_per_record(self.spec, self.mode, self.metadata, layout)
         pipeline = _pipeline(self._chunks, self.spec, self.mode, self.metadata, self.batch_size,
-                             one_batch_per_chunk)
+                             one_batch_per_chunk, layout)
         self._iterator = iter(pipeline)
         if one_batch_per_chunk:
             self._reader = _Reader(self._iterator)
@@ -165,9 +179,18 @@ class _Reader:
                 return
 
 
-def _one_example_per_record(spec: ModelSpec, mode: Mode, metadata: DatasetMetadata) -> bool:
+def _one_example_per_record(spec: ModelSpec, mode: Mode, metadata: DatasetMetadata, layout: tuple | None) -> bool:
     """Does ``dataset_fn`` keep one element per record (maps only, no filter, flat_map or take)?"""
-    probe = _user_dataset(spec, tf.data.Dataset.from_tensor_slices(tf.constant(["", "", ""])), mode, metadata)
+    if layout is None:
+        raw = tf.data.Dataset.from_tensor_slices(tf.constant(["", "", ""]))
+    else:  # three rows of zeros and empty lists
+        components = []
+        for _name, kind, is_list in layout:
+            components.append(tf.zeros([0 if is_list else 3], tf.string if kind == "string" else kind))
+            if is_list:
+                components.append(tf.zeros([4], tf.int64))
+        raw = tf.data.Dataset.from_tensor_slices(column_tensors(layout, components))
+    probe = _user_dataset(spec, raw, mode, metadata)
     return int(probe.cardinality()) == 3
 
 
@@ -188,6 +211,7 @@ def _pipeline(
     metadata: DatasetMetadata,
     batch_size: int,
     one_batch_per_chunk: bool,
+    layout: tuple | None = None,
 ) -> tf.data.Dataset:
     """Endless: each chunk dequeued goes through ``dataset_fn``.
 
@@ -198,14 +222,17 @@ def _pipeline(
     """
 
     def next_chunk(_):
-        index, records = chunks.dequeue()
+        index, *components = chunks.dequeue()
         index.set_shape([])
-        records.set_shape([None])
-        return index, records
+        for component in components:
+            component.set_shape([None])
+        return index, tuple(components)
 
     @tf.autograph.experimental.do_not_convert  # plain Python: errors reach the user unwrapped
-    def chunk_batches(index, chunk) -> tf.data.Dataset:
-        dataset = _user_dataset(spec, tf.data.Dataset.from_tensor_slices(chunk), mode, metadata)
+    def chunk_batches(index, components) -> tf.data.Dataset:
+        raw = (tf.data.Dataset.from_tensor_slices(components[0]) if layout is None
+               else tf.data.Dataset.from_tensor_slices(column_tensors(layout, components)))
+        dataset = _user_dataset(spec, raw, mode, metadata)
         batches = dataset.batch(batch_size).map(lambda *b: b[0] if len(b) == 1 else b)
         if one_batch_per_chunk:
             return batches.map(lambda *b: (index, b[0] if len(b) == 1 else b))

@@ -12,7 +12,8 @@ import grpc
 import numpy as np
 
 from elasticdl.data.errors import BadRecord, BadRecordError
-from elasticdl.data.sources import read_records, record_format
+from elasticdl.data.columns import select
+from elasticdl.data.sources import read_columns, read_records, record_format
 from elasticdl.errors import ElasticDLError, TrainingDivergedError
 from elasticdl.mode import Mode
 from elasticdl.model.records import example_check, find_bad_records
@@ -61,6 +62,7 @@ class Worker:
         minibatch_size: int,
         has_header: bool = False,
         columns: list[str] | None = None,
+        records: str = "examples",
         wait_seconds: float = 0.5,
         consistency: ConsistencyPolicy | None = None,
         prediction_outputs: str = "",
@@ -77,6 +79,7 @@ class Worker:
         self.minibatch_size = minibatch_size
         self.has_header = has_header
         self.columns = columns  # Parquet projection
+        self.records = records  # "columns": a Parquet task reaches dataset_fn as column tensors
         self.wait_seconds = wait_seconds
         # When to pull, when to wait, what a push's answer means: sync, async or SSP.
         self.consistency = consistency or ConsistencyPolicy(num_ps=ps.num_ps)
@@ -176,14 +179,17 @@ class Worker:
         (elasticdl/model/records.py); when none is to blame, the original error is raised.
         """
         corrupt = []
-        records = list(read_records(order.path, order.start, order.end, self.has_header, on_corrupt=corrupt.append,
-                                    columns=self.columns))
+        if self.records == "columns":
+            records = read_columns(order.path, order.start, order.end, self.columns)
+        else:
+            records = list(read_records(order.path, order.start, order.end, self.has_header,
+                                        on_corrupt=corrupt.append, columns=self.columns))
         skipped = {err.index for err in corrupt}
         positions = [i for i in range(order.start, order.end) if i not in skipped]  # index in the file
         if corrupt:
             self._found_bad(order, mode, [(err.index, err.problem + " (the file is corrupt)") for err in corrupt])
         total = order.end - order.start
-        metadata = DatasetMetadata(record_format(order.path))
+        metadata = DatasetMetadata(record_format(order.path), getattr(records, "names", ()))
         stream = self._streams.get((mode, metadata))
         if stream is None:
             stream = self._streams[(mode, metadata)] = BatchStream(self.spec, mode, metadata, self.minibatch_size)
@@ -207,7 +213,7 @@ class Worker:
                 self._found_bad(order, mode, [(positions[trained + i], reason) for i, reason in found])
                 bad = {trained + i for i, _ in found}
                 keep = [k for k in range(trained, len(records)) if k not in bad]
-                records, positions = [records[k] for k in keep], [positions[k] for k in keep]
+                records, positions = select(records, keep), [positions[k] for k in keep]
             finally:
                 batches.close()  # a pipeline left mid-task is rebuilt for the next pass
 
