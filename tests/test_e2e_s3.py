@@ -45,7 +45,7 @@ def test_deepfm_on_parquet_in_s3_survives_a_ps_kill_and_exports_to_s3(s3_env, tm
     proc = subprocess.Popen(
         [sys.executable, "-m", "elasticdl", "train", "--model_zoo", MODEL_ZOO,
          "--model_def", "deepctr.deepfm_parquet.custom_model", "--training_data", f"{root}/ctr/train",
-         "--data_reader_params", f"columns={COLUMNS}", "--num_workers", "1", "--num_ps", "1",
+         "--data_reader_params", f"columns={COLUMNS};records=columns", "--num_workers", "1", "--num_ps", "1",
          "--minibatch_size", "64", "--records_per_task", "512", "--num_epochs", "1",
          "--checkpoint_dir", f"{root}/ckpt", "--checkpoint_steps", "10", "--output", f"{root}/model",
          "--job_name", "s3-deepfm"],

@@ -29,6 +29,7 @@ import numpy as np
 from elasticdl.data.errors import DataError
 from elasticdl.data.examples import flatten_structs
 
+
 @dataclass(frozen=True)
 class Column:
     """One column of ``rows`` rows: row r is ``values[r]``, or ``values[offsets[r]:offsets[r + 1]]``

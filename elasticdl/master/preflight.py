@@ -15,10 +15,12 @@ from typing import Any
 
 from elasticdl.config import JobConfig
 from elasticdl.config.paths import MIN_FREE_BYTES, check_writable_dir
-from elasticdl.data.errors import BadRecord, BadRecordError
+from elasticdl.data.columns import select
+from elasticdl.data.errors import BadRecord, BadRecordError, DataError
 from elasticdl.data.sources import (
     check_parquet_schemas,
     count_records,
+    read_columns,
     read_records,
     record_format,
     resolve_data_files,
@@ -61,6 +63,16 @@ def check_inputs(config: JobConfig, command: str = "train") -> list[tuple[str, i
     if config.data.validation_data and command == "train":
         validation = resolve_data_files(config.data.validation_data)  # fail now on a typo, not after training
         check_parquet_schemas([path for path, _ in files] + validation, config.data.columns)
+        files_read = [path for path, _ in files] + validation
+    else:
+        files_read = [path for path, _ in files]
+    if config.data.records == "columns":
+        other = [path for path in files_read if record_format(path) != "parquet"]
+        if other:
+            raise DataError(
+                f"{other[0]}: --data_reader_params records=columns reads Parquet files (.parquet, .pq), and this "
+                f"is {record_format(other[0])}: drop records=columns, or convert the data to Parquet"
+            )
     return files
 
 
@@ -158,11 +170,14 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> tu
     n = min(config.training.minibatch_size, dict(files)[path])
     max_bad = config.data.max_bad_records if mode != Mode.PREDICTION else 0
     corrupt = []
-    records = list(itertools.islice(read_records(path, 0, n, has_header, on_corrupt=corrupt.append,
-                                                 columns=config.data.columns), n))
+    if config.data.records == "columns":  # a file other than Parquet is refused here, named
+        records = read_columns(path, 0, n, config.data.columns)
+    else:
+        records = list(itertools.islice(read_records(path, 0, n, has_header, on_corrupt=corrupt.append,
+                                                     columns=config.data.columns), n))
     positions = [i for i in range(n) if i not in {err.index for err in corrupt}]
     bad = [BadRecord(path, err.index, err.problem + " (the file is corrupt)") for err in corrupt]
-    metadata = DatasetMetadata(record_format(path))
+    metadata = DatasetMetadata(record_format(path), getattr(records, "names", ()))
     _check_dataset_fn_does_not_batch(spec, records, mode, metadata)
     trainer = Trainer(spec, config.training.model_params, config.training.embedding_swap_threshold_mb)
     records, positions, found = _without_bad_records(spec, trainer, records, positions, mode, metadata, path)
@@ -239,8 +254,10 @@ def _check_dataset_fn_does_not_batch(spec: ModelSpec, records, mode: Mode, metad
     batches too would hand the model batches of batches."""
     import tensorflow as tf
 
+    from elasticdl.model.trainer import raw_dataset
+
     try:
-        dataset = spec.dataset_fn(tf.data.Dataset.from_tensor_slices(tf.constant(records, tf.string)), mode, metadata)
+        dataset = spec.dataset_fn(raw_dataset(records), mode, metadata)
         graph = tf.compat.v1.GraphDef()
         graph.ParseFromString(dataset._as_serialized_graph().numpy())
     except Exception:
@@ -283,7 +300,7 @@ def _without_bad_records(spec, trainer, records, positions, mode: Mode, metadata
     except Exception:
         pass
     try:
-        if len(records) > 3 and all(_fails(check, [records[i]]) for i in (0, len(records) // 2, len(records) - 1)):
+        if len(records) > 3 and all(_fails(check, records[i:i + 1]) for i in (0, len(records) // 2, len(records) - 1)):
             return records, positions, []  # three records spread over the sample: not one record's fault
         found = find_bad_records(records, check)
     except ModelSpecError:
@@ -293,7 +310,7 @@ def _without_bad_records(spec, trainer, records, positions, mode: Mode, metadata
     drop = {i for i, _ in found}
     bad = [BadRecord(path, positions[i], reason) for i, reason in found]
     keep = [i for i in range(len(records)) if i not in drop]
-    return [records[i] for i in keep], [positions[i] for i in keep], bad
+    return select(records, keep), [positions[i] for i in keep], bad
 
 
 def _fails(check, records) -> bool:

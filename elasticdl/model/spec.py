@@ -53,8 +53,8 @@ _OPTIONAL = {
 class DatasetMetadata:
     """The third argument of ``dataset_fn``: what the raw records are."""
 
-    record_format: str  # "tfrecord", "recordio" or "parquet" (serialized tf.train.Example), or "csv" (text lines)
-    column_names: tuple[str, ...] = ()
+    record_format: str  # "tfrecord", "recordio" or "parquet" (serialized tf.train.Example, or columns), or "csv" (text lines)
+    column_names: tuple[str, ...] = ()  # records=columns: the dict keys of each row
 
 
 @dataclass

@@ -19,6 +19,12 @@ batch arrives already marked as its chunk's last: one pipeline element per batch
 markers, which halves the per-batch cost of reading the pipeline (it is Python-bound at
 about 0.7 ms an element; a small model's whole step takes a few ms). A reader thread then
 takes each batch while the worker waits for the parameter servers.
+
+Parquet Columns (``records=columns``, elasticdl/data/columns.py) go the same way: a chunk
+is enqueued as the numpy arrays of its columns (values, and row offsets of a list column),
+and the pipeline turns them into a dict of column tensors per row (a list column's row a
+1-D tensor) before ``dataset_fn``. The queue's dtypes follow the columns, so the pipeline is
+built for the first task's columns and serves every task of the same columns.
 """
 
 from __future__ import annotations

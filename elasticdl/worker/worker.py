@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from elasticdl.data.errors import BadRecord, BadRecordError
 from elasticdl.data.columns import select
+from elasticdl.data.errors import BadRecord, BadRecordError
 from elasticdl.data.sources import read_columns, read_records, record_format
 from elasticdl.errors import ElasticDLError, TrainingDivergedError
 from elasticdl.mode import Mode
