@@ -9,10 +9,10 @@ import pytest
 import tensorflow as tf
 
 from elasticdl.data import parquet
-from elasticdl.data.columns import select
+from elasticdl.data.columns import ColumnStream, select
 from elasticdl.data.errors import CorruptRecordError, DataError
 from elasticdl.data.read_ahead import read_ahead
-from elasticdl.data.sources import read_columns
+from elasticdl.data.sources import read_columns, stream_columns
 from elasticdl.mode import Mode
 from elasticdl.model.spec import DatasetMetadata, ModelSpec
 from elasticdl.worker.task_data import BatchStream
@@ -130,8 +130,25 @@ def test_read_ahead_keeps_order_and_stays_one_ahead():
     assert got == [0, 1, 2, 3, 4] and taken == got
 
 
-def test_a_failed_read_ahead_raises_what_a_direct_read_raises(data, tmp_path):
-    truncated = str(tmp_path / "truncated.parquet")
+def _stream(dataset_fn=lambda d, m, md: d.map(lambda row: (row["id"], row["label"]))):
+    return BatchStream(ModelSpec("zoo/m.py", "custom_model", None, None, None, dataset_fn), Mode.TRAINING,
+                       DatasetMetadata("parquet"), batch_size=8)
+
+
+def test_a_streamed_task_trains_the_same_rows_in_the_same_order(data):
+    stream = _stream()
+    direct = [(b[0].numpy().tolist(), done) for b, done in stream.batches(read_columns(data, 5, 45))]
+    streamed_records = stream_columns(data, 5, 45)  # row groups of 11, 16 and 13 rows of the range
+    assert isinstance(streamed_records, ColumnStream) and len(streamed_records) == 40
+    streamed = [(b[0].numpy().tolist(), done) for b, done in stream.batches(streamed_records)]
+    assert streamed == direct
+    assert [ids for ids, _ in streamed] == [list(range(a, min(a + 8, 45))) for a in range(5, 45, 8)]
+    assert [done for _, done in streamed] == [8, 16, 24, 32, 40]
+    assert streamed_records.take([0, 39]).columns[0].values.tolist() == [5, 44]  # all rows, once arrived
+    stream.close()
+
+
+def _damaged(data: str, path: str) -> str:
     with open(data, "rb") as f:
         whole = f.read()
     # The footer intact, the pages of the second and third row groups zeroed.
@@ -139,8 +156,29 @@ def test_a_failed_read_ahead_raises_what_a_direct_read_raises(data, tmp_path):
     columns = [meta.row_group(g).column(c) for g in (1, 2) for c in range(meta.num_columns)]
     lo = min(c.dictionary_page_offset or c.data_page_offset for c in columns)
     hi = max((c.dictionary_page_offset or c.data_page_offset) + c.total_compressed_size for c in columns)
-    with open(truncated, "wb") as f:
+    with open(path, "wb") as f:
         f.write(whole[:lo] + b"\0" * (hi - lo) + whole[hi:])
+    return path
+
+
+def test_a_failed_read_ahead_fails_the_task_as_a_direct_read_does(data, tmp_path):
+    damaged = _damaged(data, str(tmp_path / "damaged.parquet"))
+    with pytest.raises(CorruptRecordError) as direct:
+        read_columns(damaged, 5, 45)
+    stream = _stream()
+    trained = []
+    with pytest.raises(CorruptRecordError) as streamed:
+        for _batch, done in stream.batches(stream_columns(damaged, 5, 45)):
+            trained.append(done)
+    assert str(streamed.value) == str(direct.value) and "rows [5, 45) cannot be read" in str(direct.value)
+    # Chunks are fed two ahead of training, and the second needs the damaged row group.
+    assert trained == []
+    stream.close()
+
+
+def test_a_failed_read_ahead_raises_what_a_direct_read_raises(data, tmp_path):
+    truncated = str(tmp_path / "truncated.parquet")
+    _damaged(data, truncated)
     direct = []
     with pytest.raises(Exception) as direct_err:
         for table in parquet._row_groups(truncated, pq.ParquetFile(truncated), [0, 1, 2], 0, 5, 45, None):

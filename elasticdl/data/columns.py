@@ -21,7 +21,7 @@ skipped), so task accounting and the bisection for bad records work on it unchan
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,9 +132,75 @@ class Columns(Sequence):
         return f"Columns({self._rows} rows: {', '.join(self.names)})"
 
 
+class ColumnStream(Sequence):
+    """A task's Columns arriving a row group at a time (read ahead while earlier rows train).
+
+    Its length is known from the start; ``chunks`` hands out rows as they arrive. Anything
+    else (a slice, ``take``, ``columns``) waits for every row and serves them as Columns.
+    """
+
+    def __init__(self, pieces: Iterator[Columns], rows: int):
+        self._pieces = pieces
+        self._first = next(pieces)  # the layout, and the rows the first batches need
+        self._rows = rows
+        self._arrived = [self._first]
+        self._all: Columns | None = None
+
+    @property
+    def layout(self) -> tuple[tuple[str, str, bool], ...]:
+        return self._first.layout
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self._first.names
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def chunks(self, size: int) -> Iterator[list[np.ndarray]]:
+        """As Columns.chunks, each chunk as soon as its rows have arrived."""
+        if self._all is not None:
+            yield from self._all.chunks(size)
+            return
+        pending, carry = self._first, None
+        while True:
+            whole = (len(pending) // size) * size
+            yield from pending[:whole].chunks(size)
+            carry = pending[whole:]
+            piece = next(self._pieces, None)
+            if piece is None:
+                break
+            self._arrived.append(piece)
+            pending = concat([carry, piece]) if len(carry) else piece
+        if len(carry):
+            yield carry.components()
+        self.materialize()
+
+    def materialize(self) -> Columns:
+        if self._all is None:
+            self._arrived += list(self._pieces)
+            self._all = self._arrived[0] if len(self._arrived) == 1 else concat(self._arrived)
+        return self._all
+
+    def close(self) -> None:
+        close = getattr(self._pieces, "close", None)
+        if close is not None:
+            close()  # a read-ahead thread stops after the row group it is reading
+
+    @property
+    def columns(self) -> list[Column]:
+        return self.materialize().columns
+
+    def __getitem__(self, index):
+        return self.materialize()[index]
+
+    def take(self, rows: Sequence[int]) -> Columns:
+        return self.materialize().take(rows)
+
+
 def select(records, rows: Sequence[int]):
     """The ``rows`` of a task's records, kept in order: a list of bytes, or Columns."""
-    if isinstance(records, Columns):
+    if isinstance(records, (Columns, ColumnStream)):
         return records.take(rows)
     return [records[k] for k in rows]
 

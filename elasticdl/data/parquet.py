@@ -7,7 +7,8 @@ chunks it needs are fetched together, in a few large ranged reads, rather than o
 read per page. Each row becomes a serialized tf.train.Example (elasticdl/data/examples.py),
 so ``dataset_fn`` parses Parquet rows as it parses TFRecord records; or, with
 ``--data_reader_params records=columns``, the range comes as numpy columns
-(elasticdl/data/columns.py), read a row group at a time with the next one fetched ahead.
+(elasticdl/data/columns.py), and a worker streams them: a row group at a time, the next one
+read in a thread (elasticdl/data/read_ahead.py) while the rows before it train.
 
 A task is best a whole number of row groups (``--records_per_task``): a row group that two
 tasks share is read by both.
@@ -22,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from elasticdl import fs
 from elasticdl.data import columns as _columns
 from elasticdl.data import examples
-from elasticdl.data.columns import Columns
+from elasticdl.data.columns import Columns, ColumnStream
 from elasticdl.data.errors import CorruptRecordError, DataError
 from elasticdl.data.read_ahead import read_ahead
 
@@ -92,8 +93,7 @@ def read_records(path: str, start: int, end: int, columns: Sequence[str] | None 
 def read_columns(path: str, start: int, end: int, columns: Sequence[str] | None = None) -> Columns:
     """Rows ``start`` .. ``end - 1`` as Columns (elasticdl/data/columns.py; only ``columns``, when given).
 
-    The row groups are read one ahead of their conversion: while one group's Arrow columns
-    become numpy ones, a thread fetches and decodes the next (elasticdl/data/read_ahead.py).
+    All of it, before it returns; ``stream_columns`` hands out the rows as they arrive.
     """
     _check_range(path, start, end)
     names = list(columns) if columns else None
@@ -102,11 +102,28 @@ def read_columns(path: str, start: int, end: int, columns: Sequence[str] | None 
     with _open(path) as handle:
         parquet = _file(path, handle)
         groups, first_row = _groups(path, parquet.metadata, start, end)
-        tables = _row_groups(path, parquet, groups, first_row, start, end, names)
-        if len(groups) > 1:  # else nothing to overlap: no thread
-            tables = read_ahead(tables)
-        pieces = [_columns.from_arrow(table) for table in tables]
+        pieces = [_columns.from_arrow(t) for t in _row_groups(path, parquet, groups, first_row, start, end, names)]
     return pieces[0] if len(pieces) == 1 else _columns.concat(pieces)
+
+
+def stream_columns(path: str, start: int, end: int, columns: Sequence[str] | None = None) -> Columns | ColumnStream:
+    """As ``read_columns``, but a range of several row groups comes as a ColumnStream: its first
+    row group at once, each next one read in a thread while the rows before it train."""
+    _check_range(path, start, end)
+    names = list(columns) if columns else None
+    with _open(path) as handle:
+        groups, _ = _groups(path, _file(path, handle).metadata, start, end)
+    if len(groups) < 2:
+        return read_columns(path, start, end, columns)
+    pieces = read_ahead(_columns.from_arrow(table) for table in _open_row_groups(path, start, end, names))
+    return ColumnStream(pieces, end - start)
+
+
+def _open_row_groups(path: str, start: int, end: int, columns: list[str] | None) -> Iterator[object]:
+    with _open(path) as handle:  # open while the stream is read: closed by its end or its close()
+        parquet = _file(path, handle)
+        groups, first_row = _groups(path, parquet.metadata, start, end)
+        yield from _row_groups(path, parquet, groups, first_row, start, end, columns)
 
 
 def _check_range(path: str, start: int, end: int) -> None:

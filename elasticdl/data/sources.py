@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from elasticdl import fs
 from elasticdl.data import csv_file, parquet, recordio, tfrecord
-from elasticdl.data.columns import Columns
+from elasticdl.data.columns import Columns, ColumnStream
 from elasticdl.data.errors import CorruptRecordError, DataError, NoDataFilesError
 
 _TEXT_SUFFIXES = (".csv", ".txt")
@@ -135,13 +135,24 @@ def read_records(
 def read_columns(path: str, start: int, end: int, columns: Sequence[str] | None = None) -> Columns:
     """Records ``start`` .. ``end - 1`` of a Parquet file as Columns (``--data_reader_params
     records=columns``); only ``columns``, when given. Other formats have no columns: DataError."""
+    _parquet_only(path)
+    return parquet.read_columns(path, start, end, columns)
+
+
+def _parquet_only(path: str) -> None:
     kind = record_format(path)
     if kind != "parquet":
         raise DataError(
             f"{path}: --data_reader_params records=columns reads Parquet files (.parquet, .pq), and this is "
             f"{kind}: drop records=columns to read its records as bytes"
         )
-    return parquet.read_columns(path, start, end, columns)
+
+
+def stream_columns(path: str, start: int, end: int, columns: Sequence[str] | None = None) -> Columns | ColumnStream:
+    """As ``read_columns``, with the row groups after the first read ahead while the rows before
+    them train (a ColumnStream, for a range of several row groups)."""
+    _parquet_only(path)
+    return parquet.stream_columns(path, start, end, columns)
 
 
 def check_parquet_schemas(paths: Sequence[str], columns: Sequence[str] | None = None) -> None:

@@ -36,7 +36,7 @@ from collections.abc import Iterator, Sequence
 
 import tensorflow as tf
 
-from elasticdl.data.columns import Columns
+from elasticdl.data.columns import Columns, ColumnStream
 from elasticdl.mode import Mode
 from elasticdl.model.spec import DatasetMetadata, ModelSpec, ModelSpecError
 from elasticdl.model.trainer import column_dtypes, column_tensors
@@ -62,7 +62,7 @@ class BatchStream:
     def _one_batch_per_chunk(self) -> bool:
         return self._reader is not None
 
-    def batches(self, records: Sequence[bytes] | Columns) -> Iterator[tuple[object, int]]:
+    def batches(self, records: Sequence[bytes] | Columns | ColumnStream) -> Iterator[tuple[object, int]]:
         """Yield (batch, records of this task done once this batch is trained).
 
         A task left early (an exception, or a worker told to leave) leaves batches in the
@@ -72,22 +72,39 @@ class BatchStream:
         n_chunks = math.ceil(len(records) / self.batch_size)
         if not n_chunks:
             return
-        layout = records.layout if isinstance(records, Columns) else None
+        layout = records.layout if isinstance(records, (Columns, ColumnStream)) else None
         if self._iterator is not None and layout != self._layout:
             self.close()  # other column types than the pipeline was built for (not within one data set)
         if self._iterator is None:
             self._open(layout)
+        fed = 0
         if layout is None:
             for i in range(n_chunks):
                 chunk = list(records[i * self.batch_size:(i + 1) * self.batch_size])
                 self._chunks.enqueue((tf.constant(i, tf.int64), tf.constant(chunk, tf.string)))
+            fed = n_chunks
         else:
-            for i, components in enumerate(records.chunks(self.batch_size)):
-                self._chunks.enqueue([tf.constant(i, tf.int64), *components])
+            chunks = enumerate(records.chunks(self.batch_size))
+
+            def feed(fed: int, upto: int) -> int:
+                """Enqueue chunks ``fed`` .. ``upto`` - 1 (a streamed chunk waits for its rows); the
+                chunks fed after."""
+                while fed < min(upto, n_chunks):
+                    i, components = next(chunks)
+                    self._chunks.enqueue([tf.constant(i, tf.int64), *components])
+                    fed = i + 1
+                return fed
+
+            # A stream is fed two chunks ahead of training (its later row groups arrive meanwhile);
+            # with end-of-chunk markers, or Columns all there, every chunk at once.
+            streamed = isinstance(records, ColumnStream) and self._one_batch_per_chunk
+            fed = feed(0, 2 if streamed else n_chunks)
         complete = False
         try:
             if self._one_batch_per_chunk:
                 for i in range(n_chunks):
+                    if fed < n_chunks:
+                        fed = feed(fed, i + 2)
                     index, batch = self._reader.next()
                     if index != i:  # cannot happen unless the pipeline breaks its contract
                         raise RuntimeError(f"the input pipeline skipped chunk {i} (got {index})")

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from elasticdl.data.columns import select
+from elasticdl.data.columns import ColumnStream, select
 from elasticdl.data.errors import BadRecord, BadRecordError
-from elasticdl.data.sources import read_columns, read_records, record_format
+from elasticdl.data.sources import read_records, record_format, stream_columns
 from elasticdl.errors import ElasticDLError, TrainingDivergedError
 from elasticdl.mode import Mode
 from elasticdl.model.records import example_check, find_bad_records
@@ -179,8 +179,8 @@ class Worker:
         (elasticdl/model/records.py); when none is to blame, the original error is raised.
         """
         corrupt = []
-        if self.records == "columns":
-            records = read_columns(order.path, order.start, order.end, self.columns)
+        if self.records == "columns":  # row groups after the first arrive while the first trains
+            records = stream_columns(order.path, order.start, order.end, self.columns)
         else:
             records = list(read_records(order.path, order.start, order.end, self.has_header,
                                         on_corrupt=corrupt.append, columns=self.columns))
@@ -216,6 +216,8 @@ class Worker:
                 records, positions = select(records, keep), [positions[k] for k in keep]
             finally:
                 batches.close()  # a pipeline left mid-task is rebuilt for the next pass
+                if isinstance(records, ColumnStream):
+                    records.close()  # a task left early: the read-ahead thread stops
 
     def _found_bad(self, order: TaskOrder, mode: Mode, found: list[tuple[int, str]]) -> None:
         """Note bad records (index in the file, reason); raise BadRecordError unless they may be skipped."""
