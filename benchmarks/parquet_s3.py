@@ -7,11 +7,13 @@ A moto S3 server on loopback (``moto.server``, a free port) holds the synthetic 
 ``tags`` list, the label). Every repetition reads all of it twice, in an order rotated
 between repetitions:
 
-- ``elasticdl_reader``: what a worker does with its tasks. The files are cut into tasks of
-  one row group (``make_shards`` over the footers' row counts) and each task is read with
-  ``elasticdl.data.sources.read_records`` through s3fs: the row group's column chunks in
-  ranged reads, then one serialized tf.train.Example per row, the records ``dataset_fn``
-  gets.
+- ``elasticdl_reader``: a worker's read path up to what it feeds ``dataset_fn``, with
+  ``--data_reader_params records=columns``. The files are cut into tasks of one row group
+  (``make_shards`` over the footers' row counts); each task is read with
+  ``elasticdl.data.sources.read_columns`` through s3fs (the row group's column chunks in
+  ranged reads, then Arrow to numpy columns) and cut into the chunks of ``batch_size`` rows
+  (256) that ``BatchStream`` enqueues into the input pipeline, as numpy arrays. Not
+  measured: the enqueue and the per-row work of tf.data and ``dataset_fn`` (the model's).
 - ``pyarrow_direct``: ``pyarrow.parquet.read_table`` of each file through pyarrow's own
   S3 client (C++), into Arrow columns; no records.
 
