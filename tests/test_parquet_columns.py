@@ -107,11 +107,21 @@ def test_a_null_in_a_scalar_column_is_named(tmp_path):
         read_columns(path, 0, 3)
 
 
-def test_columns_of_other_formats_are_refused(tmp_path):
+def test_columns_of_other_formats_are_refused_at_submit(tmp_path):
+    from elasticdl.config import ConfigError, JobConfig
+    from elasticdl.master.preflight import check_inputs
+
     path = tmp_path / "rows.csv"
     path.write_text("1\n2\n")
+    (tmp_path / "zoo" / "m").mkdir(parents=True)
+    (tmp_path / "zoo" / "m" / "model.py").write_text("def custom_model():\n    pass\n")
+    flags = {"model_zoo": str(tmp_path / "zoo"), "model_def": "m.model.custom_model", "training_data": str(path)}
+    with pytest.raises(DataError, match=r"rows.csv: --data_reader_params records=columns reads Parquet files"):
+        check_inputs(JobConfig.from_flags(**flags, data_reader_params="records=columns"), "train")
     with pytest.raises(DataError, match="records=columns reads Parquet files"):
         read_columns(str(path), 0, 2)
+    with pytest.raises(ConfigError, match="records='rows'.*records=examples.*records=columns"):
+        JobConfig.from_flags(**flags, data_reader_params="records=rows").data.records  # noqa: B018
 
 
 def test_read_ahead_keeps_order_and_stays_one_ahead():
@@ -193,3 +203,21 @@ def test_a_failed_read_ahead_raises_what_a_direct_read_raises(data, tmp_path):
         for table in read_ahead(parquet._row_groups(truncated, pq.ParquetFile(truncated), [0, 1, 2], 0, 5, 45, None)):
             ahead.append(table.num_rows)
     assert ahead == direct == [11]  # the rows before the failure, then the same error
+
+
+def test_a_bad_row_among_columns_is_found_by_bisection(data):
+    from elasticdl.model.records import find_bad_records
+    from elasticdl.model.trainer import make_dataset
+
+    def refuse_13(rows):
+        spec = ModelSpec("zoo/m.py", "custom_model", None, None, None,
+                         lambda d, m, md: d.map(lambda row: tf.ensure_shape(
+                             tf.debugging.check_numerics(1.0 / tf.cast(row["id"] - 13, tf.float32), "row 13"), [])))
+        for _ in make_dataset(spec, rows, Mode.TRAINING, DatasetMetadata("parquet"), len(rows)):
+            pass
+
+    records = read_columns(data, 5, 45)
+    found = find_bad_records(records, refuse_13)
+    assert [i for i, _ in found] == [8] and "row 13" in found[0][1]  # row 13 is the 9th of 5..44
+    kept = select(records, [i for i in range(len(records)) if i != 8])
+    assert 13 not in kept.columns[0].values.tolist() and len(kept) == 39
