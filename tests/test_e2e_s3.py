@@ -38,6 +38,8 @@ def _ids(table, max_tags: int, pad_id: int) -> np.ndarray:
 
 
 def test_deepfm_on_parquet_in_s3_survives_a_ps_kill_and_exports_to_s3(s3_env, tmp_path):
+    # Column records (records=columns), tasks of two row groups of 512 rows: each task streams,
+    # its second row group read while the first trains.
     bucket = s3_env.new_bucket("ctr")
     root = f"s3://{bucket}"
     meta = _generate(f"{root}/ctr")
@@ -46,7 +48,7 @@ def test_deepfm_on_parquet_in_s3_survives_a_ps_kill_and_exports_to_s3(s3_env, tm
         [sys.executable, "-m", "elasticdl", "train", "--model_zoo", MODEL_ZOO,
          "--model_def", "deepctr.deepfm_parquet.custom_model", "--training_data", f"{root}/ctr/train",
          "--data_reader_params", f"columns={COLUMNS};records=columns", "--num_workers", "1", "--num_ps", "1",
-         "--minibatch_size", "64", "--records_per_task", "512", "--num_epochs", "1",
+         "--minibatch_size", "64", "--records_per_task", "1024", "--num_epochs", "1",
          "--checkpoint_dir", f"{root}/ckpt", "--checkpoint_steps", "10", "--output", f"{root}/model",
          "--job_name", "s3-deepfm"],
         cwd=tmp_path, env={**os.environ, **s3_env.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
