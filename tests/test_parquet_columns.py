@@ -177,12 +177,15 @@ def test_a_failed_read_ahead_fails_the_task_as_a_direct_read_does(data, tmp_path
         read_columns(damaged, 5, 45)
     stream = _stream()
     trained = []
+    records = stream_columns(damaged, 5, 45)
     with pytest.raises(CorruptRecordError) as streamed:
-        for _batch, done in stream.batches(stream_columns(damaged, 5, 45)):
+        for _batch, done in stream.batches(records):
             trained.append(done)
     assert str(streamed.value) == str(direct.value) and "rows [5, 45) cannot be read" in str(direct.value)
     # Chunks are fed two ahead of training, and the second needs the damaged row group.
     assert trained == []
+    with pytest.raises(CorruptRecordError):  # the rows that arrived are never taken for all of them
+        records[0:8]
     stream.close()
 
 

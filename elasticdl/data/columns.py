@@ -141,10 +141,20 @@ class ColumnStream(Sequence):
 
     def __init__(self, pieces: Iterator[Columns], rows: int):
         self._pieces = pieces
-        self._first = next(pieces)  # the layout, and the rows the first batches need
+        self._error: BaseException | None = None  # a failed read: every later use raises it again
+        self._first = self._next()  # the layout, and the rows the first batches need
         self._rows = rows
         self._arrived = [self._first]
         self._all: Columns | None = None
+
+    def _next(self) -> Columns | None:
+        if self._error is not None:
+            raise self._error
+        try:
+            return next(self._pieces, None)
+        except BaseException as err:
+            self._error = err
+            raise
 
     @property
     def layout(self) -> tuple[tuple[str, str, bool], ...]:
@@ -167,7 +177,7 @@ class ColumnStream(Sequence):
             whole = (len(pending) // size) * size
             yield from pending[:whole].chunks(size)
             carry = pending[whole:]
-            piece = next(self._pieces, None)
+            piece = self._next()
             if piece is None:
                 break
             self._arrived.append(piece)
@@ -178,7 +188,8 @@ class ColumnStream(Sequence):
 
     def materialize(self) -> Columns:
         if self._all is None:
-            self._arrived += list(self._pieces)
+            while (piece := self._next()) is not None:
+                self._arrived.append(piece)
             self._all = self._arrived[0] if len(self._arrived) == 1 else concat(self._arrived)
         return self._all
 
