@@ -36,6 +36,7 @@ from elasticdl.config.paths import check_job_name, check_writable_dir, suggest_j
 from elasticdl.config.sections import (  # noqa: E402
     COMMANDS,
     LOG_LEVELS,
+    WIRE_DTYPES,
     CheckpointSection,
     ConsistencySection,
     DataSection,
@@ -162,6 +163,10 @@ class JobConfig:
             raise ConfigError(
                 f"--model_def must be pkg.module.name under --model_zoo "
                 f"(e.g. digits.digits_functional.custom_model). Received: {training.model_def!r}"
+            )
+        if training.wire_dtype not in WIRE_DTYPES:
+            raise ConfigError(
+                f"--wire_dtype must be one of {', '.join(WIRE_DTYPES)}. Received: {training.wire_dtype!r}"
             )
         if self.model_zoo_functions.keras_version not in ("auto", "2", "3"):
             raise ConfigError(

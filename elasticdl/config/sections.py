@@ -23,6 +23,8 @@ from elasticdl.config.priority import parse_priority_spec
 
 COMMANDS = ("train", "evaluate", "predict")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# --wire_dtype's values: what dense float32 tensors travel as (elasticdl/rpc/codec.py).
+WIRE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def flag(default: Any, help: str, commands: tuple[str, ...] = COMMANDS, aliases: tuple[str, ...] = ()):
@@ -170,6 +172,14 @@ class TrainingSection:
         "keras.layers.Embedding layers whose table (input_dim x output_dim x 4 bytes) is larger "
         "than this many MiB become elasticdl.layers.Embedding: their rows live on the parameter "
         "servers, sharded by id (0: every Embedding; a negative value: none).",
+    )
+    wire_dtype: str = flag(
+        "float32",
+        "What dense gradients and parameters travel as between workers and parameter servers: "
+        "float32, bfloat16 or float16 (half the bytes; the servers keep float32 and the workers "
+        "compute in float32; embedding rows stay float32). docs/benchmarks.md measures its effect on "
+        "accuracy and speed.",
+        commands=("train",),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import grpc
@@ -70,6 +71,7 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         problem = _pull_problem(request)
         if problem:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        encode = functools.partial(encode, wire_dtype=request.wire_dtype or "float32")
         if request.snapshot_id > 0:
             try:
                 return encode(*self._server.pull_snapshot(request.snapshot_id))
@@ -78,6 +80,7 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         return self._server.pull(request.version, request.wait_for_newer, request.timeout_seconds, encode)
 
     def push_gradients(self, request, context):
+        _check_wire_dtype(request.wire_dtype, context)  # before anything is decoded
         return self._push(request, _decode_or_abort(request.gradients, context), request.embedding_gradients, context)
 
     def push_gradients_stream(self, request_iterator, context):
@@ -91,6 +94,7 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
                 )
                 if head is None:
                     head = request
+                    _check_wire_dtype(head.wire_dtype, context)
                 assembler.add(gradients)
             grads = dict(assembler.result())
         except tensor_codec.TensorDecodeError as err:
@@ -100,6 +104,7 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         return self._push(head, grads, head.embedding_gradients, context)
 
     def _push(self, head, grads, embedding_gradients, context):
+        grads = tensor_codec.widened(grads)  # float16 on the wire (--wire_dtype): float32 on the PS
         for rows in embedding_gradients:
             if rows.name in grads:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{rows.name!r} appears twice in one push")
@@ -112,7 +117,8 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         lr = head.learning_rate if head.learning_rate != 0 else None  # the core refuses a bad one
         # Asked for (a unary push of a small model), the new parameters are written into the
         # reply under the PS lock, as a pull would: the worker then skips its next pull.
-        encode = _encode_push_reply if head.return_parameters else None
+        encode = (functools.partial(_encode_push_reply, wire_dtype=head.wire_dtype or "float32")
+                  if head.return_parameters else None)
         batch = None
         if head.task_id or head.handout or head.records_end or head.records:
             batch = BatchPosition(head.task_id, head.handout, head.records_end, head.records)
@@ -253,9 +259,9 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         )
 
 
-def _encode_pull(initialized: bool, version: int, params) -> bytes:
+def _encode_pull(initialized: bool, version: int, params, wire_dtype: str) -> bytes:
     head = elasticdl_pb2.PullDenseParametersResponse(initialized=initialized, version=version)
-    return tensor_codec.serialize_with_tensors(head, _PULL_TENSORS_FIELD, params)
+    return tensor_codec.serialize_with_tensors(head, _PULL_TENSORS_FIELD, params, wire_dtype)
 
 
 def _push_reply(result) -> elasticdl_pb2.PushGradientsResponse:
@@ -265,17 +271,17 @@ def _push_reply(result) -> elasticdl_pb2.PushGradientsResponse:
     )
 
 
-def _encode_push_reply(result, params) -> bytes:
+def _encode_push_reply(result, params, wire_dtype: str) -> bytes:
     head = _push_reply(result)
     if params is None:
         return head.SerializeToString()
     head.has_parameters = True
-    return tensor_codec.serialize_with_tensors(head, _PUSH_REPLY_TENSORS_FIELD, params)
+    return tensor_codec.serialize_with_tensors(head, _PUSH_REPLY_TENSORS_FIELD, params, wire_dtype)
 
 
-def _encode_pull_chunks(initialized: bool, version: int, params) -> list[bytes]:
+def _encode_pull_chunks(initialized: bool, version: int, params, wire_dtype: str) -> list[bytes]:
     head = elasticdl_pb2.PullDenseParametersResponse(initialized=initialized, version=version)
-    return tensor_codec.serialize_chunks(head, _PULL_TENSORS_FIELD, params)
+    return tensor_codec.serialize_chunks(head, _PULL_TENSORS_FIELD, params, wire_dtype=wire_dtype)
 
 
 def _decode_rows_or_abort(message, context) -> IndexedRows:
@@ -292,7 +298,16 @@ def _decode_or_abort(tensors, context, writable: bool = False):
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
 
 
+def _check_wire_dtype(wire_dtype: str, context) -> None:
+    problem = tensor_codec.wire_dtype_problem(wire_dtype)
+    if problem:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+
+
 def _pull_problem(request) -> str:
+    problem = tensor_codec.wire_dtype_problem(request.wire_dtype)
+    if problem:
+        return problem
     if request.version < -1:
         return f"version {request.version} is below -1 (-1: send every parameter)"
     timeout = request.timeout_seconds

@@ -12,10 +12,14 @@ from dataclasses import dataclass
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from elasticdl.config.sections import WIRE_DTYPES
 from elasticdl.errors import JobFailure
 from elasticdl.proto import elasticdl_pb2
 
-_ALLOWED_DTYPES = {"float32", "float64", "float16", "int32", "int64", "bool"}
+_ALLOWED_DTYPES = {"float32", "float64", "float16", "bfloat16", "int32", "int64", "bool"}
+# WIRE_DTYPES: what dense float32 tensors may travel as (--wire_dtype): float32 itself, or half
+# the bytes. A received bfloat16 tensor is widened to float32 at once (numpy has no bfloat16 of
+# its own); float16 stays float16 until the receiver widens it (``widened``).
 
 # Streamed messages carry about this many tensor bytes: Python gRPC moves 1 MB messages
 # several times faster than one message of tens of MB (docs/benchmarks.md).
@@ -24,6 +28,20 @@ CHUNK_BYTES = 1 << 20
 
 class TensorDecodeError(JobFailure, ValueError):
     """A Tensor message whose dtype, shape and byte count do not agree."""
+
+
+def wire_dtype_problem(wire_dtype: str) -> str:
+    """Why ``wire_dtype`` is not one a tensor may travel as ('' when it is; '' is float32)."""
+    if wire_dtype in ("", *WIRE_DTYPES):
+        return ""
+    return f"wire_dtype {wire_dtype!r} is not one of {', '.join(WIRE_DTYPES)} (empty: float32)"
+
+
+def widened(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``arrays`` with every float16 one as float32 (the others as they are, no copy): what a
+    float16 wire hands back (bfloat16 ones were widened as they were decoded)."""
+    return {name: value.astype(np.float32) if value.dtype == np.float16 else value
+            for name, value in arrays.items()}
 
 
 def encode(name: str, array: np.ndarray) -> elasticdl_pb2.Tensor:
@@ -39,11 +57,29 @@ def decode(tensor: elasticdl_pb2.Tensor, writable: bool = False) -> np.ndarray:
             f"tensor {tensor.name!r}: shape {shape} of {tensor.dtype} needs {expected} bytes, "
             f"message carries {len(tensor.content)}" + (f" from byte {tensor.offset}" if tensor.offset else "")
         )
-    buffer = bytearray(tensor.content) if writable else tensor.content
+    if writable and dtype.name != "bfloat16":  # (widening bfloat16 makes a writable copy anyway)
+        return _view(tensor, dtype, shape, bytearray(tensor.content))
+    return _widen_bfloat16(_view(tensor, dtype, shape))
+
+
+def _view(tensor, dtype: np.dtype, shape: tuple[int, ...], buffer=None) -> np.ndarray:
+    """The tensor's bytes (or ``buffer``) as an array of ``dtype`` and ``shape``, not copied."""
     try:
-        return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+        return np.frombuffer(tensor.content if buffer is None else buffer, dtype=dtype).reshape(shape)
     except ValueError as err:  # an empty shape numpy cannot hold, e.g. (0, 2**62, 2**62)
         raise TensorDecodeError(f"tensor {tensor.name!r}: shape {shape}: {err}") from None
+
+
+def _bfloat16() -> np.dtype:
+    """numpy's bfloat16 (ml_dtypes, a dependency of TensorFlow): imported on first use, since
+    its import takes a tenth of a second that a float32 job should not pay at start-up."""
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def _widen_bfloat16(array: np.ndarray) -> np.ndarray:
+    return array.astype(np.float32) if array.dtype.name == "bfloat16" else array
 
 
 def _checked_meta(tensor: elasticdl_pb2.Tensor) -> tuple[np.dtype, tuple[int, ...], int]:
@@ -53,7 +89,7 @@ def _checked_meta(tensor: elasticdl_pb2.Tensor) -> tuple[np.dtype, tuple[int, ..
             f"tensor {tensor.name!r}: unsupported dtype {tensor.dtype!r} "
             f"(allowed: {', '.join(sorted(_ALLOWED_DTYPES))})"
         )
-    dtype = np.dtype(tensor.dtype).newbyteorder("<")
+    dtype = _bfloat16() if tensor.dtype == "bfloat16" else np.dtype(tensor.dtype).newbyteorder("<")
     shape = tuple(tensor.shape)
     if any(dim < 0 for dim in shape):
         raise TensorDecodeError(f"tensor {tensor.name!r}: negative dimension in shape {shape}")
@@ -74,22 +110,26 @@ def decode_list(tensors, writable: bool = False) -> dict[str, np.ndarray]:
     return out
 
 
-def serialize_with_tensors(head, field_number: int, arrays: dict[str, np.ndarray]) -> bytes:
+def serialize_with_tensors(
+    head, field_number: int, arrays: dict[str, np.ndarray], wire_dtype: str = "float32"
+) -> bytes:
     """``head`` serialized, with ``arrays`` appended as its repeated ``Tensor`` field ``field_number``.
 
     The message is the one filling the field would give (protobuf concatenates repeated
     fields), but each array's bytes are copied once, into the result, instead of
     three times (tobytes, into the message, out of it): the PS data plane is mostly copies.
+    ``wire_dtype`` (WIRE_DTYPES): float32 arrays travel as that (others as they are).
     """
     parts = [head.SerializeToString()]
     for name, array in arrays.items():
-        array = _wire_array(array)
+        array = _wire_array(array, wire_dtype)
         parts += _tensor_field(field_number, name, array, 0, array.nbytes)
     return b"".join(parts)
 
 
 def serialize_chunks(
-    head, field_number: int, arrays: dict[str, np.ndarray], later_head=None, chunk_bytes: int = CHUNK_BYTES
+    head, field_number: int, arrays: dict[str, np.ndarray], later_head=None, chunk_bytes: int = CHUNK_BYTES,
+    wire_dtype: str = "float32",
 ) -> list[bytes]:
     """Like ``serialize_with_tensors``, cut into messages of about ``chunk_bytes`` for a stream.
 
@@ -97,18 +137,19 @@ def serialize_chunks(
     ``TensorAssembler`` joins again. The first message starts with ``head``, the others with
     ``later_head`` (default: ``head``). Each byte is copied once, as in serialize_with_tensors.
     """
-    return list(iter_chunks(head, field_number, arrays, later_head, chunk_bytes))
+    return list(iter_chunks(head, field_number, arrays, later_head, chunk_bytes, wire_dtype))
 
 
 def iter_chunks(
-    head, field_number: int, arrays: dict[str, np.ndarray], later_head=None, chunk_bytes: int = CHUNK_BYTES
+    head, field_number: int, arrays: dict[str, np.ndarray], later_head=None, chunk_bytes: int = CHUNK_BYTES,
+    wire_dtype: str = "float32",
 ) -> Iterator[bytes]:
     """``serialize_chunks`` one message at a time: a stream can send the first while the
     next is being written (the arrays must not change until the last is out)."""
     heads = [head.SerializeToString(), (later_head or head).SerializeToString()]
     parts, filled = [heads[0]], 0
     for name, array in arrays.items():
-        array = _wire_array(array)
+        array = _wire_array(array, wire_dtype)
         start = 0
         while True:
             if filled >= chunk_bytes:
@@ -265,7 +306,7 @@ class TensorAssembler:
                 )
             dtype, shape, expected = _checked_meta(tensor)
             if len(tensor.content) == expected:  # whole: no copy
-                self._arrays[name], self._received[name] = decode(tensor), expected
+                self._arrays[name], self._received[name] = _view(tensor, dtype, shape), expected
                 return
             try:
                 self._arrays[name] = array = np.empty(shape, dtype)
@@ -295,12 +336,15 @@ class TensorAssembler:
                 raise TensorDecodeError(
                     f"tensor {name!r}: {self._received[name]} of its {array.nbytes} bytes arrived"
                 )
-        return self._arrays
+        return {name: _widen_bfloat16(array) for name, array in self._arrays.items()}
 
 
-def _wire_array(array) -> np.ndarray:
-    """``array`` little-endian and C-contiguous, as its bytes travel."""
+def _wire_array(array, wire_dtype: str = "float32") -> np.ndarray:
+    """``array`` little-endian and C-contiguous, as its bytes travel; a float32 one cast to
+    ``wire_dtype`` (rounded to nearest even)."""
     array = np.asarray(array)
+    if wire_dtype not in ("", "float32") and array.dtype == np.float32:
+        return array.astype(_bfloat16() if wire_dtype == "bfloat16" else np.dtype(wire_dtype), order="C")
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
     if not array.flags.c_contiguous:

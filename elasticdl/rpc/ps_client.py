@@ -83,8 +83,18 @@ COMMAND_TIMEOUT_SECONDS = 10.0
 
 
 class PSClient:
-    def __init__(self, addresses: list[str], connect_timeout: float = 60.0, token: str | None = None):
-        """``token``: the job's (default: the one in ``$ELASTICDL_TOKEN_FILE``)."""
+    def __init__(
+        self, addresses: list[str], connect_timeout: float = 60.0, token: str | None = None,
+        wire_dtype: str = "float32",
+    ):
+        """``token``: the job's (default: the one in ``$ELASTICDL_TOKEN_FILE``). ``wire_dtype``
+        (--wire_dtype): what dense float32 gradients and parameters travel as; the PS keeps
+        float32, and the parameters come back as float32. Evaluation snapshots, the model
+        pushed at the start, embedding rows and non-trainable changes always travel as float32."""
+        problem = tensor_codec.wire_dtype_problem(wire_dtype)
+        if problem:
+            raise ValueError(f"--{problem}")
+        self.wire_dtype = wire_dtype or "float32"
         self.addresses = addresses
         self._channels = [make_channel(a, token) for a in addresses]
         for channel, address in zip(self._channels, addresses):
@@ -121,7 +131,8 @@ class PSClient:
         waits = wait_for_newer or [False] * len(versions)
         return self._each([
             functools.partial(self._pull_newer, ps, v, timeout) if w else
-            functools.partial(self._pull_one, ps, elasticdl_pb2.PullDenseParametersRequest(version=v))
+            functools.partial(self._pull_one, ps, elasticdl_pb2.PullDenseParametersRequest(
+                version=v, wire_dtype=self._wire_dtype_field))
             for ps, (v, w) in enumerate(zip(versions, waits))
         ])
 
@@ -137,6 +148,7 @@ class PSClient:
             began = time.monotonic()
             result = self._pull_one(ps, elasticdl_pb2.PullDenseParametersRequest(
                 version=version, wait_for_newer=True, timeout_seconds=max(deadline - began, 0.0),
+                wire_dtype=self._wire_dtype_field,
             ))
             now = time.monotonic()
             if result.version != version or not result.initialized or now >= deadline:
@@ -169,9 +181,14 @@ class PSClient:
             if head is None:
                 raise ConnectionError(f"PS {ps} at {self.addresses[ps]} ended a pull without an answer")
             params = assembler.result()
+        params = tensor_codec.widened(params)  # float16 on the wire (--wire_dtype): float32 here
         if params:
             self._pull_bytes[ps] = sum(a.nbytes for a in params.values())
         return PullResult(head.initialized, head.version, params)
+
+    @property
+    def _wire_dtype_field(self) -> str:
+        return "" if self.wire_dtype == "float32" else self.wire_dtype  # float32: as before, no field
 
     def push_model(self, params: dict[str, np.ndarray], version: int = 0, non_trainable=()) -> list[bool]:
         """Give every PS its part of the model; each checks it got all of its part of ``params``.
@@ -223,15 +240,19 @@ class PSClient:
             head.task_id, head.handout = batch.task_id, batch.handout
             head.records_end, head.records = batch.records_end, batch.records
         stub = self._stubs[ps]
+        wire = self.wire_dtype
         if sum(np.asarray(v).nbytes for v in dense.values()) > STREAM_ABOVE_BYTES:
             later = elasticdl_pb2.PushGradientsRequest(worker_id=worker_id, version=version)
             # Written as they are sent: the gradients are ours and do not change meanwhile.
-            reply = stub.push_gradients_stream(tensor_codec.iter_chunks(head, _PUSH_TENSORS_FIELD, dense, later))
+            reply = stub.push_gradients_stream(
+                tensor_codec.iter_chunks(head, _PUSH_TENSORS_FIELD, dense, later, wire_dtype=wire)
+            )
         else:
             known = self._pull_bytes[ps]
             head.return_parameters = want_parameters and known is not None and known <= STREAM_ABOVE_BYTES
-            reply = stub.push_gradients(tensor_codec.serialize_with_tensors(head, _PUSH_TENSORS_FIELD, dense))
-        params = tensor_codec.decode_list(reply.dense_parameters) if reply.has_parameters else None
+            head.wire_dtype = self._wire_dtype_field
+            reply = stub.push_gradients(tensor_codec.serialize_with_tensors(head, _PUSH_TENSORS_FIELD, dense, wire))
+        params = tensor_codec.widened(tensor_codec.decode_list(reply.dense_parameters)) if reply.has_parameters else None
         # A number this client does not know (a newer PS) reads as unspecified: an error to the worker.
         outcome = _OUTCOMES.get(reply.outcome, PushOutcome.PUSH_OUTCOME_UNSPECIFIED)
         return PushAnswer(outcome, reply.version, reply.reason, params)
