@@ -10,6 +10,7 @@ setup(
     packages=find_packages(include=["elasticdl", "elasticdl.*"]),
     install_requires=[
         "numpy>=1.26",
+        "ml_dtypes>=0.3",  # bfloat16 for --wire_dtype (TensorFlow brings it too; imported only then)
         "grpcio>=1.70",
         "protobuf>=7.35.1",  # the generated code in elasticdl/proto needs at least this runtime
         "google-crc32c>=1.5",

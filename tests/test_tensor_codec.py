@@ -255,3 +255,62 @@ def test_parse_with_tensors_takes_unpacked_shapes_and_skips_unknown_fields():
 def test_parse_with_tensors_refuses_broken_bytes(data, words):
     with pytest.raises(TensorDecodeError, match=words):
         _parse_push(data)
+
+
+# ---------------------------------------------------------------- reduced precision (--wire_dtype)
+
+# Relative rounding error of one cast, round to nearest even: half a unit in the last place.
+HALF_ULP = {"bfloat16": 2.0**-8, "float16": 2.0**-11}
+
+
+def _through_the_wire(arrays, wire_dtype, streamed):
+    head = elasticdl_pb2.PullDenseParametersResponse(version=1)
+    if streamed:
+        assembler = tensor_codec.TensorAssembler()
+        for data in tensor_codec.serialize_chunks(head, 3, arrays, chunk_bytes=1000, wire_dtype=wire_dtype):
+            _, pieces = tensor_codec.parse_with_tensors(data, elasticdl_pb2.PullDenseParametersResponse, 3)
+            assert {p.dtype for p in pieces} <= {wire_dtype, "int64"}
+            assembler.add(pieces)
+        return tensor_codec.widened(assembler.result())
+    message = elasticdl_pb2.PullDenseParametersResponse.FromString(
+        tensor_codec.serialize_with_tensors(head, 3, arrays, wire_dtype))
+    assert {t.dtype for t in message.dense_parameters} == {wire_dtype, "int64"}
+    return tensor_codec.widened(tensor_codec.decode_list(message.dense_parameters))
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+@pytest.mark.parametrize("wire_dtype", ["bfloat16", "float16"])
+def test_half_precision_round_trip_is_float32_within_one_rounding(wire_dtype, streamed):
+    rng = np.random.default_rng(1)
+    values = (rng.uniform(1e-3, 1e3, size=(70, 30)) * rng.choice([-1, 1], size=(70, 30))).astype(np.float32)
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0], np.float32)
+    ids = np.arange(300, dtype=np.int64)
+    out = _through_the_wire({"w": values, "special": special, "ids": ids}, wire_dtype, streamed)
+    assert out["w"].dtype == np.float32 and out["w"].shape == values.shape
+    # bfloat16 halves would fail this bound for float16 (2**-8 > 2**-11): the cast is the one named.
+    np.testing.assert_array_less(np.abs(out["w"] - values), np.abs(values) * HALF_ULP[wire_dtype] * 1.0001)
+    assert np.any(out["w"] != values)  # it did travel in fewer bits
+    # NaN and infinities survive, so a PS refuses them as it refuses float32 ones.
+    np.testing.assert_array_equal(out["special"], special)
+    np.testing.assert_array_equal(out["ids"], ids)  # not float32: as it was
+    assert out["ids"].dtype == np.int64
+
+
+def test_a_half_precision_piece_of_the_wrong_length_is_refused():
+    message = elasticdl_pb2.Tensor(name="g", dtype="bfloat16", shape=[3, 2], content=bytes(6 * 4))
+    with pytest.raises(TensorDecodeError, match="needs 12 bytes"):
+        tensor_codec.decode(message)
+    assembler = tensor_codec.TensorAssembler()
+    assembler.add([elasticdl_pb2.Tensor(name="g", dtype="bfloat16", shape=[3, 2], content=bytes(4))])
+    with pytest.raises(TensorDecodeError, match="4 of its 12 bytes"):
+        assembler.result()
+
+
+@pytest.mark.parametrize("wire_dtype", ["int8", "bf16", "float64"])
+def test_a_wire_dtype_a_tensor_may_not_travel_as_is_named(wire_dtype):
+    from elasticdl.rpc.ps_client import PSClient
+
+    assert wire_dtype in tensor_codec.wire_dtype_problem(wire_dtype)
+    assert tensor_codec.wire_dtype_problem("") == tensor_codec.wire_dtype_problem("bfloat16") == ""
+    with pytest.raises(ValueError, match="--wire_dtype"):
+        PSClient([], wire_dtype=wire_dtype)

@@ -507,6 +507,100 @@ def test_a_tensor_shape_numpy_cannot_hold_is_invalid_not_a_crash(ps, shape):
     ps.refused("push_gradients_stream", iter([request]), INVALID, "dense/bias")
 
 
+# ---------------------------------------------------------------- reduced precision (--wire_dtype)
+
+
+def half(arrays: dict[str, np.ndarray], wire_dtype: str) -> list[elasticdl_pb2.Tensor]:
+    """``arrays`` as a worker with ``--wire_dtype wire_dtype`` sends them."""
+    head = elasticdl_pb2.PushGradientsRequest.FromString(
+        tensor_codec.serialize_with_tensors(elasticdl_pb2.PushGradientsRequest(), 4, arrays, wire_dtype))
+    assert {t.dtype for t in head.gradients} == {wire_dtype}
+    return list(head.gradients)
+
+
+@pytest.mark.parametrize("method", ["push_gradients", "push_gradients_stream", "pull_dense_parameters",
+                                    "pull_dense_parameters_stream"])
+@pytest.mark.parametrize("wire_dtype", ["int8", "float64", "bf16"])
+def test_a_wire_dtype_no_worker_sends_is_refused(ps, method, wire_dtype):
+    if method.startswith("pull"):
+        request = elasticdl_pb2.PullDenseParametersRequest(version=-1, wire_dtype=wire_dtype)
+    else:
+        request = push_request()
+        request.wire_dtype = wire_dtype
+    if method == "push_gradients_stream":
+        request = iter([request])
+    ps.refused(method, request, INVALID, f"wire_dtype {wire_dtype!r} is not one of float32, bfloat16, float16")
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+@pytest.mark.parametrize("wire_dtype", ["bfloat16", "float16"])
+def test_a_half_precision_gradient_of_the_wrong_length_is_refused(ps, streamed, wire_dtype):
+    bad = elasticdl_pb2.Tensor(name="dense/bias", dtype=wire_dtype, shape=[2], content=bytes(8))  # float32's
+    request = elasticdl_pb2.PushGradientsRequest(version=0, gradients=[half(grads(), wire_dtype)[0], bad])
+    if streamed:  # read as a piece: one that runs past the tensor's 4 bytes
+        ps.refused("push_gradients_stream", iter([request]), INVALID, "'dense/bias'", "bytes 0-8 of 4")
+    else:
+        ps.refused("push_gradients", request, INVALID, "'dense/bias'", "needs 4 bytes, message carries 8")
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+@pytest.mark.parametrize("wire_dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, 1e6])  # 1e6: beyond float16, inf on its wire
+def test_a_half_precision_gradient_that_is_not_finite_is_refused_as_a_float32_one(ps, streamed, wire_dtype, bad):
+    values = grads()
+    values["dense/bias"][0] = bad
+    request = elasticdl_pb2.PushGradientsRequest(version=0, gradients=half(values, wire_dtype))
+    before = ps_state(ps.core)
+    call = ps.stub.push_gradients_stream if streamed else ps.stub.push_gradients
+    reply = call(iter([request]) if streamed else request, timeout=10)
+    if bad == 1e6 and wire_dtype == "bfloat16":  # in bfloat16's range (float32's): applied
+        assert reply.applied
+        return
+    assert reply.outcome == elasticdl_pb2.REJECTED_INVALID and "NaN or Inf" in reply.reason, reply.reason
+    assert_same(ps_state(ps.core), before)
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+@pytest.mark.parametrize("wire_dtype", ["bfloat16", "float16"])
+def test_the_workers_client_sends_and_pulls_half_precision_and_the_ps_keeps_float32(
+        monkeypatch, streamed, wire_dtype):
+    from elasticdl.rpc import ps_client
+
+    if streamed:  # every push and pull of this small model streams, as a large one's would
+        monkeypatch.setattr(ps_client, "STREAM_ABOVE_BYTES", 0)
+    server = RealPS(initialize=False)
+    client = ps_client.PSClient([server.address], wire_dtype=wire_dtype)
+    try:
+        start = model()
+        assert client.push_model(start) == [True]
+        np.testing.assert_array_equal(server.core.shard.params["dense/kernel"], start["dense/kernel"])  # exact
+        pulled = client.pull([-1])[0].params
+        tolerance = {"bfloat16": 2.0**-8, "float16": 2.0**-11}[wire_dtype]
+        for name, value in start.items():
+            assert pulled[name].dtype == np.float32
+            np.testing.assert_allclose(pulled[name], value, rtol=tolerance, atol=0)
+        step = {name: (np.arange(value.size, dtype=np.float32).reshape(value.shape) + 1) / 3
+                for name, value in start.items()}
+        answer = client.push_gradients({0: step}, [0], 0.0, worker_id=0, want_parameters=True)[0]
+        assert answer.applied
+        for name, value in start.items():
+            held = server.core.shard.params[name]
+            assert held.dtype == np.float32
+            # SGD in float32 on the PS, with the gradient as it travelled: within its rounding.
+            np.testing.assert_allclose(held, value - LR * step[name], rtol=0, atol=LR * np.abs(step[name]).max()
+                                       * tolerance)
+            if not streamed:  # a small model's unary push answers with the new parameters, cast too
+                assert answer.params[name].dtype == np.float32
+                np.testing.assert_allclose(answer.params[name], held, rtol=tolerance, atol=0)
+        # Evaluation snapshots travel as float32: the model exactly as the PS holds it.
+        server.core.take_snapshot(1)
+        snapshot = client.pull_snapshot(1)[0].params
+        np.testing.assert_array_equal(snapshot["dense/kernel"], server.core.shard.params["dense/kernel"])
+    finally:
+        client.close()
+        server.close()
+
+
 # ================================================================ the master
 
 

@@ -344,7 +344,8 @@ def _wire_array(array, wire_dtype: str = "float32") -> np.ndarray:
     ``wire_dtype`` (rounded to nearest even)."""
     array = np.asarray(array)
     if wire_dtype not in ("", "float32") and array.dtype == np.float32:
-        return array.astype(_bfloat16() if wire_dtype == "bfloat16" else np.dtype(wire_dtype), order="C")
+        with np.errstate(over="ignore"):  # beyond float16's range: inf, which a PS refuses as such
+            return array.astype(_bfloat16() if wire_dtype == "bfloat16" else np.dtype(wire_dtype), order="C")
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
     if not array.flags.c_contiguous:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,8 @@ from elasticdl.rpc import codec as tensor_codec
 from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.rpc.channel import ServiceStub, make_channel, wait_for_channel
 from elasticdl.rpc.push_outcome import PushOutcome
+
+logger = logging.getLogger(__name__)
 
 _MODEL_TENSORS_FIELD = elasticdl_pb2.Model.DESCRIPTOR.fields_by_name["dense_parameters"].number
 _PULL_TENSORS_FIELD = elasticdl_pb2.PullDenseParametersResponse.DESCRIPTOR.fields_by_name["dense_parameters"].number
@@ -95,6 +98,9 @@ class PSClient:
         if problem:
             raise ValueError(f"--{problem}")
         self.wire_dtype = wire_dtype or "float32"
+        if self.wire_dtype != "float32":
+            logger.info("--wire_dtype=%s: dense gradients and parameters travel as %s, the PS keeps float32",
+                        self.wire_dtype, self.wire_dtype)
         self.addresses = addresses
         self._channels = [make_channel(a, token) for a in addresses]
         for channel, address in zip(self._channels, addresses):
