@@ -16,7 +16,9 @@ bytes back in 1 MB messages (``raw_grpc_stream``: Python gRPC's real ceiling, si
 large messages are slow). The physical reference below both (``raw_tcp``): a plain loopback
 TCP socket, ``sendall`` of the model's bytes into ``recv_into`` a ready buffer, and back
 (``_TcpEcho``: no gRPC, no framing, no allocation). One round moves the model twice in each
-case. All figures are MB/s (10^6 bytes) of model bytes moved per second.
+case. All figures are MB/s (10^6 bytes) of model bytes moved per second. ``elasticdl_bf16``
+drives the same PS with ``--wire_dtype bfloat16``: its figure counts the model's float32 bytes,
+half of which travel.
 """
 
 from __future__ import annotations
@@ -196,21 +198,25 @@ def run(spec: dict) -> dict:
     results: dict = {}
     try:
         echo, echo_stream, echo_channel = echo_stub(f"127.0.0.1:{_wait_file(ready)}")
-        clients = {}
+        clients, clients_bf16 = {}, {}
         for index, (label, floats) in enumerate(spec["sizes"]):
-            ps = PSClient([_start_ps(backend, workdir, index)])
+            address = _start_ps(backend, workdir, index)
+            ps = PSClient([address])
+            # The same PS, its dense tensors in bfloat16 on the wire (--wire_dtype).
+            clients_bf16[label] = PSClient([address], wire_dtype="bfloat16")
             params = _model(floats, seed=index)
             if not ps.push_model(params)[0]:
                 raise RuntimeError("the PS refused the model")
             grads = {name: np.full_like(value, 1e-3) for name, value in params.items()}
             clients[label] = (ps, grads, 4 * floats)
-            results[label] = {"elasticdl": [], "raw_grpc": [], "raw_grpc_stream": [], "raw_tcp": [],
+            results[label] = {"elasticdl": [], "elasticdl_bf16": [], "raw_grpc": [], "raw_grpc_stream": [],
+                              "raw_tcp": [],
                               "bytes": 4 * floats, "tensors": len(params)}
             del params
         for rep in range(spec["reps"]):
             for label, (ps, grads, nbytes) in clients.items():
                 rounds = spec["rounds"][label]
-                order = ["raw_grpc", "elasticdl", "raw_grpc_stream", "raw_tcp"]
+                order = ["raw_grpc", "elasticdl", "raw_grpc_stream", "raw_tcp", "elasticdl_bf16"]
                 shift = rep % len(order)
                 for who in order[shift:] + order[:shift]:
                     if who == "raw_tcp":
@@ -224,8 +230,11 @@ def run(spec: dict) -> dict:
                     elif who == "raw_grpc_stream":
                         results[label][who].append(_measure_echo_stream(echo_stream, nbytes, rounds))
                     else:
-                        results[label][who].append(_measure_elasticdl(ps, grads, nbytes, rounds))
+                        client = clients_bf16[label] if who == "elasticdl_bf16" else ps
+                        results[label][who].append(_measure_elasticdl(client, grads, nbytes, rounds))
         for ps, _, _ in clients.values():
+            ps.close()
+        for ps in clients_bf16.values():
             ps.close()
         echo_channel.close()
     finally:

@@ -46,16 +46,19 @@ COMPETITORS = [
     ("elasticdl_2w1ps_sync", {"competitor": "elasticdl", "num_workers": 2}),
     # The seed's accumulated pushes (local SGD): one push of the mean of 4 batches.
     ("elasticdl_1w1ps_push4", {"competitor": "elasticdl", "num_workers": 1, "use_async": True, "push_steps": 4}),
+    # Dense gradients and parameters in bfloat16 on the wire (--wire_dtype), the PS in float32.
+    ("elasticdl_1w1ps_bf16", {"competitor": "elasticdl", "num_workers": 1, "wire_dtype": "bfloat16"}),
     ("pss_1w1ps", {"competitor": "pss", "num_workers": 1}),
     ("pss_2w1ps", {"competitor": "pss", "num_workers": 2}),
 ]
-QUICK_SKIPS = ("elasticdl_2w1ps_sync",)  # informational; --quick leaves it out to stay fast
+QUICK_SKIPS = ("elasticdl_2w1ps_sync", "elasticdl_1w1ps_bf16")  # informational; --quick leaves it out to stay fast
 COMPETITOR_LABELS = {
     "keras_fit": "Keras model.fit, 1 process",
     "elasticdl_1w1ps": "ElasticDL 1 worker + 1 PS (default: sync)",
     "elasticdl_2w1ps": "ElasticDL 2 workers + 1 PS (--use_async)",
     "elasticdl_2w1ps_sync": "ElasticDL 2 workers + 1 PS (default: sync, grads_to_wait=1)",
     "elasticdl_1w1ps_push4": "ElasticDL 1 worker + 1 PS (--use_async --push_steps 4)",
+    "elasticdl_1w1ps_bf16": "ElasticDL 1 worker + 1 PS (default: sync; --wire_dtype bfloat16)",
     "pss_1w1ps": "ParameterServerStrategy 1 worker + 1 PS",
     "pss_2w1ps": "ParameterServerStrategy 2 workers + 1 PS",
 }
@@ -374,6 +377,15 @@ def build_rows(results: dict) -> tuple[list[dict], list[dict]]:
                 "ratio_vs_stream": median(paired_ratios(edl, stream)) if stream else None,
                 "ratio_vs_tcp": median(paired_ratios(edl, tcp)) if tcp else None,
             })
+            bf16 = [r["mb_per_s"] for r in runs.get("elasticdl_bf16", [])]
+            if bf16:  # float32 model bytes per second, half of them on the wire
+                rows.append({
+                    "case": "ps_data_plane", "model": f"{size} float32", "competitor": "elasticdl_ps_bf16",
+                    "metric": "MB/s", "median": median(bf16), "runs": bf16,
+                    "ratio": median(paired_ratios(bf16, edl)), "ratio_to": "elasticdl_ps",
+                    "pull_mb_per_s": median([r["pull_mb_per_s"] for r in runs["elasticdl_bf16"]]),
+                    "push_mb_per_s": median([r["push_mb_per_s"] for r in runs["elasticdl_bf16"]]),
+                })
             targets.append(_target(f"ps_data_plane {size}: elasticdl_ps / raw_grpc_echo", ratio, TARGETS["vs_raw_grpc"]))
             targets.append(_target(f"ps_data_plane {size}: elasticdl_ps", median(edl), TARGETS["data_plane_mb_per_s"],
                                    unit="MB/s"))

@@ -185,6 +185,7 @@ def run_elasticdl(spec_json: dict) -> dict:
             num_workers=nw, num_ps=spec_json.get("num_ps", 1),
             use_async=spec_json.get("use_async", False),
             push_steps=spec_json.get("push_steps", 1),
+            wire_dtype=spec_json.get("wire_dtype", "float32"),
             num_threads_per_process=max(1, spec_json["threads"] // nw),
             job_name=suggest_job_name(f"{spec_json['tag']}-{model_cfg['name']}"), log_level="WARNING",
             **model_cfg.get("job_flags", {}),

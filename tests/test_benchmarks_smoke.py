@@ -40,7 +40,7 @@ def test_quick_suite_reports_every_case(tmp_path):
     assert {(r["model"], r["competitor"]) for r in training} == {(m, c) for m in QUICK_MODELS for c in QUICK_COMPETITORS}
     dataplane = [r for r in rows if r["case"] == "ps_data_plane"]
     assert {r["competitor"] for r in dataplane} == {"raw_tcp_socket", "raw_grpc_echo", "raw_grpc_stream_1MB",
-                                                    "elasticdl_ps"}
+                                                    "elasticdl_ps", "elasticdl_ps_bf16"}
     assert len(dataplane) == 8  # two model sizes
     embedding = [r for r in rows if r["case"] == "embedding"]
     assert {(r["model"], r["competitor"]) for r in embedding} == {
@@ -152,6 +152,8 @@ def test_ratios_and_targets_from_paired_runs():
             "raw_grpc": [{"mb_per_s": 100.0}, {"mb_per_s": 300.0}],
             "elasticdl": [{"mb_per_s": 70.0, "pull_mb_per_s": 1.0, "push_mb_per_s": 1.0},
                           {"mb_per_s": 150.0, "pull_mb_per_s": 1.0, "push_mb_per_s": 1.0}],
+            "elasticdl_bf16": [{"mb_per_s": 140.0, "pull_mb_per_s": 2.0, "push_mb_per_s": 2.0},
+                               {"mb_per_s": 150.0, "pull_mb_per_s": 2.0, "push_mb_per_s": 2.0}],
         }, "wall_s": 3.0}},
         "embedding": {"runs": {"100k": {
             "grpc": [{"create": 50.0, "held": 100.0}, {"create": 70.0, "held": 90.0}],
@@ -168,6 +170,7 @@ def test_ratios_and_targets_from_paired_runs():
     assert by[("training", "elasticdl_1w1ps")]["ratio_vs_fit"] == pytest.approx(0.8)  # of 0.8, 0.5, 0.9
     assert by[("training", "elasticdl_2w1ps")]["ratio"] == pytest.approx(1.25)  # of 0.5, 2.0
     assert by[("ps_data_plane", "elasticdl_ps")]["ratio"] == pytest.approx(0.6)  # of 0.7, 0.5
+    assert by[("ps_data_plane", "elasticdl_ps_bf16")]["ratio"] == pytest.approx(1.5)  # of 2.0, 1.0 (no target)
     result = {t["target"]: t["result"] for t in targets}
     assert result == {  # issue 18's thresholds: dense 1.2x / 1.5x PSS, 0.75x fit, 2,000 MB/s, 3 s
         "training dense5m: elasticdl_1w1ps / pss_1w1ps": "MISS",
