@@ -304,6 +304,9 @@ def test_a_half_precision_piece_of_the_wrong_length_is_refused():
     assembler.add([elasticdl_pb2.Tensor(name="g", dtype="bfloat16", shape=[3, 2], content=bytes(4))])
     with pytest.raises(TensorDecodeError, match="4 of its 12 bytes"):
         assembler.result()
+    odd = tensor_codec.TensorAssembler()  # widened element by element: a piece holds whole ones
+    with pytest.raises(TensorDecodeError, match="ends inside an element"):
+        odd.add([elasticdl_pb2.Tensor(name="g", dtype="bfloat16", shape=[3, 2], content=bytes(5))])
 
 
 @pytest.mark.parametrize("wire_dtype", ["int8", "bf16", "float64"])

@@ -123,7 +123,7 @@ def serialize_with_tensors(
     parts = [head.SerializeToString()]
     for name, array in arrays.items():
         array = _wire_array(array, wire_dtype)
-        parts += _tensor_field(field_number, name, array, 0, array.nbytes)
+        parts += _tensor_field(field_number, name, array.dtype, array.shape, 0, array.reshape(-1).view(np.uint8).data)
     return b"".join(parts)
 
 
@@ -149,17 +149,29 @@ def iter_chunks(
     heads = [head.SerializeToString(), (later_head or head).SerializeToString()]
     parts, filled = [heads[0]], 0
     for name, array in arrays.items():
-        array = _wire_array(array, wire_dtype)
+        array = _wire_array(array)
+        # Cast piece by piece (--wire_dtype): the first message leaves before the whole model is
+        # cast, and each piece is cast into a small buffer that the join then reads from cache.
+        cast = _cast_to(array, wire_dtype)
+        itemsize = array.itemsize if cast is None else cast.itemsize
+        flat, nbytes = array.reshape(-1), array.size * itemsize
         start = 0
         while True:
             if filled >= chunk_bytes:
                 yield b"".join(parts)
                 parts, filled = [heads[1]], 0
-            stop = min(array.nbytes, start + chunk_bytes - filled)
-            parts += _tensor_field(field_number, name, array, start, stop)
+            stop = min(nbytes, start + chunk_bytes - filled)
+            if stop < nbytes:  # pieces hold whole elements (a bfloat16 piece is widened on its own)
+                stop = max(stop - stop % itemsize, start + itemsize)
+            if cast is None:
+                content = flat.view(np.uint8).data[start:stop]
+            else:
+                with np.errstate(over="ignore"):  # beyond float16's range: inf, which a PS refuses as such
+                    content = flat[start // itemsize:stop // itemsize].astype(cast).view(np.uint8).data
+            parts += _tensor_field(field_number, name, cast or array.dtype, array.shape, start, content)
             filled += stop - start + _PIECE_OVERHEAD
             start = stop
-            if start >= array.nbytes:
+            if start >= nbytes:
                 break
     yield b"".join(parts)
 
@@ -289,8 +301,9 @@ class TensorAssembler:
     """
 
     def __init__(self) -> None:
-        self._arrays: dict[str, np.ndarray] = {}
-        self._received: dict[str, int] = {}
+        self._arrays: dict[str, np.ndarray] = {}  # float32 for a bfloat16 tensor: widened piece by piece
+        self._received: dict[str, int] = {}  # bytes on the wire
+        self._meta: dict[str, tuple[str, tuple[int, ...], int]] = {}  # wire dtype, shape, wire bytes
 
     def add(self, tensors) -> None:
         for tensor in tensors:
@@ -305,47 +318,54 @@ class TensorAssembler:
                     f"tensor {name!r}: its first piece starts at byte {tensor.offset}, not 0"
                 )
             dtype, shape, expected = _checked_meta(tensor)
-            if len(tensor.content) == expected:  # whole: no copy
-                self._arrays[name], self._received[name] = _view(tensor, dtype, shape), expected
+            self._meta[name] = (tensor.dtype, shape, expected)
+            if len(tensor.content) == expected:  # whole: no copy (but bfloat16's widening)
+                self._arrays[name] = _widen_bfloat16(_view(tensor, dtype, shape))
+                self._received[name] = expected
                 return
             try:
-                self._arrays[name] = array = np.empty(shape, dtype)
+                self._arrays[name] = array = np.empty(shape, np.float32 if dtype.name == "bfloat16" else dtype)
             except (MemoryError, ValueError) as err:  # a shape no message could fill
                 raise TensorDecodeError(f"tensor {name!r}: shape {shape} of {tensor.dtype}: {err}") from None
             self._received[name] = 0
         received = self._received[name]
-        if (tensor.dtype, tuple(tensor.shape)) != (array.dtype.name, array.shape):
+        dtype_name, shape, total = self._meta[name]
+        if (tensor.dtype, tuple(tensor.shape)) != (dtype_name, shape):
             raise TensorDecodeError(
                 f"tensor {name!r}: a piece says {tensor.dtype} {tuple(tensor.shape)}, "
-                f"the first said {array.dtype.name} {array.shape}"
+                f"the first said {dtype_name} {shape}"
             )
-        if received == array.nbytes:
+        if received == total:
             raise TensorDecodeError(f"tensor {name!r} appears twice in one message")
         stop = tensor.offset + len(tensor.content)
-        if tensor.offset != received or stop > array.nbytes:
+        if tensor.offset != received or stop > total:
             raise TensorDecodeError(
-                f"tensor {name!r}: a piece covers bytes {tensor.offset}-{stop} of {array.nbytes}, "
+                f"tensor {name!r}: a piece covers bytes {tensor.offset}-{stop} of {total}, "
                 f"the next piece should start at {received}"
             )
-        array.reshape(-1).view(np.uint8)[received:stop] = np.frombuffer(tensor.content, np.uint8)
+        if dtype_name == "bfloat16":  # widened as it is copied: one pass over the bytes
+            if stop % 2:
+                raise TensorDecodeError(f"tensor {name!r}: a bfloat16 piece ends inside an element (byte {stop})")
+            array.reshape(-1)[received // 2:stop // 2] = np.frombuffer(tensor.content, _bfloat16())
+        else:
+            array.reshape(-1).view(np.uint8)[received:stop] = np.frombuffer(tensor.content, np.uint8)
         self._received[name] = stop
 
     def result(self) -> dict[str, np.ndarray]:
-        for name, array in self._arrays.items():
-            if self._received[name] != array.nbytes:
-                raise TensorDecodeError(
-                    f"tensor {name!r}: {self._received[name]} of its {array.nbytes} bytes arrived"
-                )
-        return {name: _widen_bfloat16(array) for name, array in self._arrays.items()}
+        for name, (_, _, total) in self._meta.items():
+            if self._received[name] != total:
+                raise TensorDecodeError(f"tensor {name!r}: {self._received[name]} of its {total} bytes arrived")
+        return self._arrays
 
 
 def _wire_array(array, wire_dtype: str = "float32") -> np.ndarray:
     """``array`` little-endian and C-contiguous, as its bytes travel; a float32 one cast to
     ``wire_dtype`` (rounded to nearest even)."""
     array = np.asarray(array)
-    if wire_dtype not in ("", "float32") and array.dtype == np.float32:
+    cast = _cast_to(array, wire_dtype)
+    if cast is not None:
         with np.errstate(over="ignore"):  # beyond float16's range: inf, which a PS refuses as such
-            return array.astype(_bfloat16() if wire_dtype == "bfloat16" else np.dtype(wire_dtype), order="C")
+            return array.astype(cast, order="C")
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
     if not array.flags.c_contiguous:
@@ -353,13 +373,19 @@ def _wire_array(array, wire_dtype: str = "float32") -> np.ndarray:
     return array
 
 
-def _tensor_field(field_number: int, name: str, array: np.ndarray, start: int, stop: int) -> list:
-    """The wire parts of one ``Tensor`` in field ``field_number``: bytes [start, stop) of ``array``."""
-    meta = elasticdl_pb2.Tensor(name=name, dtype=array.dtype.name, shape=array.shape, offset=start)
-    meta = meta.SerializeToString()
-    content_key = _key(_TENSOR_CONTENT_FIELD) + _varint(stop - start)
-    content = array.reshape(-1).view(np.uint8).data[start:stop]
-    return [_key(field_number) + _varint(len(meta) + len(content_key) + stop - start), meta, content_key, content]
+def _cast_to(array: np.ndarray, wire_dtype: str) -> np.dtype | None:
+    """The dtype ``array`` travels as, if it is cast (a float32 array, a reduced ``wire_dtype``)."""
+    if wire_dtype in ("", "float32") or array.dtype != np.float32:
+        return None
+    return _bfloat16() if wire_dtype == "bfloat16" else np.dtype(wire_dtype)
+
+
+def _tensor_field(field_number: int, name: str, dtype: np.dtype, shape: tuple, start: int, content) -> list:
+    """The wire parts of one ``Tensor`` in field ``field_number``: ``content``, the bytes of a
+    ``dtype`` tensor of ``shape`` from byte ``start`` on."""
+    meta = elasticdl_pb2.Tensor(name=name, dtype=dtype.name, shape=shape, offset=start).SerializeToString()
+    content_key = _key(_TENSOR_CONTENT_FIELD) + _varint(len(content))
+    return [_key(field_number) + _varint(len(meta) + len(content_key) + len(content)), meta, content_key, content]
 
 
 # Bytes a piece adds besides its content (name, dtype, shape): counted against a message's size.
