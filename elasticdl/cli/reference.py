@@ -52,6 +52,7 @@ VALIDATION_RULES: tuple[tuple[str, tuple[dict, ...]], ...] = (
     ("`--log_level` is not one of DEBUG, INFO, WARNING, ERROR (any case)", ({"log_level": "TRACE"},)),
     ("`--keras_version` is not auto, 2 or 3", ({"keras_version": "4"},)),
     ("`--wire_dtype` is not float32, bfloat16 or float16", ({"wire_dtype": "int8"}, {"wire_dtype": "bf16"})),
+    ("`--tensor_transport` is not grpc or tcp", ({"tensor_transport": "zmq"},)),
     (
         "`--use_async` is combined with `--grads_to_wait` other than 1 or with `--sync_version_tolerance`",
         ({"use_async": True, "grads_to_wait": 2}, {"use_async": True, "sync_version_tolerance": 1}),

@@ -36,6 +36,7 @@ from elasticdl.config.paths import check_job_name, check_writable_dir, suggest_j
 from elasticdl.config.sections import (  # noqa: E402
     COMMANDS,
     LOG_LEVELS,
+    TENSOR_TRANSPORTS,
     WIRE_DTYPES,
     CheckpointSection,
     ConsistencySection,
@@ -167,6 +168,11 @@ class JobConfig:
         if training.wire_dtype not in WIRE_DTYPES:
             raise ConfigError(
                 f"--wire_dtype must be one of {', '.join(WIRE_DTYPES)}. Received: {training.wire_dtype!r}"
+            )
+        if training.tensor_transport not in TENSOR_TRANSPORTS:
+            raise ConfigError(
+                f"--tensor_transport must be one of {', '.join(TENSOR_TRANSPORTS)}. "
+                f"Received: {training.tensor_transport!r}"
             )
         if self.model_zoo_functions.keras_version not in ("auto", "2", "3"):
             raise ConfigError(

@@ -25,6 +25,8 @@ COMMANDS = ("train", "evaluate", "predict")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # --wire_dtype's values: what dense float32 tensors travel as (elasticdl/rpc/codec.py).
 WIRE_DTYPES = ("float32", "bfloat16", "float16")
+# --tensor_transport's values: how dense tensor bytes travel (elasticdl/rpc/bulk.py).
+TENSOR_TRANSPORTS = ("grpc", "tcp")
 
 
 def flag(default: Any, help: str, commands: tuple[str, ...] = COMMANDS, aliases: tuple[str, ...] = ()):
@@ -179,6 +181,13 @@ class TrainingSection:
         "float32, bfloat16 or float16 (half the bytes; the servers keep float32 and the workers "
         "compute in float32; embedding rows stay float32). docs/benchmarks.md measures its effect on "
         "accuracy and speed.",
+        commands=("train",),
+    )
+    tensor_transport: str = flag(
+        "grpc",
+        "How a large dense pull or push (a PS's part of the model above 4 MB) travels: grpc, "
+        "or tcp: raw frames on a socket each PS opens beside its gRPC server (same host, a free "
+        "port, the job's token), without the copies gRPC makes of each message. Experimental.",
         commands=("train",),
     )
 

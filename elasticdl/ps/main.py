@@ -18,7 +18,7 @@ from elasticdl.model.optimizers import OptimizerSpec, make_optimizer
 from elasticdl.ps.server import SERVER_THREADS, ParameterServer, PSSettings
 from elasticdl.ps.servicer import PServerServicer
 from elasticdl.rpc.auth import TokenError, require_token
-from elasticdl.rpc.channel import add_service, bind_role, make_server
+from elasticdl.rpc.channel import POD_IP_ENV, add_service, bind_role, make_server
 
 logger = logging.getLogger("elasticdl.ps")
 
@@ -72,9 +72,16 @@ def main(argv: list[str] | None = None) -> int:
     core = ParameterServer(settings, make_optimizer(spec))
     core.restore()
     server = make_server(max_workers=SERVER_THREADS, token=token)  # see MAX_WAITING_PULLS
-    add_service(server, "PServer", PServerServicer(core))
+    servicer = PServerServicer(core)
+    add_service(server, "PServer", servicer)
     port = bind_role(server, args.port)
     server.start()
+    bulk_server = None
+    if config.training.tensor_transport == "tcp":
+        from elasticdl.ps.bulk_server import BulkServer
+
+        bulk_server = BulkServer(servicer, token, os.environ.get(POD_IP_ENV, "") or "127.0.0.1")
+        logger.info("tensor bytes also on raw TCP port %d (--tensor_transport tcp)", bulk_server.start())
     logger.info("serving on 127.0.0.1:%d (%s, %s)", port, spec.name,
                 config.consistency.description)
     registration = None
@@ -109,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     stop.wait()
     server.stop(grace=2).wait()
+    if bulk_server is not None:
+        bulk_server.stop()
     if registration is not None and not lost:
         registration.revoke()
     logger.info("stopped at version %d", core.shard.version)

@@ -48,6 +48,12 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
 
     def __init__(self, server: ParameterServer):
         self._server = server
+        self.bulk_port = 0  # the port of its raw-TCP transport (ps/bulk_server.py), once started
+
+    @property
+    def model_bytes(self) -> int:
+        """Bytes of this PS's dense parameters: no push or pull carries more."""
+        return sum(value.nbytes for value in self._server.shard.params.values())
 
     def push_model(self, request, context):
         params = _decode_or_abort(request.dense_parameters, context, writable=True)
@@ -61,13 +67,15 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         return elasticdl_pb2.PushModelResponse(accepted=accepted, version=version)
 
     def pull_dense_parameters(self, request, context):
-        return self._pull(request, context, _encode_pull)
+        return self.pull_with(request, context, _encode_pull)
 
     def pull_dense_parameters_stream(self, request, context):
         # Serialized under the PS lock (the one copy), sent after it is released.
-        yield from self._pull(request, context, _encode_pull_chunks)
+        yield from self.pull_with(request, context, _encode_pull_chunks)
 
-    def _pull(self, request, context, encode):
+    def pull_with(self, request, context, encode):
+        """Answer a pull request as ``encode(initialized, version, params, wire_dtype=...)``
+        (called under the PS lock on the live arrays: they must be copied there)."""
         problem = _pull_problem(request)
         if problem:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
@@ -81,7 +89,7 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
 
     def push_gradients(self, request, context):
         _check_wire_dtype(request.wire_dtype, context)  # before anything is decoded
-        return self._push(request, _decode_or_abort(request.gradients, context), request.embedding_gradients, context)
+        return self.push_arrays(request, _decode_or_abort(request.gradients, context), context)
 
     def push_gradients_stream(self, request_iterator, context):
         """The first request carries the header, the embedding rows and the non-trainable changes;
@@ -101,11 +109,12 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         if head is None:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an empty push: no request arrived")
-        return self._push(head, grads, head.embedding_gradients, context)
+        return self.push_arrays(head, grads, context)
 
-    def _push(self, head, grads, embedding_gradients, context):
+    def push_arrays(self, head, grads, context):
+        """Apply a push whose dense gradients ``grads`` are arrays already (``head``: the rest)."""
         grads = tensor_codec.widened(grads)  # float16 on the wire (--wire_dtype): float32 on the PS
-        for rows in embedding_gradients:
+        for rows in head.embedding_gradients:
             if rows.name in grads:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{rows.name!r} appears twice in one push")
             grads[rows.name] = _decode_rows_or_abort(rows, context)
@@ -256,6 +265,7 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
             checkpoint_error=checkpoint_error,
             records_applied=self._server.position.records_applied,
             term=self._server.term,
+            bulk_port=self.bulk_port,
         )
 
 

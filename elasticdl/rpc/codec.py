@@ -45,13 +45,13 @@ def widened(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def encode(name: str, array: np.ndarray) -> elasticdl_pb2.Tensor:
-    array = _wire_array(array)
+    array = wire_array(array)
     return elasticdl_pb2.Tensor(name=name, dtype=array.dtype.name, shape=array.shape, content=array.tobytes())
 
 
 def decode(tensor: elasticdl_pb2.Tensor, writable: bool = False) -> np.ndarray:
     """The array (read-only unless ``writable``: that costs a copy); raises TensorDecodeError."""
-    dtype, shape, expected = _checked_meta(tensor)
+    dtype, shape, expected = tensor_meta(tensor)
     if tensor.offset or expected != len(tensor.content):
         raise TensorDecodeError(
             f"tensor {tensor.name!r}: shape {shape} of {tensor.dtype} needs {expected} bytes, "
@@ -82,7 +82,7 @@ def _widen_bfloat16(array: np.ndarray) -> np.ndarray:
     return array.astype(np.float32) if array.dtype.name == "bfloat16" else array
 
 
-def _checked_meta(tensor: elasticdl_pb2.Tensor) -> tuple[np.dtype, tuple[int, ...], int]:
+def tensor_meta(tensor: elasticdl_pb2.Tensor) -> tuple[np.dtype, tuple[int, ...], int]:
     """(dtype, shape, byte count) of the whole tensor a message (or a piece of it) names."""
     if tensor.dtype not in _ALLOWED_DTYPES:
         raise TensorDecodeError(
@@ -122,7 +122,7 @@ def serialize_with_tensors(
     """
     parts = [head.SerializeToString()]
     for name, array in arrays.items():
-        array = _wire_array(array, wire_dtype)
+        array = wire_array(array, wire_dtype)
         parts += _tensor_field(field_number, name, array.dtype, array.shape, 0, array.reshape(-1).view(np.uint8).data)
     return b"".join(parts)
 
@@ -149,7 +149,7 @@ def iter_chunks(
     heads = [head.SerializeToString(), (later_head or head).SerializeToString()]
     parts, filled = [heads[0]], 0
     for name, array in arrays.items():
-        array = _wire_array(array)
+        array = wire_array(array)
         # Cast piece by piece (--wire_dtype): the first message leaves before the whole model is
         # cast, and each piece is cast into a small buffer that the join then reads from cache.
         cast = _cast_to(array, wire_dtype)
@@ -317,7 +317,7 @@ class TensorAssembler:
                 raise TensorDecodeError(
                     f"tensor {name!r}: its first piece starts at byte {tensor.offset}, not 0"
                 )
-            dtype, shape, expected = _checked_meta(tensor)
+            dtype, shape, expected = tensor_meta(tensor)
             self._meta[name] = (tensor.dtype, shape, expected)
             if len(tensor.content) == expected:  # whole: no copy (but bfloat16's widening)
                 self._arrays[name] = _widen_bfloat16(_view(tensor, dtype, shape))
@@ -358,7 +358,7 @@ class TensorAssembler:
         return self._arrays
 
 
-def _wire_array(array, wire_dtype: str = "float32") -> np.ndarray:
+def wire_array(array, wire_dtype: str = "float32") -> np.ndarray:
     """``array`` little-endian and C-contiguous, as its bytes travel; a float32 one cast to
     ``wire_dtype`` (rounded to nearest even)."""
     array = np.asarray(array)

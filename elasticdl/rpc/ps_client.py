@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import logging
 import random
+import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -16,7 +18,9 @@ from elasticdl.model.embedding.table import EmbeddingError, IndexedRows, TableIn
 from elasticdl.model.non_trainable import NonTrainableChange
 from elasticdl.model.sharding import partition_ids, ps_for_variable
 from elasticdl.proto import elasticdl_pb2
+from elasticdl.rpc import bulk
 from elasticdl.rpc import codec as tensor_codec
+from elasticdl.rpc.auth import job_token
 from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.rpc.channel import ServiceStub, make_channel, wait_for_channel
 from elasticdl.rpc.push_outcome import PushOutcome
@@ -88,16 +92,23 @@ COMMAND_TIMEOUT_SECONDS = 10.0
 class PSClient:
     def __init__(
         self, addresses: list[str], connect_timeout: float = 60.0, token: str | None = None,
-        wire_dtype: str = "float32",
+        wire_dtype: str = "float32", tensor_transport: str = "grpc",
     ):
         """``token``: the job's (default: the one in ``$ELASTICDL_TOKEN_FILE``). ``wire_dtype``
         (--wire_dtype): what dense float32 gradients and parameters travel as; the PS keeps
         float32, and the parameters come back as float32. Evaluation snapshots, the model
-        pushed at the start, embedding rows and non-trainable changes always travel as float32."""
+        pushed at the start, embedding rows and non-trainable changes always travel as float32.
+        ``tensor_transport`` (--tensor_transport): "tcp" sends the streamed pulls and pushes
+        (parts above STREAM_ABOVE_BYTES) as raw frames (elasticdl/rpc/bulk.py) to each PS that
+        serves them; "grpc", or a PS without such a port, streams them over gRPC."""
         problem = tensor_codec.wire_dtype_problem(wire_dtype)
         if problem:
             raise ValueError(f"--{problem}")
         self.wire_dtype = wire_dtype or "float32"
+        if tensor_transport not in ("grpc", "tcp"):
+            raise ValueError(f"--tensor_transport must be grpc or tcp. Received: {tensor_transport!r}")
+        self.tensor_transport = tensor_transport
+        self._token = token
         if self.wire_dtype != "float32":
             logger.info("--wire_dtype=%s: dense gradients and parameters travel as %s, the PS keeps float32",
                         self.wire_dtype, self.wire_dtype)
@@ -110,6 +121,10 @@ class PSClient:
         # Bytes of each PS's last pull of the whole model (None: not known yet, so it streams).
         self._pull_bytes: list[int | None] = [None] * len(addresses)
         self._pool: ThreadPoolExecutor | None = None  # made when a call goes to several PS
+        # --tensor_transport tcp: each PS's connection, made at its first large call (None: not
+        # yet; False: the PS serves none), and a lock per PS (one request at a time on it).
+        self._bulk: list = [None] * len(addresses)
+        self._bulk_locks = [threading.Lock() for _ in addresses]
         # The master's leadership term: its commands carry it, and a PS refuses an older one.
         self.term = 0
 
@@ -175,6 +190,8 @@ class PSClient:
         if known is not None and known <= STREAM_ABOVE_BYTES:
             head = stub.pull_dense_parameters(request)
             params = tensor_codec.decode_list(head.dense_parameters)
+        elif self.tensor_transport == "tcp" and (answer := self._bulk_call(ps, bulk.PULL, request)) is not None:
+            head, params = answer
         else:
             head, assembler = None, tensor_codec.TensorAssembler()
             for data in stub.pull_dense_parameters_stream(request):
@@ -247,7 +264,11 @@ class PSClient:
             head.records_end, head.records = batch.records_end, batch.records
         stub = self._stubs[ps]
         wire = self.wire_dtype
-        if sum(np.asarray(v).nbytes for v in dense.values()) > STREAM_ABOVE_BYTES:
+        large = sum(np.asarray(v).nbytes for v in dense.values()) > STREAM_ABOVE_BYTES
+        sent = self._bulk_call(ps, bulk.PUSH, head, dense) if large and self.tensor_transport == "tcp" else None
+        if sent is not None:
+            reply = sent[0]
+        elif large:
             later = elasticdl_pb2.PushGradientsRequest(worker_id=worker_id, version=version)
             # Written as they are sent: the gradients are ours and do not change meanwhile.
             reply = stub.push_gradients_stream(
@@ -262,6 +283,68 @@ class PSClient:
         # A number this client does not know (a newer PS) reads as unspecified: an error to the worker.
         outcome = _OUTCOMES.get(reply.outcome, PushOutcome.PUSH_OUTCOME_UNSPECIFIED)
         return PushAnswer(outcome, reply.version, reply.reason, params)
+
+    # ------------------------------------------------------------ --tensor_transport tcp
+
+    def _bulk_connection(self, ps: int):
+        """PS ``ps``'s bulk socket, connected and authenticated (None if it serves none)."""
+        conn = self._bulk[ps]
+        if conn is None:
+            port = self._stubs[ps].get_stats(elasticdl_pb2.Empty()).bulk_port
+            if not port:
+                logger.warning("PS %d at %s serves no raw-TCP transport (its job has --tensor_transport grpc): "
+                               "its tensors go over gRPC", ps, self.addresses[ps])
+                self._bulk[ps] = False
+                return None
+            token = self._token or job_token()
+            if not token:
+                raise bulk.BulkProtocolError("--tensor_transport tcp needs the job's token ($ELASTICDL_TOKEN_FILE)")
+            conn = socket.create_connection((self.addresses[ps].rsplit(":", 1)[0], port), timeout=60)
+            conn.settimeout(None)
+            bulk.tune(conn)
+            bulk.send_frame(conn, bulk.AUTH, token.encode())
+            self._bulk[ps] = conn
+        return conn or None
+
+    def _bulk_call(self, ps: int, kind: int, head, dense: dict | None = None):
+        """A pull (``(head, params)``) or a push (``(reply,)``) as one frame each way.
+
+        A pull that meets a broken connection returns None (the caller pulls over gRPC); a push
+        raises ConnectionError: the PS may have applied it, so it is not sent again.
+        """
+        with self._bulk_locks[ps]:
+            try:
+                conn = self._bulk_connection(ps)
+                if conn is None:
+                    return None
+                if kind == bulk.PUSH:
+                    metas, arrays = bulk.tensor_metas(dense, self.wire_dtype)
+                    head.gradients.extend(metas)
+                    bulk.send_frame(conn, kind, head.SerializeToString(), arrays)
+                else:
+                    bulk.send_frame(conn, kind, head.SerializeToString())
+                answer_kind, answer = bulk.recv_head(conn)
+                if answer_kind == bulk.ERROR:
+                    code, _, details = answer.decode("utf-8", "replace").partition(":")
+                    self._drop_bulk(ps)  # the PS closes a connection after a refused push
+                    if code == grpc.StatusCode.INVALID_ARGUMENT.name:
+                        raise EmbeddingError(f"the parameter server refused it: {details}")
+                    raise bulk.BulkRefused(code, details)
+                if kind == bulk.PUSH:
+                    return (elasticdl_pb2.PushGradientsResponse.FromString(answer),)
+                reply = elasticdl_pb2.PullDenseParametersResponse.FromString(answer)
+                return reply, bulk.recv_arrays(conn, reply.dense_parameters, limit=1 << 62)
+            except (OSError, tensor_codec.TensorDecodeError) as err:
+                self._drop_bulk(ps)
+                if kind == bulk.PUSH:
+                    raise ConnectionError(f"PS {ps} at {self.addresses[ps]}: the raw-TCP push failed ({err})") from err
+                logger.warning("PS %d: the raw-TCP pull failed (%s); pulling over gRPC", ps, err)
+                return None
+
+    def _drop_bulk(self, ps: int) -> None:
+        conn, self._bulk[ps] = self._bulk[ps], None
+        if conn:
+            conn.close()
 
     def _each(self, calls: list) -> list:
         """Run one call per PS in parallel (the last in this thread); their results in order.
@@ -341,6 +424,8 @@ class PSClient:
         return [{m.task_id: m.records_end for m in f.result().marks} for f in futures]
 
     def close(self) -> None:
+        for ps in range(self.num_ps):
+            self._drop_bulk(ps)
         if self._pool is not None:
             self._pool.shutdown(wait=False)
         for channel in self._channels:

@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = load_model_spec(config.training.model_zoo, config.training.model_def,
                            config.model_zoo_functions.names())
     startup.mark("model zoo")
-    ps = PSClient(args.ps_addrs.split(","), wire_dtype=config.training.wire_dtype)
+    ps = PSClient(args.ps_addrs.split(","), wire_dtype=config.training.wire_dtype,
+                  tensor_transport=config.training.tensor_transport)
     trainer = Trainer(spec, config.training.model_params, config.training.embedding_swap_threshold_mb)
     startup.mark("model")
     worker = Worker(
