@@ -18,7 +18,8 @@ TCP socket, ``sendall`` of the model's bytes into ``recv_into`` a ready buffer, 
 (``_TcpEcho``: no gRPC, no framing, no allocation). One round moves the model twice in each
 case. All figures are MB/s (10^6 bytes) of model bytes moved per second. ``elasticdl_bf16``
 drives the same PS with ``--wire_dtype bfloat16``: its figure counts the model's float32 bytes,
-half of which travel.
+half of which travel. ``elasticdl_tcp`` drives it with ``--tensor_transport tcp``: the same
+calls as raw frames on the PS's socket (elasticdl/rpc/bulk.py) instead of gRPC streams.
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ def _start_ps(backend, workdir: str, index: int) -> str:
 
     config = os.path.join(workdir, "job_config.json")
     with open(config, "w") as f:
-        f.write(JobConfig.from_flags(job_name="bench-dataplane", log_level="WARNING").to_json())
+        # The PS also serves raw TCP (elasticdl_tcp); the gRPC clients do not use it.
+        f.write(JobConfig.from_flags(job_name="bench-dataplane", log_level="WARNING",
+                                     tensor_transport="tcp").to_json())
     optimizer = os.path.join(workdir, "optimizer.json")
     with open(optimizer, "w") as f:
         json.dump({"name": "SGD", "config": {"learning_rate": 1e-6}}, f)
@@ -198,25 +201,26 @@ def run(spec: dict) -> dict:
     results: dict = {}
     try:
         echo, echo_stream, echo_channel = echo_stub(f"127.0.0.1:{_wait_file(ready)}")
-        clients, clients_bf16 = {}, {}
+        clients, clients_bf16, clients_tcp = {}, {}, {}
         for index, (label, floats) in enumerate(spec["sizes"]):
             address = _start_ps(backend, workdir, index)
             ps = PSClient([address])
-            # The same PS, its dense tensors in bfloat16 on the wire (--wire_dtype).
+            # The same PS, its dense tensors in bfloat16 on the wire (--wire_dtype), or on raw TCP.
             clients_bf16[label] = PSClient([address], wire_dtype="bfloat16")
+            clients_tcp[label] = PSClient([address], tensor_transport="tcp")
             params = _model(floats, seed=index)
             if not ps.push_model(params)[0]:
                 raise RuntimeError("the PS refused the model")
             grads = {name: np.full_like(value, 1e-3) for name, value in params.items()}
             clients[label] = (ps, grads, 4 * floats)
-            results[label] = {"elasticdl": [], "elasticdl_bf16": [], "raw_grpc": [], "raw_grpc_stream": [],
-                              "raw_tcp": [],
+            results[label] = {"elasticdl": [], "elasticdl_bf16": [], "elasticdl_tcp": [], "raw_grpc": [],
+                              "raw_grpc_stream": [], "raw_tcp": [],
                               "bytes": 4 * floats, "tensors": len(params)}
             del params
         for rep in range(spec["reps"]):
             for label, (ps, grads, nbytes) in clients.items():
                 rounds = spec["rounds"][label]
-                order = ["raw_grpc", "elasticdl", "raw_grpc_stream", "raw_tcp", "elasticdl_bf16"]
+                order = ["raw_grpc", "elasticdl", "raw_grpc_stream", "raw_tcp", "elasticdl_bf16", "elasticdl_tcp"]
                 shift = rep % len(order)
                 for who in order[shift:] + order[:shift]:
                     if who == "raw_tcp":
@@ -230,11 +234,11 @@ def run(spec: dict) -> dict:
                     elif who == "raw_grpc_stream":
                         results[label][who].append(_measure_echo_stream(echo_stream, nbytes, rounds))
                     else:
-                        client = clients_bf16[label] if who == "elasticdl_bf16" else ps
+                        client = {"elasticdl_bf16": clients_bf16, "elasticdl_tcp": clients_tcp}.get(who, {}).get(label, ps)
                         results[label][who].append(_measure_elasticdl(client, grads, nbytes, rounds))
         for ps, _, _ in clients.values():
             ps.close()
-        for ps in clients_bf16.values():
+        for ps in [*clients_bf16.values(), *clients_tcp.values()]:
             ps.close()
         echo_channel.close()
     finally:

@@ -377,15 +377,17 @@ def build_rows(results: dict) -> tuple[list[dict], list[dict]]:
                 "ratio_vs_stream": median(paired_ratios(edl, stream)) if stream else None,
                 "ratio_vs_tcp": median(paired_ratios(edl, tcp)) if tcp else None,
             })
-            bf16 = [r["mb_per_s"] for r in runs.get("elasticdl_bf16", [])]
-            if bf16:  # float32 model bytes per second, half of them on the wire
-                rows.append({
-                    "case": "ps_data_plane", "model": f"{size} float32", "competitor": "elasticdl_ps_bf16",
-                    "metric": "MB/s", "median": median(bf16), "runs": bf16,
-                    "ratio": median(paired_ratios(bf16, edl)), "ratio_to": "elasticdl_ps",
-                    "pull_mb_per_s": median([r["pull_mb_per_s"] for r in runs["elasticdl_bf16"]]),
-                    "push_mb_per_s": median([r["push_mb_per_s"] for r in runs["elasticdl_bf16"]]),
-                })
+            # bf16: float32 model bytes per second, half of them on the wire; tcp: raw frames.
+            for key, competitor in (("elasticdl_bf16", "elasticdl_ps_bf16"), ("elasticdl_tcp", "elasticdl_ps_tcp")):
+                variant = [r["mb_per_s"] for r in runs.get(key, [])]
+                if variant:
+                    rows.append({
+                        "case": "ps_data_plane", "model": f"{size} float32", "competitor": competitor,
+                        "metric": "MB/s", "median": median(variant), "runs": variant,
+                        "ratio": median(paired_ratios(variant, edl)), "ratio_to": "elasticdl_ps",
+                        "pull_mb_per_s": median([r["pull_mb_per_s"] for r in runs[key]]),
+                        "push_mb_per_s": median([r["push_mb_per_s"] for r in runs[key]]),
+                    })
             targets.append(_target(f"ps_data_plane {size}: elasticdl_ps / raw_grpc_echo", ratio, TARGETS["vs_raw_grpc"]))
             targets.append(_target(f"ps_data_plane {size}: elasticdl_ps", median(edl), TARGETS["data_plane_mb_per_s"],
                                    unit="MB/s"))

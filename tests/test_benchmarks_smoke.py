@@ -40,7 +40,7 @@ def test_quick_suite_reports_every_case(tmp_path):
     assert {(r["model"], r["competitor"]) for r in training} == {(m, c) for m in QUICK_MODELS for c in QUICK_COMPETITORS}
     dataplane = [r for r in rows if r["case"] == "ps_data_plane"]
     assert {r["competitor"] for r in dataplane} == {"raw_tcp_socket", "raw_grpc_echo", "raw_grpc_stream_1MB",
-                                                    "elasticdl_ps", "elasticdl_ps_bf16"}
+                                                    "elasticdl_ps", "elasticdl_ps_bf16", "elasticdl_ps_tcp"}
     assert len(dataplane) == 8  # two model sizes
     embedding = [r for r in rows if r["case"] == "embedding"]
     assert {(r["model"], r["competitor"]) for r in embedding} == {
