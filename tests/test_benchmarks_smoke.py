@@ -41,7 +41,7 @@ def test_quick_suite_reports_every_case(tmp_path):
     dataplane = [r for r in rows if r["case"] == "ps_data_plane"]
     assert {r["competitor"] for r in dataplane} == {"raw_tcp_socket", "raw_grpc_echo", "raw_grpc_stream_1MB",
                                                     "elasticdl_ps", "elasticdl_ps_bf16", "elasticdl_ps_tcp"}
-    assert len(dataplane) == 8  # two model sizes
+    assert len(dataplane) == 12  # two model sizes
     embedding = [r for r in rows if r["case"] == "embedding"]
     assert {(r["model"], r["competitor"]) for r in embedding} == {
         (size, c) for size in ("1k ids", "10k ids") for c in ("elasticdl_ps", "ps_core")

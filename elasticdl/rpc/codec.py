@@ -168,7 +168,8 @@ def iter_chunks(
             else:
                 with np.errstate(over="ignore"):  # beyond float16's range: inf, which a PS refuses as such
                     content = flat[start // itemsize:stop // itemsize].astype(cast).view(np.uint8).data
-            parts += _tensor_field(field_number, name, cast or array.dtype, array.shape, start, content)
+            dtype = array.dtype if cast is None else cast
+            parts += _tensor_field(field_number, name, dtype, array.shape, start, content)
             filled += stop - start + _PIECE_OVERHEAD
             start = stop
             if start >= nbytes:
