@@ -48,10 +48,12 @@ COMPETITORS = [
     ("elasticdl_1w1ps_push4", {"competitor": "elasticdl", "num_workers": 1, "use_async": True, "push_steps": 4}),
     # Dense gradients and parameters in bfloat16 on the wire (--wire_dtype), the PS in float32.
     ("elasticdl_1w1ps_bf16", {"competitor": "elasticdl", "num_workers": 1, "wire_dtype": "bfloat16"}),
+    # Large dense pulls and pushes as raw frames on a socket beside gRPC (--tensor_transport tcp).
+    ("elasticdl_1w1ps_tcp", {"competitor": "elasticdl", "num_workers": 1, "tensor_transport": "tcp"}),
     ("pss_1w1ps", {"competitor": "pss", "num_workers": 1}),
     ("pss_2w1ps", {"competitor": "pss", "num_workers": 2}),
 ]
-QUICK_SKIPS = ("elasticdl_2w1ps_sync", "elasticdl_1w1ps_bf16")  # informational; --quick leaves it out to stay fast
+QUICK_SKIPS = ("elasticdl_2w1ps_sync", "elasticdl_1w1ps_bf16", "elasticdl_1w1ps_tcp")  # informational; --quick leaves it out to stay fast
 COMPETITOR_LABELS = {
     "keras_fit": "Keras model.fit, 1 process",
     "elasticdl_1w1ps": "ElasticDL 1 worker + 1 PS (default: sync)",
@@ -59,6 +61,7 @@ COMPETITOR_LABELS = {
     "elasticdl_2w1ps_sync": "ElasticDL 2 workers + 1 PS (default: sync, grads_to_wait=1)",
     "elasticdl_1w1ps_push4": "ElasticDL 1 worker + 1 PS (--use_async --push_steps 4)",
     "elasticdl_1w1ps_bf16": "ElasticDL 1 worker + 1 PS (default: sync; --wire_dtype bfloat16)",
+    "elasticdl_1w1ps_tcp": "ElasticDL 1 worker + 1 PS (default: sync; --tensor_transport tcp)",
     "pss_1w1ps": "ParameterServerStrategy 1 worker + 1 PS",
     "pss_2w1ps": "ParameterServerStrategy 2 workers + 1 PS",
 }
