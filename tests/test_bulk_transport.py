@@ -100,15 +100,18 @@ def test_a_caller_without_the_jobs_token_gets_nothing(bulk_ps, token):
         assert _closed(conn)
 
 
-def _refused_push(bulk_ps, head: elasticdl_pb2.PushGradientsRequest, payload: bytes = b"") -> str:
+def _refused_push(bulk_ps, head: elasticdl_pb2.PushGradientsRequest, payload: bytes, closes: bool) -> str:
     before = ps_state(bulk_ps.core)
     with _connect(bulk_ps, auth.job_token().encode()) as conn:
         bulk.send_frame(conn, bulk.PUSH, head.SerializeToString())
-        if payload:
-            conn.sendall(payload)
+        conn.sendall(payload)
         kind, answer = bulk.recv_head(conn)
         assert kind == bulk.ERROR
-        assert _closed(conn)  # the stream is not at a frame any more
+        if closes:  # the bytes it announced are unknown or more than any push: not read
+            assert _closed(conn)
+        else:  # read and dropped: the connection serves the next request
+            bulk.send_frame(conn, bulk.PULL, elasticdl_pb2.PullDenseParametersRequest(version=0).SerializeToString())
+            assert bulk.recv_head(conn)[0] == bulk.REPLY
     assert_same(ps_state(bulk_ps.core), before)
     return answer.decode()
 
@@ -117,16 +120,20 @@ def test_hostile_pushes_over_tcp_are_invalid_argument_and_change_nothing(bulk_ps
     def meta(name, dtype, shape):
         return elasticdl_pb2.Tensor(name=name, dtype=dtype, shape=shape)
 
-    cases = [
-        (elasticdl_pb2.PushGradientsRequest(wire_dtype="int8"), "wire_dtype 'int8'"),
-        (elasticdl_pb2.PushGradientsRequest(gradients=[meta("dense/kernel", "float32", [2**40, 2**20])]),
-         "more than the"),  # refused before any byte is read or allocated
-        (elasticdl_pb2.PushGradientsRequest(gradients=[meta("dense/kernel", "int8", [3, 2])]), "unsupported dtype"),
-        (elasticdl_pb2.PushGradientsRequest(gradients=[meta("dense/bias", "float32", [2]),
-                                                       meta("dense/bias", "float32", [2])]), "appears twice"),
+    bias = meta("dense/bias", "float32", [2])
+    cases = [  # (head, bytes sent after it, the connection closes, the answer says)
+        (elasticdl_pb2.PushGradientsRequest(wire_dtype="int8", gradients=[bias]), bytes(8), False, "'int8'"),
+        (elasticdl_pb2.PushGradientsRequest(gradients=[meta("dense/kernel", "float32", [3, 3])]), bytes(36), False,
+         "36 bytes, more than the 32"),
+        # Refused before any byte is read or allocated:
+        (elasticdl_pb2.PushGradientsRequest(gradients=[meta("dense/kernel", "float32", [2**40, 2**20])]), b"", True,
+         "more than the"),
+        (elasticdl_pb2.PushGradientsRequest(gradients=[meta("dense/kernel", "int8", [3, 2])]), b"", True,
+         "unsupported dtype"),
+        (elasticdl_pb2.PushGradientsRequest(gradients=[bias, bias]), b"", True, "appears twice"),
     ]
-    for head, text in cases:
-        answer = _refused_push(bulk_ps, head)
+    for head, payload, closes, text in cases:
+        answer = _refused_push(bulk_ps, head, payload, closes)
         assert answer.startswith("INVALID_ARGUMENT:") and text in answer, answer
     # bfloat16 bytes for a float32 variable of another shape: read, then refused by the PS's check.
     head = elasticdl_pb2.PushGradientsRequest(gradients=[meta("dense/bias", "bfloat16", [3])])
@@ -159,3 +166,16 @@ def test_a_ps_without_the_transport_is_reached_over_grpc(monkeypatch):
     finally:
         client.close()
         real.close()
+
+
+def test_a_push_or_pull_that_cannot_reach_the_port_goes_over_grpc(bulk_ps):
+    port = bulk_ps.bulk.port
+    bulk_ps.bulk.stop()
+    bulk_ps.bulk._servicer.bulk_port = port  # the stats still name the port: nothing listens there
+    client = ps_client.PSClient([bulk_ps.address], tensor_transport="tcp")
+    try:
+        assert client.push_gradients({0: grads()}, [0], 0.0, worker_id=0)[0].applied
+        assert client.pull([-1])[0].version == 1
+        assert client._bulk[0] is None  # it tries again at the next call
+    finally:
+        client.close()

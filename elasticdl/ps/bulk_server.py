@@ -27,12 +27,17 @@ logger = logging.getLogger(__name__)
 
 # The longest a connection may take to send its token: a caller that says nothing is dropped.
 AUTH_TIMEOUT_SECONDS = 10.0
+# A refused push's bytes are read (and dropped) up to this much, so that its worker gets the
+# answer; a push announcing more closes the connection at once.
+MAX_DISCARD_FACTOR, MAX_DISCARD_BYTES = 4, 64 << 20
 
 
 class _Aborted(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str):
+    """A refused request; ``keep``: the connection is still at a frame (its bytes were read)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, keep: bool = True):
         super().__init__(details)
-        self.code, self.details = code, details
+        self.code, self.details, self.keep = code, details, keep
 
 
 class _Context:
@@ -58,7 +63,12 @@ class BulkServer:
 
     def stop(self) -> None:
         self._stopped.set()
+        try:  # wakes the accept thread: a bare close() leaves it blocked, the port still taking calls
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._listener.close()
+        self._servicer.bulk_port = 0
 
     def _accept(self) -> None:
         while not self._stopped.is_set():
@@ -95,11 +105,10 @@ class BulkServer:
             if kind == bulk.PUSH:
                 self._push(conn, head)
                 return True
-            raise _Aborted(grpc.StatusCode.INVALID_ARGUMENT, f"frame kind {kind} is not a request")
+            raise _Aborted(grpc.StatusCode.INVALID_ARGUMENT, f"frame kind {kind} is not a request", keep=False)
         except _Aborted as err:
             bulk.send_frame(conn, bulk.ERROR, f"{err.code.name}:{err.details}".encode())
-            # A refused push may leave its tensor bytes unread: the stream is not at a frame.
-            return kind == bulk.PULL
+            return err.keep
 
     def _pull(self, conn: socket.socket, head: bytes) -> None:
         try:
@@ -110,17 +119,26 @@ class BulkServer:
         bulk.send_frame(conn, bulk.REPLY, answer, arrays)  # after the PS lock, from the copies
 
     def _push(self, conn: socket.socket, head: bytes) -> None:
-        try:
+        invalid = grpc.StatusCode.INVALID_ARGUMENT
+        try:  # a head that cannot be read leaves its tensor bytes unknown: the connection closes
             request = elasticdl_pb2.PushGradientsRequest.FromString(head)
-        except Exception as err:
-            raise _Aborted(grpc.StatusCode.INVALID_ARGUMENT, f"not a PushGradientsRequest: {err}") from None
-        problem = tensor_codec.wire_dtype_problem(request.wire_dtype)
-        if problem:
-            raise _Aborted(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        try:
-            grads = bulk.recv_arrays(conn, request.gradients, limit=self._servicer.model_bytes)
+            metas, total = bulk.plan(request.gradients)
         except tensor_codec.TensorDecodeError as err:
-            raise _Aborted(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from None
+            raise _Aborted(invalid, str(err), keep=False) from None
+        except Exception as err:  # protobuf's DecodeError, or a field it refuses
+            raise _Aborted(invalid, f"not a PushGradientsRequest: {err}", keep=False) from None
+        limit = self._servicer.model_bytes
+        problem = tensor_codec.wire_dtype_problem(request.wire_dtype)
+        if not problem and total > limit:
+            problem = f"the tensors hold {total} bytes, more than the {limit} of this PS's model"
+        if problem:
+            # Its bytes are read and dropped, so that the worker reads the answer: unless there
+            # are more than a push could be, which no worker sends.
+            keep = total <= MAX_DISCARD_FACTOR * limit + MAX_DISCARD_BYTES
+            if keep:
+                bulk.discard(conn, total)
+            raise _Aborted(invalid, problem, keep=keep)
+        grads = bulk.recv_arrays(conn, metas)
         del request.gradients[:]  # read: what is left is the head push_arrays expects
         request.return_parameters = False  # the answer's parameters travel as a pull's
         reply = self._servicer.push_arrays(request, grads, _Context())

@@ -10,7 +10,8 @@ straight from the arrays (``sendall``) and received straight into arrays made fo
 
 Every connection starts with an AUTH frame carrying the job's token, compared in constant
 time; anything else first, or a wrong token, closes it. A frame with a bad magic, kind or
-length closes the connection too: the stream cannot be trusted after it. The PS end is
+length closes the connection too: the stream cannot be trusted after it (a refused push whose
+bytes are known is read to its end first, so that the answer reaches its worker). The PS end is
 ``elasticdl/ps/bulk_server.py``; the worker's, ``elasticdl/rpc/ps_client.py``.
 """
 
@@ -85,13 +86,9 @@ def recv_into(sock: socket.socket, view: memoryview) -> None:
         got += n
 
 
-def recv_arrays(sock: socket.socket, tensors, limit: int) -> dict[str, np.ndarray]:
-    """The bytes of ``tensors`` (Tensor messages without content, in the order sent), each
-    received into an array made for it; bfloat16 ones widened to float32 (--wire_dtype).
-
-    Raises TensorDecodeError, before reading anything, for a bad dtype or shape, a name sent
-    twice, or more than ``limit`` bytes in all (the caller then closes the connection).
-    """
+def plan(tensors) -> tuple[list[tuple[str, np.dtype, tuple[int, ...]]], int]:
+    """(name, dtype, shape) of each of ``tensors`` (Tensor messages without content) and the
+    bytes they announce in all; TensorDecodeError for a bad dtype or shape or a name twice."""
     metas, total = [], 0
     for tensor in tensors:
         if tensor.content or tensor.offset:
@@ -101,8 +98,12 @@ def recv_arrays(sock: socket.socket, tensors, limit: int) -> dict[str, np.ndarra
         metas.append((tensor.name, dtype, shape))
     if len({name for name, _, _ in metas}) != len(metas):
         raise tensor_codec.TensorDecodeError("a tensor appears twice in one message")
-    if total > limit:
-        raise tensor_codec.TensorDecodeError(f"the tensors hold {total} bytes, more than the {limit} expected")
+    return metas, total
+
+
+def recv_arrays(sock: socket.socket, metas) -> dict[str, np.ndarray]:
+    """The bytes of the tensors ``plan`` gave, in that order, each received into an array
+    made for it; bfloat16 ones widened to float32 (--wire_dtype)."""
     out = {}
     for name, dtype, shape in metas:
         array = np.empty(shape, dtype)
@@ -110,6 +111,15 @@ def recv_arrays(sock: socket.socket, tensors, limit: int) -> dict[str, np.ndarra
             recv_into(sock, array.reshape(-1).view(np.uint8).data)
         out[name] = array.astype(np.float32) if dtype.name == "bfloat16" else array
     return out
+
+
+def discard(sock: socket.socket, nbytes: int) -> None:
+    """Read and drop ``nbytes`` (a refused request's tensors): the stream is at a frame again."""
+    scratch = memoryview(bytearray(min(nbytes, 1 << 20)))
+    while nbytes:
+        chunk = scratch[:min(nbytes, len(scratch))]
+        recv_into(sock, chunk)
+        nbytes -= len(chunk)
 
 
 def tensor_metas(arrays: dict[str, np.ndarray], wire_dtype: str = "float32"):

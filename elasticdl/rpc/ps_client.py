@@ -309,14 +309,17 @@ class PSClient:
     def _bulk_call(self, ps: int, kind: int, head, dense: dict | None = None):
         """A pull (``(head, params)``) or a push (``(reply,)``) as one frame each way.
 
-        A pull that meets a broken connection returns None (the caller pulls over gRPC); a push
-        raises ConnectionError: the PS may have applied it, so it is not sent again.
+        A pull that meets a broken connection returns None (the caller pulls over gRPC), as does
+        a push that could not start; a push that broke once sent raises ConnectionError: the PS
+        may have applied it, so it is not sent again.
         """
         with self._bulk_locks[ps]:
+            sending = False
             try:
                 conn = self._bulk_connection(ps)
                 if conn is None:
                     return None
+                sending = True
                 if kind == bulk.PUSH:
                     metas, arrays = bulk.tensor_metas(dense, self.wire_dtype)
                     head.gradients.extend(metas)
@@ -326,19 +329,19 @@ class PSClient:
                 answer_kind, answer = bulk.recv_head(conn)
                 if answer_kind == bulk.ERROR:
                     code, _, details = answer.decode("utf-8", "replace").partition(":")
-                    self._drop_bulk(ps)  # the PS closes a connection after a refused push
+                    self._drop_bulk(ps)  # the PS may close it after a refused push: start afresh
                     if code == grpc.StatusCode.INVALID_ARGUMENT.name:
                         raise EmbeddingError(f"the parameter server refused it: {details}")
                     raise bulk.BulkRefused(code, details)
                 if kind == bulk.PUSH:
                     return (elasticdl_pb2.PushGradientsResponse.FromString(answer),)
                 reply = elasticdl_pb2.PullDenseParametersResponse.FromString(answer)
-                return reply, bulk.recv_arrays(conn, reply.dense_parameters, limit=1 << 62)
+                return reply, bulk.recv_arrays(conn, bulk.plan(reply.dense_parameters)[0])
             except (OSError, tensor_codec.TensorDecodeError) as err:
                 self._drop_bulk(ps)
-                if kind == bulk.PUSH:
+                if kind == bulk.PUSH and sending:
                     raise ConnectionError(f"PS {ps} at {self.addresses[ps]}: the raw-TCP push failed ({err})") from err
-                logger.warning("PS %d: the raw-TCP pull failed (%s); pulling over gRPC", ps, err)
+                logger.warning("PS %d: the raw-TCP call failed (%s); it goes over gRPC", ps, err)
                 return None
 
     def _drop_bulk(self, ps: int) -> None:
