@@ -58,8 +58,13 @@ VALIDATION_RULES: tuple[tuple[str, tuple[dict, ...]], ...] = (
         ({"use_async": True, "grads_to_wait": 2}, {"use_async": True, "sync_version_tolerance": 1}),
     ),
     (
-        "`--staleness_bound`, or `--get_model_steps` or `--push_steps` other than 1, is given without `--use_async`",
-        ({"staleness_bound": 2}, {"get_model_steps": 2}, {"push_steps": 4}),
+        "`--staleness_bound` or `--overlap_communication`, or `--get_model_steps` or `--push_steps` other "
+        "than 1, is given without `--use_async`",
+        ({"staleness_bound": 2}, {"get_model_steps": 2}, {"push_steps": 4}, {"overlap_communication": True}),
+    ),
+    (
+        "`--overlap_communication` is combined with `--push_steps` above 1",
+        ({"use_async": True, "overlap_communication": True, "push_steps": 4},),
     ),
     (
         "`--lr_staleness_modulation` is given in sync mode without `--sync_version_tolerance` "

@@ -310,6 +310,13 @@ class ConsistencySection:
         "each step's gradients locally in between; pulls happen after a push.",
         commands=("train",),
     )
+    overlap_communication: bool = flag(
+        False,
+        "Async only: push each step's gradients and pull fresh parameters on a background "
+        "thread while the next step computes (one exchange in flight; its gradients are one "
+        "version staler).",
+        commands=("train",),
+    )
     sync_version_tolerance: int = flag(
         0,
         "Sync only: accept gradients computed up to K versions behind the model.",
@@ -328,9 +335,10 @@ class ConsistencySection:
             return f"sync SGD, grads_to_wait={self.grads_to_wait}{tolerance}"
         pull = f", pull every {self.get_model_steps} steps" if self.get_model_steps > 1 else ""
         push = f", push every {self.push_steps} steps" if self.push_steps > 1 else ""
+        overlap = ", communication overlapped with compute" if self.overlap_communication else ""
         if self.staleness_bound:
-            return f"stale-synchronous parallel, staleness bound {self.staleness_bound}" + push
-        return "async SGD" + pull + push
+            return f"stale-synchronous parallel, staleness bound {self.staleness_bound}" + push + overlap
+        return "async SGD" + pull + push + overlap
 
     def validate(self) -> None:
         for name in ("staleness_bound", "sync_version_tolerance"):
@@ -350,11 +358,17 @@ class ConsistencySection:
                     f"{' and '.join(conflicts)} only apply to sync training, but --use_async is set: "
                     "drop them or drop --use_async."
                 )
+            if self.overlap_communication and self.push_steps > 1:
+                raise ConfigError(
+                    f"--overlap_communication and --push_steps={self.push_steps} cannot be combined: an "
+                    "accumulated push already leaves its workers computing between exchanges; drop one."
+                )
             return
         conflicts = [
             f"--staleness_bound={self.staleness_bound}" if self.staleness_bound else "",
             f"--get_model_steps={self.get_model_steps}" if self.get_model_steps != 1 else "",
             f"--push_steps={self.push_steps}" if self.push_steps != 1 else "",
+            "--overlap_communication" if self.overlap_communication else "",
         ]
         conflicts = [c for c in conflicts if c]
         if conflicts:

@@ -27,6 +27,12 @@ Three modes, from the job's flags (docs/consistency.md):
 - stale-synchronous parallel (--use_async --staleness_bound s): as async, and a worker waits
   while its clock (batches pushed) is more than ``s`` ahead of the slowest worker that holds
   a task. Workers without a task (dead, preempted, idle) never hold others back.
+- communication overlapped with compute (--use_async --overlap_communication): a batch's push,
+  and the pull after it, run on a background thread while the next batch computes
+  (worker/overlap.py). At most one such exchange is in flight; the batch computed meanwhile
+  misses the update of the one in flight, so in SSP the exchange counts as one version of lag
+  besides its batch: the worker waits while ``clock + 2 * in_flight - slowest > s``, and when
+  it must wait it first settles the exchange, then waits, then pulls (as without overlap).
 
 After an evaluation snapshot was loaded, the next training batch pulls first; after a PS
 reconnected (it may come back older, from a checkpoint, or empty), the next pull asks every
@@ -84,6 +90,7 @@ class ConsistencyPolicy:
         sync_version_tolerance: int = 0,
         num_ps: int = 1,
         push_steps: int = 1,
+        overlap: bool = False,
     ):
         if num_ps < 1:
             raise ValueError(f"num_ps must be at least 1. Received: num_ps={num_ps}")
@@ -91,6 +98,11 @@ class ConsistencyPolicy:
             raise ValueError(f"get_model_steps must be at least 1. Received: get_model_steps={get_model_steps}")
         if push_steps < 1 or (push_steps > 1 and not use_async):
             raise ValueError(f"push_steps must be at least 1, and 1 in sync mode. Received: push_steps={push_steps}")
+        if overlap and not use_async:
+            raise ValueError("overlap needs use_async. Received: use_async=False")
+        # Push, and pull after it, while the next batch computes (worker/overlap.py). Not an
+        # accumulated push (the job's flags refuse both together).
+        self.overlap = overlap and push_steps == 1
         self.push_steps = push_steps
         self.use_async = use_async
         self.staleness_bound = staleness_bound
@@ -107,6 +119,7 @@ class ConsistencyPolicy:
         self.steps_since_pull = 0  # batches pushed since the last pull (async)
         self.clock = 0  # batches pushed (stale-synchronous parallel)
         self.unpushed = 0  # batches trained and applied locally, their gradients not pushed yet
+        self.in_flight = 0  # exchanges (push, then maybe pull) running in the background: 0 or 1
 
     @classmethod
     def from_config(cls, config, num_ps: int) -> ConsistencyPolicy:
@@ -117,6 +130,7 @@ class ConsistencyPolicy:
             sync_version_tolerance=config.consistency.sync_version_tolerance,
             num_ps=num_ps,
             push_steps=config.consistency.push_steps,
+            overlap=config.consistency.overlap_communication,
         )
 
     # ------------------------------------------------------------ the mode
@@ -128,8 +142,10 @@ class ConsistencyPolicy:
 
     @property
     def applies_locally(self) -> bool:
-        """Async workers that pull (or push) rarely keep training on their own updates in between."""
-        return self.use_async and (self.get_model_steps > 1 or self.push_steps > 1)
+        """Async workers that pull (or push) rarely keep training on their own updates in between;
+        with overlap, the next batch computes before the exchange in flight returns the model
+        with this batch's update, so it computes on the worker's own copy of that update."""
+        return self.use_async and (self.get_model_steps > 1 or self.push_steps > 1 or self.overlap)
 
     @property
     def accumulates(self) -> bool:
@@ -173,9 +189,14 @@ class ConsistencyPolicy:
         """Before computing a batch's gradients: pull first?"""
         if self._stale:
             return True
-        if self._fresh_from_push or self.unpushed:
-            return False
+        if self._fresh_from_push or self.unpushed or self.in_flight:
+            return False  # an exchange in flight pulls if one is due: the batch computes on what is held
         return not self.use_async or self.steps_since_pull >= self.get_model_steps
+
+    def pulls_after_push(self) -> bool:
+        """Overlap: should the exchange about to start pull after its push? As often as the
+        worker would pull before a batch without overlap (every ``get_model_steps`` pushes)."""
+        return self.steps_since_pull + 1 >= self.get_model_steps
 
     def pull_request(self, everything: bool = False) -> PullRequest:
         """The pull to make; with ``everything``, every PS sends all its parameters."""
@@ -184,7 +205,9 @@ class ConsistencyPolicy:
 
     def must_wait(self, clock: int, slowest_clock: int) -> bool:
         """SSP: this worker's clock (as the master counts it) is too far ahead of the slowest."""
-        return self.bounded and clock - slowest_clock > self.staleness_bound
+        # The batch of an exchange in flight is not in the clock yet, and the batch about to be
+        # computed misses its update: one version of lag each (both 0 without overlap).
+        return self.bounded and clock + 2 * self.in_flight - slowest_clock > self.staleness_bound
 
     # ------------------------------------------------------------ events
 
@@ -244,6 +267,29 @@ class ConsistencyPolicy:
         """Every PS accepted the batch's gradients."""
         self.clock += 1
         self.steps_since_pull += 1
+
+    def exchange_started(self) -> None:
+        """Overlap: a batch's push (and the pull after it, if due) runs in the background."""
+        if self.in_flight:
+            raise RuntimeError("an exchange is already in flight: settle it before starting the next")
+        self.in_flight = 1
+
+    def exchange_settled(self) -> None:
+        """Overlap: the exchange in flight ended (its answers are taken next: ``push_answered``,
+        ``batch_pushed``, ``pulled``)."""
+        self.in_flight = 0
+
+    def exchange_dropped(self) -> None:
+        """Overlap: the exchange in flight was left (its task failed or was taken back): the
+        next batch pulls."""
+        self.in_flight = 0
+        self.steps_since_pull = self.get_model_steps
+
+    def held_back(self) -> None:
+        """Overlap in SSP: the worker waited for the slowest; the parameters pulled before that
+        may miss what it pushed since, so the next batch pulls (as it would without overlap)."""
+        if self.overlap:
+            self.steps_since_pull = self.get_model_steps
 
     def batch_accumulated(self) -> None:
         """A batch's gradients were applied locally and kept to be pushed with the next ones."""

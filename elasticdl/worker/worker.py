@@ -6,6 +6,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
@@ -23,7 +24,8 @@ from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.rpc.master_client import MasterClient, TaskOrder
 from elasticdl.rpc.ps_client import PSClient
 from elasticdl.worker.accumulation import GradientAccumulator
-from elasticdl.worker.consistency import ConsistencyPolicy, TaskTakenBackError
+from elasticdl.worker.consistency import ConsistencyPolicy, PullRequest, TaskTakenBackError
+from elasticdl.worker.overlap import Exchange
 from elasticdl.worker.startup import StartupClock
 from elasticdl.worker.task_data import BatchStream
 
@@ -108,12 +110,18 @@ class Worker:
         # --push_steps: gradients applied locally, pushed every n batches and before a task is reported.
         self._accumulator = GradientAccumulator()
         self.pushes = 0  # pushes every PS accepted (fewer than batches_trained with --push_steps)
+        # --overlap_communication: the push (and pull) of the last batch, running while this one computes.
+        self._exchange: Exchange | None = None
+        self._exchanges: ThreadPoolExecutor | None = None  # its one thread, made on first use
         self._startup = startup or StartupClock()
 
     def run(self) -> None:
         try:
             self._run_tasks()
         finally:
+            self._drop_exchange()  # none is left after a task; an error past the task loop may leave one
+            if self._exchanges is not None:
+                self._exchanges.shutdown(wait=False)
             for stream in self._streams.values():
                 stream.close()  # its reader thread waits for the next task: let it go
 
@@ -350,10 +358,12 @@ class Worker:
             self._run_batches(order, Mode.TRAINING, step)
             # Before the task is reported (done, or left on SIGTERM): the master counts its
             # records as trained, so their gradients must be on the PS.
+            self._with_ps_retries(self._settle_exchange)
             self._with_ps_retries(self._push_accumulated)
         except BaseException:
             # Taken back: another hand-out trains the records. Failed: the master requeues from
             # the PS's mark. Either way what was not pushed is trained again, never twice.
+            self._drop_exchange()
             self._drop_accumulated()
             raise
         finally:
@@ -366,6 +376,8 @@ class Worker:
 
     def train_batch(self, features, labels) -> float:
         """Train one batch; rides out a parameter server restart (it comes back on its address)."""
+        if self.consistency.overlap:
+            return self._train_batch_overlapped(features, labels)
         if not self.consistency.accumulates:
             return self._with_ps_retries(lambda: self._train_batch_once(features, labels))
         # Accumulated pushes: the batch is trained once, and its push (every n-th batch) retried
@@ -434,6 +446,100 @@ class Worker:
                 return loss
         logger.warning("skipped a batch: its gradients were stale %d times in a row", MAX_PUSH_TRIES)
         return loss
+
+    def _train_batch_overlapped(self, features, labels) -> float:
+        """--overlap_communication: compute this batch on the parameters held (the exchange in
+        flight, if any, is the last batch's push and maybe a pull), then settle that exchange
+        and start this batch's. A PS restart during the compute computes it again; during the
+        exchange, pushes the same gradients again (worker/overlap.py)."""
+        policy = self.consistency
+        versions = policy.versions
+
+        def compute():
+            nonlocal versions
+            self._before_batch(features)
+            if policy.must_pull():  # none in flight (a task's first batch), or after an SSP wait
+                self._pull()
+            versions = policy.versions  # what the gradients are computed on: the PS counts their staleness
+            return self.trainer.compute_gradients(features, labels)
+
+        loss, grads = self._with_ps_retries(compute)
+        self._startup.mark("gradients (tracing)")
+        if not (math.isfinite(loss) and getattr(self.trainer, "last_step_finite", True)):
+            return self._nonfinite_batch(loss)
+        self._nonfinite_in_row = 0
+        lr = self._learning_rate()
+        parts = self.ps.split(grads)
+        self._with_ps_retries(self._settle_exchange)  # at most one in flight
+        if policy.applies_locally:  # on what the settled exchange pulled, if it did
+            self.trainer.apply_locally(grads, lr or None)
+        pull = policy.pulls_after_push()
+        position = self._batch_position
+
+        def prepare():  # on this thread; again for a retry, after a reconnect maybe
+            request = policy.pull_request() if pull else None
+            return lambda: self._exchange_once(parts, versions, lr, position, request)
+
+        if self._exchanges is None:
+            self._exchanges = ThreadPoolExecutor(max_workers=1, thread_name_prefix="exchange")
+        self._exchange = Exchange(self._exchanges, prepare)
+        policy.exchange_started()
+        return loss
+
+    def _exchange_once(self, parts: list, versions: list[int], lr: float, position: BatchPosition | None,
+                       request: PullRequest | None):
+        """The background half of an exchange: only calls to the PS (their answers are taken
+        on the worker's thread, by _settle_exchange)."""
+        answers = self.ps.push_gradients(dict(enumerate(parts)), versions, lr, self.worker_id,
+                                         want_parameters=False, batch=position)
+        results = None
+        if request is not None and all(answer.outcome.accepted for answer in answers.values()):
+            results = self.ps.pull(list(request.versions), list(request.wait_for_newer), SYNC_WAIT_SECONDS)
+        return answers, request, results, parts, versions, lr, position
+
+    def _settle_exchange(self) -> None:
+        """Wait for the exchange in flight and take its answers as a synchronous push's and
+        pull's. Its error is raised here (PS unreachable: _with_ps_retries runs it again)."""
+        if self._exchange is None:
+            return
+        answers, request, results, parts, versions, lr, position = self._exchange.result()
+        self._exchange = None
+        policy = self.consistency
+        try:
+            pending = policy.push_answered(answers)  # raises TaskTakenBackError, PushRejectedError
+        except BaseException:
+            policy.exchange_dropped()  # the next batch pulls
+            raise
+        policy.exchange_settled()
+        for _ in range(MAX_PUSH_TRIES):  # async PS take every gradient; kept for safety
+            if not pending:
+                break
+            pending = policy.push_answered(self.ps.push_gradients(
+                {ps: parts[ps] for ps in pending}, versions, lr, self.worker_id, batch=position))
+        if pending:
+            logger.warning("dropped a batch's gradients: PS %s refused them as stale %d times", sorted(pending),
+                           MAX_PUSH_TRIES)
+            return
+        if not self.pushes:
+            self._first_push_logged()
+        self.batches_trained += 1
+        self.pushes += 1
+        policy.batch_pushed()
+        if results is None:
+            return
+        if request.versions != tuple(policy.versions):  # a PS reconnected meanwhile: what it sent may be older
+            self._pull()
+        else:
+            self._load_pulled(request, results)
+
+    def _drop_exchange(self) -> None:
+        """Leave the exchange in flight (its task failed or was taken back), once it ended: the
+        master requeues from the PS's marks, so no push may land after the report."""
+        exchange, self._exchange = self._exchange, None
+        if exchange is None:
+            return
+        exchange.wait()
+        self.consistency.exchange_dropped()
 
     def _accumulate_batch(self, features, labels) -> float:
         """--push_steps: compute the batch's gradients, apply them locally and keep them to push."""
@@ -515,6 +621,12 @@ class Worker:
             self.blocked_seconds += blocked
             if not self.consistency.must_wait(clock, slowest):
                 return
+            if self._exchange is not None:
+                # Settled, its batch joins the clock and its update the parameters: no lag is left.
+                self._with_ps_retries(self._settle_exchange)
+                blocked = 0.0
+                continue
+            self.consistency.held_back()  # overlap: the pull follows the wait, as without overlap
             time.sleep(pause)
             blocked, pause = pause, min(pause * 2, 0.2)
 
@@ -551,6 +663,10 @@ class Worker:
         """Pull what the policy asks for (``everything``: every parameter of every PS)."""
         request = self.consistency.pull_request(everything)
         results = self.ps.pull(list(request.versions), list(request.wait_for_newer), SYNC_WAIT_SECONDS)
+        self._load_pulled(request, results)
+
+    def _load_pulled(self, request: PullRequest, results: list) -> None:
+        """Load what a pull of ``request`` answered (an empty PS is given this worker's copy first)."""
         empty = [ps for ps, r in enumerate(results) if not r.initialized]
         if empty and self.may_initialize_ps and self.trainer.built:
             # A PS relaunched without a checkpoint: give it our copy of its variables.
