@@ -256,7 +256,7 @@ def test_accumulated_pushes_converge_and_train_every_record_once(digits, tmp_pat
     """--push_steps 4 (local SGD): each worker pushes the mean of 4 batches' gradients. Tasks of 6
     batches end with a mean of 2, pushed before the task is reported: none is lost (exactly once)."""
     report = report_of(elasticdl(
-        train_args(digits, "digits.digits_functional.custom_model", num_workers=2, num_ps=1, num_epochs=4,
+        train_args(digits, "digits.digits_functional.custom_model", num_workers=2, num_ps=1, num_epochs=3,
                    use_async="true", push_steps=4, num_minibatches_per_task=6),
         cwd=tmp_path,
     ))
