@@ -50,10 +50,18 @@ COMPETITORS = [
     ("elasticdl_1w1ps_bf16", {"competitor": "elasticdl", "num_workers": 1, "wire_dtype": "bfloat16"}),
     # Large dense pulls and pushes as raw frames on a socket beside gRPC (--tensor_transport tcp).
     ("elasticdl_1w1ps_tcp", {"competitor": "elasticdl", "num_workers": 1, "tensor_transport": "tcp"}),
+    # Communication overlapped with compute (async), beside async without it at 1 worker.
+    ("elasticdl_1w1ps_async", {"competitor": "elasticdl", "num_workers": 1, "use_async": True}),
+    ("elasticdl_1w1ps_overlap", {"competitor": "elasticdl", "num_workers": 1, "use_async": True,
+                                 "overlap_communication": True}),
+    ("elasticdl_2w1ps_overlap", {"competitor": "elasticdl", "num_workers": 2, "use_async": True,
+                                 "overlap_communication": True}),
     ("pss_1w1ps", {"competitor": "pss", "num_workers": 1}),
     ("pss_2w1ps", {"competitor": "pss", "num_workers": 2}),
 ]
-QUICK_SKIPS = ("elasticdl_2w1ps_sync", "elasticdl_1w1ps_bf16", "elasticdl_1w1ps_tcp")  # informational; --quick leaves it out to stay fast
+# Informational; --quick leaves them out to stay fast.
+QUICK_SKIPS = ("elasticdl_2w1ps_sync", "elasticdl_1w1ps_bf16", "elasticdl_1w1ps_tcp", "elasticdl_1w1ps_async",
+               "elasticdl_1w1ps_overlap", "elasticdl_2w1ps_overlap")
 COMPETITOR_LABELS = {
     "keras_fit": "Keras model.fit, 1 process",
     "elasticdl_1w1ps": "ElasticDL 1 worker + 1 PS (default: sync)",
@@ -62,6 +70,9 @@ COMPETITOR_LABELS = {
     "elasticdl_1w1ps_push4": "ElasticDL 1 worker + 1 PS (--use_async --push_steps 4)",
     "elasticdl_1w1ps_bf16": "ElasticDL 1 worker + 1 PS (default: sync; --wire_dtype bfloat16)",
     "elasticdl_1w1ps_tcp": "ElasticDL 1 worker + 1 PS (default: sync; --tensor_transport tcp)",
+    "elasticdl_1w1ps_async": "ElasticDL 1 worker + 1 PS (--use_async)",
+    "elasticdl_1w1ps_overlap": "ElasticDL 1 worker + 1 PS (--use_async --overlap_communication)",
+    "elasticdl_2w1ps_overlap": "ElasticDL 2 workers + 1 PS (--use_async --overlap_communication)",
     "pss_1w1ps": "ParameterServerStrategy 1 worker + 1 PS",
     "pss_2w1ps": "ParameterServerStrategy 2 workers + 1 PS",
 }

@@ -187,6 +187,7 @@ def run_elasticdl(spec_json: dict) -> dict:
             push_steps=spec_json.get("push_steps", 1),
             wire_dtype=spec_json.get("wire_dtype", "float32"),
             tensor_transport=spec_json.get("tensor_transport", "grpc"),
+            overlap_communication=spec_json.get("overlap_communication", False),
             num_threads_per_process=max(1, spec_json["threads"] // nw),
             job_name=suggest_job_name(f"{spec_json['tag']}-{model_cfg['name']}"), log_level="WARNING",
             **model_cfg.get("job_flags", {}),

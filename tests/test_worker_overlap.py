@@ -75,12 +75,17 @@ class _PS:
         self.unreachable = 0  # the next pushes fail: the PS is down
         self.pushes = []  # (gradient "w"[0], the versions it was computed on, its position) of each taken
         self.pull_versions = []
+        self.pull_gate: threading.Event | None = None  # pulls wait for it when it is given
+        self.pull_entered = threading.Semaphore(0)
 
     def split(self, grads):
         return [grads]
 
     def pull(self, versions, wait_for_newer=None, timeout=30.0):
         self.pull_versions.append(list(versions))
+        self.pull_entered.release()
+        if self.pull_gate is not None:
+            assert self.pull_gate.wait(WAIT), "the test never opened the pull gate"
         self.log.append(f"pull v{self.version}")
         return [PullResult(True, self.version, {"w": np.full(2, self.version, np.float32)})]
 
@@ -135,15 +140,16 @@ class _Master:
         return clock, clock
 
 
-def _worker(**policy):
+def _worker(sync: bool = False, **policy):
     log = []
     ps, master = _PS(log), _Master(log)
     spec = type("Spec", (), {"learning_rate_scheduler": None, "module_path": "fake.py"})()
-    consistency = ConsistencyPolicy(use_async=True, overlap=True, **policy)
+    consistency = ConsistencyPolicy(**policy) if sync else ConsistencyPolicy(use_async=True, overlap=True, **policy)
     worker = Worker(0, spec=spec, trainer=_Trainer(log), master=master, ps=ps, minibatch_size=2,
                     consistency=consistency)
     worker._pull()  # hold version 0, as after the first pull
     log.clear()
+    ps.pull_entered = threading.Semaphore(0)
     return worker, ps, master, log
 
 
@@ -262,3 +268,29 @@ def test_an_ssp_worker_settles_its_exchange_before_it_waits_and_pulls_after(monk
     worker.train_batch(None, None)
     assert log == ["compute 1", "push 1", "pull v1", "pull v1", "compute 2"]  # settled, waited, pulled
     assert worker.consistency.in_flight == 1 and worker.trainer.computed_on == [0, 1]
+
+
+def test_a_sync_task_asks_for_its_first_pull_while_its_records_are_read():
+    worker, ps, master, log = _worker(sync=True)
+    ps.pull_gate = threading.Event()
+
+    def run_batches(order, mode, step):
+        assert ps.pull_entered.acquire(timeout=2.0)  # asked for before the records are read
+        log.append("records read")
+        ps.pull_gate.set()
+        for i in range(2):
+            step((None, None), 2 * (i + 1))
+
+    worker._run_batches = run_batches
+    master.orders = [TaskOrder("training", task_id=3, start=100, end=104, handout=9)]
+    worker.run()
+    assert log == ["records read", "pull v0", "compute 1", "push 1", "pull v1", "compute 2", "push 2", "report"]
+    assert len(ps.pull_versions) == 3  # the first pull, the prefetched one (batch 1), batch 2's: none more
+
+
+def test_a_prefetched_pull_made_stale_by_a_reconnect_is_not_used():
+    worker, ps, _, _ = _worker(sync=True)
+    worker._prefetch_first_pull()
+    worker.consistency.ps_reconnected()  # what it was asked on no longer holds
+    worker.train_batch(None, None)
+    assert ps.pull_versions[1:] == [[0], [-1]]  # the prefetched one, then everything again

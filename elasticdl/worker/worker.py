@@ -113,6 +113,8 @@ class Worker:
         # --overlap_communication: the push (and pull) of the last batch, running while this one computes.
         self._exchange: Exchange | None = None
         self._exchanges: ThreadPoolExecutor | None = None  # its one thread, made on first use
+        # Sync: a training task's first pull, asked for while its records are read.
+        self._prefetched_pull: Exchange | None = None
         self._startup = startup or StartupClock()
 
     def run(self) -> None:
@@ -354,6 +356,7 @@ class Worker:
                 return False
             return True
 
+        self._prefetch_first_pull()
         try:
             self._run_batches(order, Mode.TRAINING, step)
             # Before the task is reported (done, or left on SIGTERM): the master counts its
@@ -368,6 +371,7 @@ class Worker:
             raise
         finally:
             self._batch_position = None
+            self._drop_prefetched_pull()  # unused when no batch was trained
         self._batch_context = ""
         if not result.interrupted:
             # Chunks that dataset_fn filtered out entirely are done too; skipped bad records are not.
@@ -480,9 +484,7 @@ class Worker:
             request = policy.pull_request() if pull else None
             return lambda: self._exchange_once(parts, versions, lr, position, request)
 
-        if self._exchanges is None:
-            self._exchanges = ThreadPoolExecutor(max_workers=1, thread_name_prefix="exchange")
-        self._exchange = Exchange(self._exchanges, prepare)
+        self._exchange = Exchange(self._background(), prepare)
         policy.exchange_started()
         return loss
 
@@ -531,6 +533,31 @@ class Worker:
             self._pull()
         else:
             self._load_pulled(request, results)
+
+    def _background(self) -> ThreadPoolExecutor:
+        if self._exchanges is None:
+            self._exchanges = ThreadPoolExecutor(max_workers=1, thread_name_prefix="exchange")
+        return self._exchanges
+
+    def _prefetch_first_pull(self) -> None:
+        """Sync: start the pull a training task's first batch makes while its records are read
+        and its first batch parsed (after a push still waiting for the others' gradients, that
+        pull waits for the new version: the wait overlaps the reading too)."""
+        policy = self.consistency
+        if policy.use_async or not self.trainer.built or not policy.must_pull():
+            return
+
+        def prepare():
+            request = policy.pull_request()
+            return lambda: (request, self.ps.pull(list(request.versions), list(request.wait_for_newer),
+                                                  SYNC_WAIT_SECONDS))
+
+        self._prefetched_pull = Exchange(self._background(), prepare)
+
+    def _drop_prefetched_pull(self) -> None:
+        prefetched, self._prefetched_pull = self._prefetched_pull, None
+        if prefetched is not None:
+            prefetched.wait()
 
     def _drop_exchange(self) -> None:
         """Leave the exchange in flight (its task failed or was taken back), once it ended: the
@@ -661,6 +688,12 @@ class Worker:
 
     def _pull(self, everything: bool = False) -> None:
         """Pull what the policy asks for (``everything``: every parameter of every PS)."""
+        prefetched, self._prefetched_pull = self._prefetched_pull, None
+        if prefetched is not None and not everything:
+            request, results = prefetched.result()  # its error is raised here, and the retry pulls anew
+            if request == self.consistency.pull_request():  # nothing it was asked on changed since
+                self._load_pulled(request, results)
+                return
         request = self.consistency.pull_request(everything)
         results = self.ps.pull(list(request.versions), list(request.wait_for_newer), SYNC_WAIT_SECONDS)
         self._load_pulled(request, results)
