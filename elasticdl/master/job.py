@@ -555,9 +555,10 @@ class Job:
             cut = checkpoint.resolve_checkpoint(cfg.checkpoints.checkpoint_dir)
         if not cut or self.main_tasks is None:
             # Async workers pull every --get_model_steps batches, rounded up to a whole push
-            # with --push_steps (they pull only right after a push).
+            # with --push_steps (they pull only right after a push); with overlap, one batch's
+            # push is in flight besides.
             push = cfg.consistency.push_steps
-            between_pulls = -(-cfg.consistency.get_model_steps // push) * push
+            between_pulls = -(-cfg.consistency.get_model_steps // push) * push + int(cfg.consistency.overlap_communication)
             missing = between_pulls * cfg.training.minibatch_size * max(1, len(self.controller.workers))
             logger.error(
                 "%s; relaunching it on port %s empty: the workers give it their copy of its variables. "
