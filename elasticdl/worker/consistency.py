@@ -29,9 +29,10 @@ Three modes, from the job's flags (docs/consistency.md):
   a task. Workers without a task (dead, preempted, idle) never hold others back.
 - communication overlapped with compute (--use_async --overlap_communication): a batch's push,
   and the pull after it, run on a background thread while the next batch computes
-  (worker/overlap.py). At most one such exchange is in flight; the batch computed meanwhile
-  misses the update of the one in flight, so in SSP the exchange counts as one version of lag
-  besides its batch: the worker waits while ``clock + 2 * in_flight - slowest > s``, and when
+  (worker/overlap.py), on the worker's own copy with the last batch's gradients applied locally.
+  At most one such exchange is in flight; the batch computed meanwhile has the update of the
+  one in flight only from that local step, not from the PS, so in SSP the exchange counts as
+  one version of lag besides its batch: the worker waits while ``clock + 2 * in_flight - slowest > s``, and when
   it must wait it first settles the exchange, then waits, then pulls (as without overlap).
 
 After an evaluation snapshot was loaded, the next training batch pulls first; after a PS
