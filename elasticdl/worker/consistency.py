@@ -32,8 +32,9 @@ Three modes, from the job's flags (docs/consistency.md):
   (worker/overlap.py), on the worker's own copy with the last batch's gradients applied locally.
   At most one such exchange is in flight; the batch computed meanwhile has the update of the
   one in flight only from that local step, not from the PS, so in SSP the exchange counts as
-  one version of lag besides its batch: the worker waits while ``clock + 2 * in_flight - slowest > s``, and when
-  it must wait it first settles the exchange, then waits, then pulls (as without overlap).
+  one version of lag besides its batch: the worker waits while
+  ``clock + 2 * in_flight - slowest > s``, and when it must wait it first settles the
+  exchange, then waits, then pulls (as without overlap).
 
 After an evaluation snapshot was loaded, the next training batch pulls first; after a PS
 reconnected (it may come back older, from a checkpoint, or empty), the next pull asks every
