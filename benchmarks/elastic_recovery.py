@@ -111,32 +111,34 @@ def _wait_for(what: str, predicate, timeout: float, job: subprocess.Popen):
     raise TimeoutError(f"no {what} after {timeout:.0f}s")
 
 
-def _role_pids(job_pid: int, module: bytes, index_flag: bytes) -> dict[int, int]:
-    """index -> pid of the job's live processes of one role (the local backend marks its
-    children with ELASTICDL_PARENT_PID=<master pid>)."""
+def _role_pids(job_pid: int, logs: str, role: str) -> dict[int, int]:
+    """index -> pid of the job's live processes of one role: the local backend writes each
+    instance's pid beside its log (``<role>-<i>.pid``: a warm spare's command line names no
+    index) and marks its children with ELASTICDL_PARENT_PID=<master pid>."""
     marker = f"ELASTICDL_PARENT_PID={job_pid}".encode()
     found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+    for name in os.listdir(logs) if os.path.isdir(logs) else []:
+        match = re.fullmatch(rf"{role}-(\d+)\.pid", name)
+        if not match:
             continue
         try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
+            with open(os.path.join(logs, name)) as f:
+                pid = int(f.read())
+            with open(f"/proc/{pid}/environ", "rb") as f:
                 if marker not in f.read().split(b"\0"):
                     continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-            with open(f"/proc/{entry}/stat") as f:
+            with open(f"/proc/{pid}/stat") as f:
                 zombie = f.read().rsplit(")", 1)[-1].split()[0] == "Z"
-        except OSError:
+        except (OSError, ValueError):
             continue
-        if module in args and not zombie:
-            found[int(args[args.index(index_flag) + 1])] = int(entry)
+        if not zombie:
+            found[int(match.group(1))] = pid
     return found
 
 
-def _worker_pids(job_pid: int) -> dict[int, int]:
+def _worker_pids(job_pid: int, logs: str) -> dict[int, int]:
     """worker id -> pid of the job's live worker processes."""
-    return _role_pids(job_pid, b"elasticdl.worker.main", b"--worker_id")
+    return _role_pids(job_pid, logs, "worker")
 
 
 # ---------------------------------------------------------------- one repetition
@@ -209,7 +211,7 @@ def _kill_worker(spec: dict, logs: str, proc: subprocess.Popen) -> dict:
 
 def _kill_once(spec: dict, logs: str, proc: subprocess.Popen) -> dict | None:
     master = os.path.join(logs, "master.log")
-    pids = _wait_for("two training workers", lambda: p if len(p := _worker_pids(proc.pid)) >= 2 else None,
+    pids = _wait_for("two training workers", lambda: p if len(p := _worker_pids(proc.pid, logs)) >= 2 else None,
                      spec["timeout"], proc)
     victim = min(pids)  # the longest-running one
     seen = len(_lines(master))
@@ -295,7 +297,7 @@ def ps_rep(spec: dict, rep: int, workdir: str) -> dict:
         with open(os.path.join(run_dir, "token")) as f:
             survivor = PSClient([addresses[0]], token=f.read().strip())
         try:
-            victim = _role_pids(proc.pid, b"elasticdl.ps.main", b"--ps_id")[1]
+            victim = _role_pids(proc.pid, os.path.join(run_dir, "logs"), "ps")[1]
             before = survivor.stats()[0].version
             killed = time.time()
             os.kill(victim, signal.SIGKILL)

@@ -55,10 +55,23 @@ def run(config: JobConfig, command: str = "train", backend=None, before_tensorfl
     from elasticdl.model.tf_runtime import quiet_tensorflow
 
     quiet_tensorflow()
-    from elasticdl.master.job import Job
+    from elasticdl.master.job import Job, default_backend, prewarm
     from elasticdl.master.preflight import check_job
 
-    checked = check_job(config, command, before_tensorflow)
+    backend = backend or default_backend(config)
+
+    def get_ready() -> None:
+        # Once the checks that need no TensorFlow passed: the roles start importing it
+        # while this process checks the model (a worker's first gradient comes seconds sooner).
+        prewarm(backend, config)
+        if before_tensorflow is not None:
+            before_tensorflow()
+
+    try:
+        checked = check_job(config, command, get_ready)
+    except BaseException:
+        backend.stop_all()  # the spares of a job that will not run
+        raise
     logger.info(
         "%s job %s: %d records in %d files, %d workers, %d PS",
         command, config.job.job_name, sum(n for _, n in checked.files), len(checked.files),

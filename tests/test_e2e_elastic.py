@@ -11,28 +11,26 @@ import time
 from tests.test_e2e_local import _alive, _children_of, digits, report_of, train_args  # noqa: F401
 
 
-def _worker_pids(job_pid: int) -> dict[int, int]:
-    """worker id -> pid of the job's live worker processes."""
+def _role_pids(job_pid: int, tmp_path, role: str) -> dict[int, int]:
+    """index -> pid of the job's live processes of ``role``: the local backend writes each
+    one's pid beside its log (a warm spare's command line names no index)."""
+    children = set(_alive(_children_of(job_pid)))
     found = {}
-    for pid in _alive(_children_of(job_pid)):
-        try:
-            args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-        except OSError:
-            continue
-        if b"elasticdl.worker.main" in args:
-            found[int(args[args.index(b"--worker_id") + 1])] = pid
+    for path in tmp_path.glob(f"runs/*/logs/{role}-*.pid"):
+        pid = int(path.read_text())
+        if pid in children:
+            found[int(path.stem.rsplit("-", 1)[1])] = pid
     return found
 
 
-def _ps_pids(job_pid: int) -> list[int]:
-    pids = []
-    for pid in _alive(_children_of(job_pid)):
-        try:
-            if b"elasticdl.ps.main" in open(f"/proc/{pid}/cmdline", "rb").read():
-                pids.append(pid)
-        except OSError:
-            continue
-    return pids
+def _worker_pids(job_pid: int, tmp_path) -> dict[int, int]:
+    return _role_pids(job_pid, tmp_path, "worker")
+
+
+def _ps_pids(job_pid: int, tmp_path) -> list[int]:
+    """The pids of the job's live PS, in PS id order."""
+    pids = _role_pids(job_pid, tmp_path, "ps")
+    return [pids[i] for i in sorted(pids)]
 
 
 def _wait_for(predicate, timeout: float, what: str):
@@ -72,14 +70,14 @@ def test_chaos_kill_preempt_scale(digits, tmp_path):  # noqa: F811
     proc = _start(digits, tmp_path, job, num_workers=3, num_ps=1, num_epochs=6, records_per_task=64)
     try:
         _wait_for(lambda: "epoch 2 of 6 starts" in _master_log(tmp_path, job), 120, "epoch 2")
-        workers = _wait_for(lambda: len(_worker_pids(proc.pid)) == 3 and _worker_pids(proc.pid), 30, "3 workers")
+        workers = _wait_for(lambda: len(_worker_pids(proc.pid, tmp_path)) == 3 and _worker_pids(proc.pid, tmp_path), 30, "3 workers")
         os.kill(workers[0], signal.SIGKILL)  # hard failure: its in-flight task goes back whole
         os.kill(workers[1], signal.SIGTERM)  # preemption: finishes its batch, reports, leaves
         _wait_for(lambda: "worker 4 started" in _master_log(tmp_path, job), 60, "two replacements")
         _scale(tmp_path, job, 1)
-        _wait_for(lambda: len(_worker_pids(proc.pid)) == 1, 60, "scale down to 1 worker")
+        _wait_for(lambda: len(_worker_pids(proc.pid, tmp_path)) == 1, 60, "scale down to 1 worker")
         _scale(tmp_path, job, 3)
-        _wait_for(lambda: len(_worker_pids(proc.pid)) == 3, 60, "scale up to 3 workers")
+        _wait_for(lambda: len(_worker_pids(proc.pid, tmp_path)) == 3, 60, "scale up to 3 workers")
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
@@ -105,7 +103,7 @@ def test_ps_killed_and_restored_from_checkpoint(digits, tmp_path):  # noqa: F811
                   checkpoint_dir=tmp_path / "ckpt", checkpoint_steps=20)
     try:
         _wait_for(lambda: os.path.isdir(tmp_path / "ckpt" / "version-40"), 120, "a checkpoint")
-        os.kill(_ps_pids(proc.pid)[0], signal.SIGKILL)
+        os.kill(_ps_pids(proc.pid, tmp_path)[0], signal.SIGKILL)
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:

@@ -8,6 +8,7 @@ Exits are data (``ProcessExit``), polled by the job loop, never callbacks.
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -61,6 +62,14 @@ class Backend(abc.ABC):
 
         ``priority`` is ``high`` or ``low`` for a worker (None: the backend's default).
         Starting a PS index again (after it exited) relaunches it at the same address."""
+
+    def prewarm(self, role: str, count: int, known_args: Sequence[str] = ()) -> None:
+        """Get ready to start ``count`` instances of ``role`` soon, whose command lines will
+        begin with ``known_args`` (the local backend starts warm spares: docs/elasticity.md);
+        by default nothing. On Kubernetes a new pod's time
+        goes to scheduling, pulling the image and starting the container, which no process
+        of the master can do ahead."""
+        return None
 
     @abc.abstractmethod
     def running(self, role: str) -> list[int]:

@@ -1,8 +1,14 @@
 """The local backend: every role is a child process of the ``elasticdl`` command.
 
 Each child's output goes, line by line, to ``<log_dir>/<role>-<i>.log`` (and, with
-``echo``, to the console with a ``[role-i]`` prefix). Children die with the parent (see ``child.py``) and are
+``echo``, to the console with a ``[role-i]`` prefix); its pid to ``<log_dir>/<role>-<i>.pid``. Children die with the parent (see ``child.py``) and are
 stopped, SIGTERM then SIGKILL, when the job ends or the user presses Ctrl-C.
+
+Warm spares (``warm.py``): ``prewarm`` starts role processes that import their modules
+(a worker: TensorFlow) before the job needs them, while the master checks the job;
+``start`` hands a spare its command line when one is there, and then starts a replacement
+at the lowest CPU priority, so that a scale-up or a relaunch also finds one.
+``$ELASTICDL_LOCAL_SPARES`` (default 1) is the number kept per role; 0: no spares at all.
 
 Every child gets the job's token (``token()``) in a 0600 file in a 0700 directory of the
 backend's own, named by ``$ELASTICDL_TOKEN_FILE`` in its environment: never on its
@@ -12,6 +18,7 @@ command line, which every local user can read.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import shutil
@@ -21,17 +28,19 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 
 import grpc
 
-from elasticdl.launch.api import ROLE_ENV, Backend, ProcessExit, RoleExitedError
-from elasticdl.launch.child import PARENT_PID_ENV
+from elasticdl.launch.api import ROLE_ENV, Backend, BackendError, ProcessExit, RoleExitedError
+from elasticdl.launch.child import PARENT_PID_ENV, may_raise_priority, set_niceness
+from elasticdl.launch.warm import ROLE_MODULES
 from elasticdl.rpc import auth
 from elasticdl.rpc.channel import bind_local
 
 logger = logging.getLogger(__name__)
 
-_MODULES = {"ps": "elasticdl.ps.main", "worker": "elasticdl.worker.main"}
+SPARES_ENV = "ELASTICDL_LOCAL_SPARES"
 
 
 __all__ = ["LocalBackend", "ProcessExit"]  # ProcessExit lives in backends/api.py
@@ -66,10 +75,13 @@ class _Child:
 
 
 class LocalBackend(Backend):
-    def __init__(self, log_dir: str, echo: bool = False):
+    def __init__(self, log_dir: str, echo: bool = False, spares: int | None = None):
         self.log_dir = log_dir
         self.echo = echo
         self._children: dict[tuple[str, int], _Child] = {}
+        self.spares = _spares_from_env() if spares is None else spares
+        self._spares: dict[str, list[subprocess.Popen]] = {}  # by role: warm, waiting for a command line
+        self._kept: dict[str, list[str]] = {}  # roles whose spares are replaced once used: their known args
         self._ready_dir = ""  # 0700: each PS's bound port (see ps_addresses) and the token file
         self._token: str | None = None
         self._token_file = ""
@@ -121,19 +133,66 @@ class LocalBackend(Backend):
             if os.path.exists(ready):
                 os.remove(ready)  # a relaunched PS announces its new port
             args = [*args, "--ready_file", ready]
+        popen = self._use_spare(role, args) if not env else None
+        if popen is None:
+            popen = self._spawn([ROLE_MODULES[role], *args], env)
+        log_path = os.path.join(self.log_dir, f"{role}-{index}.log")
+        self._children[(role, index)] = _Child(role, index, popen, log_path, self.echo)
+        # Beside its log: a spare's command line names no role index, so tools (the chaos
+        # tests, the recovery benchmark) find an instance's process here.
+        with open(os.path.join(self.log_dir, f"{role}-{index}.pid"), "w") as f:
+            f.write(f"{popen.pid}\n")
+        logger.debug("started %s-%d (pid %d), log %s", role, index, popen.pid, log_path)
+
+    def prewarm(self, role: str, count: int, known_args: Sequence[str] = ()) -> None:
+        """Start ``count`` warm spares of ``role`` now (at normal priority: the job is about to
+        need them), and keep ``spares`` of them from then on (see the module's doc). A spare
+        gets ``known_args`` (e.g. the job config, which a worker's spare rehearses with)."""
+        if self.spares <= 0:
+            return
+        self._kept[role] = list(known_args)
+        for _ in range(count):
+            self._start_spare(role, background=False)
+
+    def _start_spare(self, role: str, background: bool) -> None:
+        flags = ["--background"] if background and may_raise_priority() else []
+        module_args = ["elasticdl.launch.warm", role, *flags, *self._kept[role]]
+        popen = self._spawn(module_args, None, stdin=subprocess.PIPE)
+        self._spares.setdefault(role, []).append(popen)
+        logger.debug("started a warm %s spare (pid %d)", role, popen.pid)
+
+    def _use_spare(self, role: str, args: list[str]) -> subprocess.Popen | None:
+        """A spare of ``role`` running ``args`` (its replacement is started), or None."""
+        spares = self._spares.get(role, [])
+        while spares:
+            popen = spares.pop(0)
+            if popen.poll() is not None:  # it died: a cold start shows why in the role's log
+                continue
+            set_niceness(popen.pid, os.getpriority(os.PRIO_PROCESS, 0))  # if it is still importing
+            try:
+                # With the wall-clock time: the spare's start-up clock runs from here (it may
+                # still be importing, and read this line later).
+                popen.stdin.write((json.dumps({"args": args, "sent": time.time()}) + "\n").encode())
+                popen.stdin.close()
+            except (OSError, ValueError):  # it died (its output, if any, was an import error)
+                _terminate([popen], 1.0)
+                continue
+            if role in self._kept and len(spares) < self.spares:
+                self._start_spare(role, background=True)
+            return popen
+        return None
+
+    def _spawn(self, module_args: list[str], env: dict[str, str] | None, stdin=subprocess.DEVNULL) -> subprocess.Popen:
         child_env = {**ROLE_ENV, **os.environ, **(env or {})}
         child_env[PARENT_PID_ENV] = str(os.getpid())
         child_env[auth.TOKEN_FILE_ENV] = self._child_token_file()
-        popen = subprocess.Popen(
-            [sys.executable, "-m", _MODULES[role], *args],
+        return subprocess.Popen(
+            [sys.executable, "-m", *module_args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            stdin=stdin,
             env=child_env,
         )
-        log_path = os.path.join(self.log_dir, f"{role}-{index}.log")
-        self._children[(role, index)] = _Child(role, index, popen, log_path, self.echo)
-        logger.debug("started %s-%d (pid %d), log %s", role, index, popen.pid, log_path)
 
     def pid(self, role: str, index: int) -> int:
         return self._children[(role, index)].popen.pid
@@ -171,7 +230,14 @@ class LocalBackend(Backend):
             _terminate([child.popen], timeout)
 
     def stop_all(self, timeout: float = 10.0) -> None:
-        """Workers first (they may still be pushing), then the parameter servers."""
+        """Spares (nothing to lose), workers (they may still be pushing), then the parameter servers."""
+        self._kept.clear()
+        spares = [p for role in list(self._spares) for p in self._spares.pop(role)]
+        for popen in spares:
+            popen.stdin.close()  # EOF: a spare that imported its modules leaves by itself
+        _terminate(spares, timeout)
+        for popen in spares:
+            popen.stdout.close()
         for role in ("worker", "ps"):
             _terminate([c.popen for (r, _), c in self._children.items() if r == role], timeout)
         for child in self._children.values():
@@ -191,3 +257,12 @@ def _terminate(popens: list[subprocess.Popen], timeout: float) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def _spares_from_env() -> int:
+    text = os.environ.get(SPARES_ENV, "1").strip()
+    try:
+        return max(0, int(text))
+    except ValueError:
+        raise BackendError(f"${SPARES_ENV}={text!r} is not a number: give the warm spares to keep per role "
+                           "(0: none)") from None

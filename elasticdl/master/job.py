@@ -20,6 +20,7 @@ import time
 import grpc
 
 from elasticdl import fs
+from elasticdl.config import JobConfig
 from elasticdl.data.sources import count_records, make_shards, resolve_data_files
 from elasticdl.errors import JobFailedError
 from elasticdl.launch.api import Backend, RoleExitedError
@@ -53,6 +54,29 @@ WORKER_STOP_GRACE_SECS = 30.0
 VERSION_POLL_SECONDS = 0.5
 
 
+def default_backend(config: JobConfig) -> Backend:
+    """The local backend, logging to the job's log directory (echoed with --log_level debug)."""
+    return LocalBackend(config.job.effective_log_dir, echo=config.job.log_level.upper() == "DEBUG")
+
+
+def write_job_config(config: JobConfig) -> str:
+    """runs/<job>/job_config.json, every role's ``--job_config``; its path."""
+    os.makedirs(config.job.run_dir, exist_ok=True)
+    path = os.path.join(config.job.run_dir, "job_config.json")
+    with open(path, "w") as f:
+        f.write(config.to_json())
+    return path
+
+
+def prewarm(backend: Backend, config: JobConfig) -> None:
+    """Let the backend get the job's roles ready while the master still checks the job (the
+    local backend's warm spares import TensorFlow and rehearse a step meanwhile:
+    docs/elasticity.md)."""
+    known = ["--job_config", write_job_config(config)]
+    backend.prewarm("ps", config.elasticity.num_ps)
+    backend.prewarm("worker", config.elasticity.num_workers, known)
+
+
 class Job:
     """One ElasticDL job on a backend; ``run()`` returns its JobReport."""
 
@@ -66,7 +90,7 @@ class Job:
         self.checked = checked
         self.config = cfg = checked.config
         self.command = command
-        self.backend = backend or LocalBackend(cfg.job.effective_log_dir, echo=cfg.job.log_level.upper() == "DEBUG")
+        self.backend = backend or default_backend(cfg)
         self.poll_seconds = poll_seconds
         self.has_header = cfg.data.has_header
 
@@ -319,10 +343,7 @@ class Job:
 
     def _start(self) -> None:
         cfg = self.config
-        os.makedirs(cfg.job.run_dir, exist_ok=True)
-        config_file = os.path.join(cfg.job.run_dir, "job_config.json")
-        with open(config_file, "w") as f:
-            f.write(cfg.to_json())
+        config_file = write_job_config(cfg)
         optimizer_file = os.path.join(cfg.job.run_dir, "optimizer.json")
         with open(optimizer_file, "w") as f:
             json.dump(self.checked.optimizer_spec.to_json_dict(), f)
@@ -347,23 +368,25 @@ class Job:
                                     "--ps_id", str(ps_id), "--term", str(self.state.term)]
             resume = ["--restore_from", self._resume_cut] if self._resume_cut else []
             self.backend.start("ps", ps_id, self._ps_args[ps_id] + resume)
-        self.ps_addresses = self._wait_for_ps()
-        logger.info(
-            "parameter servers at %s%s", ", ".join(self.ps_addresses),
-            f" ({cfg.consistency.description})" if self.command == "train" else "",
-        )
         from elasticdl.model.trainer import Trainer
         from elasticdl.rpc.ps_client import PSClient
 
-        self._ps = PSClient(self.ps_addresses, token=self._token)
-        self._ps.term = self.state.term
-        if self.main_tasks is not None and self.command == "train":
-            self.main_tasks.fencer = self._fence
+        # The master's own model (callbacks, export) is built while the PS start: the
+        # workers, started once the PS serve, wait for nothing else (docs/benchmarks.md).
         self._trainer = Trainer(
             self.checked.spec, cfg.training.model_params, cfg.training.embedding_swap_threshold_mb
         )
         self._trainer.ensure_built(self.checked.sample_features)
         self._model = self._trainer.model
+        self.ps_addresses = self._wait_for_ps()
+        logger.info(
+            "parameter servers at %s%s", ", ".join(self.ps_addresses),
+            f" ({cfg.consistency.description})" if self.command == "train" else "",
+        )
+        self._ps = PSClient(self.ps_addresses, token=self._token)
+        self._ps.term = self.state.term
+        if self.main_tasks is not None and self.command == "train":
+            self.main_tasks.fencer = self._fence
         self._model.stop_training = False  # Keras callbacks set it to end training
         self._start_evaluation_service()
         if cfg.outputs.tensorboard_log_dir:

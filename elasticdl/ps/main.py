@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import threading
+import time
 
 from elasticdl.config import JobConfig
 from elasticdl.errors import report_exit
@@ -39,7 +40,9 @@ def settings_from_config(config: JobConfig, ps_id: int) -> PSSettings:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, assigned_at: float | None = None) -> int:
+    """``assigned_at``: a warm spare's ``time.monotonic()`` when it got ``argv``
+    (elasticdl/launch/warm.py); its start-up is logged from there."""
     die_with_parent()
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--job_config", required=True, help="JobConfig JSON file")
@@ -82,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
 
         bulk_server = BulkServer(servicer, token, os.environ.get(POD_IP_ENV, "") or "127.0.0.1")
         logger.info("tensor bytes also on raw TCP port %d (--tensor_transport tcp)", bulk_server.start())
-    logger.info("serving on 127.0.0.1:%d (%s, %s)", port, spec.name,
-                config.consistency.description)
+    logger.info("serving on 127.0.0.1:%d (%s, %s)%s", port, spec.name, config.consistency.description,
+                "" if assigned_at is None else f", a warm spare {time.monotonic() - assigned_at:.2f}s after its command line")
     registration = None
     stop = threading.Event()
     lost: list[str] = []

@@ -18,9 +18,87 @@ from elasticdl.worker.startup import StartupClock
 logger = logging.getLogger("elasticdl.worker")
 
 
-def main(argv: list[str] | None = None) -> int:
-    startup = StartupClock()  # where the time to the first gradient goes: logged with it
-    startup.mark("python")
+_WARM: dict = {}  # what warm_up did: {"config": the JobConfig JSON it rehearsed with, "threads": n}
+
+
+def warm_up(argv: list[str], assigned=lambda: False) -> None:
+    """What a warm spare (elasticdl/launch/warm.py) does before it has a command line: the
+    imports of ``main``, TensorFlow's first, and with ``--job_config`` a rehearsal.
+
+    The Keras generation is the one the master settled (the spare inherited its
+    environment; ``settle`` checks it again). The rehearsal sets the thread pools, builds a
+    throw-away model and computes one gradient on the first records of the training data:
+    TensorFlow's and Keras's first-time costs in a process (autograph converting the model
+    and the loss, the first trace, the first tf.data pipeline) are paid here, so the real
+    model's build and first step take a fraction (0.9 s -> 0.4 s for digits on 2 cores).
+    Nothing of it is kept but the process's caches: a failure here is left for ``main`` to
+    meet and report. ``assigned()`` says the command line is there: the rest is skipped.
+    """
+    from elasticdl.model.tf_runtime import load_tensorflow
+
+    load_tensorflow()
+    import elasticdl.model.spec  # noqa: F401
+    import elasticdl.model.trainer  # noqa: F401
+    import elasticdl.rpc.master_client  # noqa: F401
+    import elasticdl.rpc.ps_client  # noqa: F401
+    import elasticdl.worker.consistency  # noqa: F401
+    import elasticdl.worker.worker  # noqa: F401
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--job_config", default="")
+    job_config = parser.parse_args(argv).job_config
+    if not job_config or assigned():
+        return
+    try:
+        with open(job_config) as f:
+            text = f.read()
+        config = _settled(JobConfig.from_json(text))
+        _WARM.update(config=text, threads=_threads(config))
+        configure_tensorflow(_WARM["threads"])
+        _rehearse(config, assigned)
+    except Exception as err:  # noqa: BLE001  (main meets it again, and reports it)
+        logger.debug("the warm spare's rehearsal failed: %s", err)
+
+
+def _settled(config: JobConfig) -> JobConfig:
+    from elasticdl.model.keras_generation import settle
+
+    return settle(config, announce=False)
+
+
+def _threads(config: JobConfig) -> int:
+    return config.training.num_threads_per_process or default_threads(config.elasticity.num_workers)
+
+
+def _rehearse(config: JobConfig, assigned) -> None:
+    import itertools
+
+    from elasticdl.data.sources import read_records, record_format, resolve_data_files
+    from elasticdl.mode import Mode
+    from elasticdl.model.spec import DatasetMetadata, load_model_spec
+    from elasticdl.model.trainer import Trainer, make_dataset
+
+    spec = load_model_spec(config.training.model_zoo, config.training.model_def,
+                           config.model_zoo_functions.names())
+    trainer = Trainer(spec, config.training.model_params, config.training.embedding_swap_threshold_mb)
+    if not config.data.training_data or assigned():
+        return
+    path = resolve_data_files(config.data.training_data)[0]
+    n = config.training.minibatch_size
+    records = list(itertools.islice(
+        read_records(path, 0, n, config.data.has_header, columns=config.data.columns), n))
+    dataset = make_dataset(spec, records, Mode.TRAINING, DatasetMetadata(record_format(path)), len(records))
+    features, labels = next(iter(dataset))
+    trainer.ensure_built(features)
+    trainer.compute_gradients(features, labels)
+
+
+def main(argv: list[str] | None = None, assigned_at: float | None = None) -> int:
+    """``assigned_at``: a warm spare's ``time.monotonic()`` when it got ``argv`` (the clock
+    to the first gradient starts there, not at the process's start)."""
+    origin = "the process started" if assigned_at is None else "its warm spare got its command line"
+    startup = StartupClock(assigned_at, origin)  # where the time to the first gradient goes: logged with it
+    startup.mark("python" if assigned_at is None else "spare still importing")
     die_with_parent()
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--job_config", required=True, help="JobConfig JSON file")
@@ -37,15 +115,16 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.job_config) as f:
         config = JobConfig.from_json(f.read())
     configure_logging(config.job.logging_level, f"worker-{args.worker_id}")
-    from elasticdl.model.keras_generation import settle
-
     try:  # Keras 2 or 3, before TensorFlow is imported: the environment may not carry it (a pod)
-        config = settle(config, announce=False)
+        config = _settled(config)
     except REPORTED as err:
         return report_exit(f"elasticdl worker-{args.worker_id}", err)
-    configure_tensorflow(  # imports TensorFlow without its banner (shown with --log_level debug)
-        config.training.num_threads_per_process or default_threads(config.elasticity.num_workers)
-    )
+    threads = _threads(config)
+    if _WARM.get("threads") not in (None, threads):  # a rehearsal ran ops: the pools are fixed
+        logger.warning("this warm spare runs TensorFlow with %d threads, not %d: its job config changed after "
+                       "it started (%s)", _WARM["threads"], threads, args.job_config)
+    else:  # imports TensorFlow without its banner (shown with --log_level debug)
+        configure_tensorflow(threads)
     startup.mark("tensorflow")
 
     # Imported after the thread limits: these pull in TensorFlow.

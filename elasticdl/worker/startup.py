@@ -33,8 +33,10 @@ class StartupClock:
     (True, False)
     """
 
-    def __init__(self, started: float | None = None):
-        # Before this object existed: the interpreter and the first imports ("python").
+    def __init__(self, started: float | None = None, origin: str = "the process started"):
+        # Before this object existed: the interpreter and the first imports ("python"); a
+        # warm spare's clock starts when it gets its command line (its imports were done).
+        self._origin = origin
         self._started = time.monotonic() - process_age() if started is None else started
         self._last = self._started
         self.phases: dict[str, float] = {}
@@ -53,4 +55,4 @@ class StartupClock:
         self.done = True
         total = self._last - self._started
         parts = ", ".join(f"{name} {seconds:.2f}" for name, seconds in self.phases.items())
-        return f"{total:.2f}s since the process started ({parts})"
+        return f"{total:.2f}s since {self._origin} ({parts})"

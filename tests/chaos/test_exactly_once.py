@@ -75,7 +75,7 @@ def test_a_ps_sigkilled_mid_job_ends_at_the_fault_free_version(digits, tmp_path)
                             stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(lambda: _complete_cut(tmp_path, STEPS), 120, "the first complete cut")
-        os.kill(_ps_pids(proc.pid)[1], signal.SIGKILL)
+        os.kill(_ps_pids(proc.pid, tmp_path)[1], signal.SIGKILL)
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
@@ -121,7 +121,7 @@ def test_a_ps_sigkilled_without_checkpoints_is_refilled_and_the_report_counts_wh
     proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(lambda: "epoch 2 of 3 starts" in _master_log(tmp_path, job), 120, "epoch 2")
-        os.kill(_ps_pids(proc.pid)[1], signal.SIGKILL)
+        os.kill(_ps_pids(proc.pid, tmp_path)[1], signal.SIGKILL)
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
