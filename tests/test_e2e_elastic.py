@@ -95,6 +95,13 @@ def test_chaos_kill_preempt_scale(digits, tmp_path):  # noqa: F811
     assert report["worker_relaunches"] == 0  # neither counted as a crash
     log = _master_log(tmp_path, job)
     assert "asking worker" in log and "scale-down" in log
+    # The first workers and the later ones (replacements, scale-up) came from warm spares
+    # (elasticdl/launch/warm.py): the backend keeps one ready once its first ones are used.
+    # (A later one stopped by the scale-down before its first gradient logs no such line.)
+    logs = tmp_path / "runs" / job / "logs"
+    from_spares = {int(p.stem.split("-")[1]) for p in logs.glob("worker-*.log")
+                   if "since its warm spare got its command line" in p.read_text()}
+    assert 0 in from_spares and max(from_spares) >= 3, from_spares
 
 
 def test_ps_killed_and_restored_from_checkpoint(digits, tmp_path):  # noqa: F811

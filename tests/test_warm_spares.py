@@ -1,20 +1,17 @@
 """Warm spares (elasticdl/launch/warm.py): real role processes that import their modules
 before the local backend hands them a command line. Correctness only: what a spare-started
-role does, not how fast it starts (docs/benchmarks.md measures that)."""
+role does, not how fast it starts (docs/benchmarks.md measures that). Workers from spares,
+first ones and replacements, train in tests/test_e2e_elastic.py's chaos test."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 
 from elasticdl.config import JobConfig
 from elasticdl.launch.local import LocalBackend
 from elasticdl.rpc.ps_client import PSClient
-from tests.test_e2e_elastic import _master_log, _start, _wait_for, _worker_pids
-from tests.test_e2e_local import digits, report_of  # noqa: F401
 
 
 def test_a_parameter_server_imports_no_tensorflow():
@@ -58,26 +55,3 @@ def test_a_spare_that_is_not_needed_leaves_quietly_and_a_wrong_role_is_named():
     wrong = subprocess.run([sys.executable, "-m", "elasticdl.launch.warm", "master"], stdin=subprocess.DEVNULL,
                            capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and "usage: python -m elasticdl.launch.warm {ps,worker}" in wrong.stderr
-
-
-def test_workers_from_warm_spares_train_and_a_killed_one_is_replaced_by_a_spare(digits, tmp_path):  # noqa: F811
-    job = "warm-join"
-    proc = _start(digits, tmp_path, job, num_workers=1, num_ps=1, num_epochs=2, records_per_task=64)
-    logs = tmp_path / "runs" / job / "logs"
-    try:
-        _wait_for(lambda: "first gradient pushed" in _read(logs / "worker-0.log"), 120, "worker 0's first gradient")
-        os.kill(_worker_pids(proc.pid, tmp_path)[0], signal.SIGKILL)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    report = report_of(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    assert report["records_done_per_epoch"] == [report["records_per_epoch"]] * 2
-    assert report["exactly_once"]["holds"], report["exactly_once"]
-    assert "worker 1 started" in _master_log(tmp_path, job)
-    for worker in (0, 1):  # the first worker and its replacement both came from a warm spare
-        assert "since its warm spare got its command line" in _read(logs / f"worker-{worker}.log")
-
-
-def _read(path) -> str:
-    return path.read_text() if path.exists() else ""
