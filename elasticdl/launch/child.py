@@ -27,24 +27,3 @@ def die_with_parent() -> None:
     if os.getppid() != int(expected):
         os._exit(1)
 
-
-def may_raise_priority() -> bool:
-    """Whether this user may lower a niceness again (root, or RLIMIT_NICE allows nice 0):
-    otherwise a process niced while it waits would stay behind its peers once it works."""
-    import resource
-
-    return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
-
-
-def set_niceness(pid: int, niceness: int) -> None:
-    """Set the niceness of every thread of ``pid`` (Linux keeps one per thread), best effort:
-    a thread may end meanwhile, and raising priority may not be allowed."""
-    try:
-        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        tids = [pid]
-    for tid in tids:
-        try:
-            os.setpriority(os.PRIO_PROCESS, tid, niceness)
-        except OSError:
-            pass

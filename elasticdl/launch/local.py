@@ -6,8 +6,9 @@ stopped, SIGTERM then SIGKILL, when the job ends or the user presses Ctrl-C.
 
 Warm spares (``warm.py``): ``prewarm`` starts role processes that import their modules
 (a worker: TensorFlow) before the job needs them, while the master checks the job;
-``start`` hands a spare its command line when one is there, and then starts a replacement
-at the lowest CPU priority, so that a scale-up or a relaunch also finds one.
+``start`` hands a spare its command line when one is there, and then starts a replacement,
+so that a scale-up or a relaunch also finds one. (Not at a low CPU priority: a niced spare
+starved on the loaded benchmark machine and was still importing when the scale-up came.)
 ``$ELASTICDL_LOCAL_SPARES`` (default 1) is the number kept per role; 0: no spares at all.
 
 Every child gets the job's token (``token()``) in a 0600 file in a 0700 directory of the
@@ -33,7 +34,7 @@ from collections.abc import Sequence
 import grpc
 
 from elasticdl.launch.api import ROLE_ENV, Backend, BackendError, ProcessExit, RoleExitedError
-from elasticdl.launch.child import PARENT_PID_ENV, may_raise_priority, set_niceness
+from elasticdl.launch.child import PARENT_PID_ENV
 from elasticdl.launch.warm import ROLE_MODULES
 from elasticdl.rpc import auth
 from elasticdl.rpc.channel import bind_local
@@ -145,18 +146,17 @@ class LocalBackend(Backend):
         logger.debug("started %s-%d (pid %d), log %s", role, index, popen.pid, log_path)
 
     def prewarm(self, role: str, count: int, known_args: Sequence[str] = ()) -> None:
-        """Start ``count`` warm spares of ``role`` now (at normal priority: the job is about to
-        need them), and keep ``spares`` of them from then on (see the module's doc). A spare
-        gets ``known_args`` (e.g. the job config, which a worker's spare rehearses with)."""
+        """Start ``count`` warm spares of ``role`` now, and keep ``spares`` of them from then on
+        (see the module's doc). A spare gets ``known_args`` (e.g. the job config, which a
+        worker's spare rehearses with)."""
         if self.spares <= 0:
             return
         self._kept[role] = list(known_args)
         for _ in range(count):
-            self._start_spare(role, background=False)
+            self._start_spare(role)
 
-    def _start_spare(self, role: str, background: bool) -> None:
-        flags = ["--background"] if background and may_raise_priority() else []
-        module_args = ["elasticdl.launch.warm", role, *flags, *self._kept[role]]
+    def _start_spare(self, role: str) -> None:
+        module_args = ["elasticdl.launch.warm", role, *self._kept[role]]
         popen = self._spawn(module_args, None, stdin=subprocess.PIPE)
         self._spares.setdefault(role, []).append(popen)
         logger.debug("started a warm %s spare (pid %d)", role, popen.pid)
@@ -168,7 +168,6 @@ class LocalBackend(Backend):
             popen = spares.pop(0)
             if popen.poll() is not None:  # it died: a cold start shows why in the role's log
                 continue
-            set_niceness(popen.pid, os.getpriority(os.PRIO_PROCESS, 0))  # if it is still importing
             try:
                 # With the wall-clock time: the spare's start-up clock runs from here (it may
                 # still be importing, and read this line later).
@@ -178,7 +177,7 @@ class LocalBackend(Backend):
                 _terminate([popen], 1.0)
                 continue
             if role in self._kept and len(spares) < self.spares:
-                self._start_spare(role, background=True)
+                self._start_spare(role)
             return popen
         return None
 

@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import select
 import sys
 import time
 
-from elasticdl.launch.child import die_with_parent, set_niceness
+from elasticdl.launch.child import die_with_parent
 
 # The entry point of each role, by name: the launch layer sits below the roles.
 ROLE_MODULES = {"ps": "elasticdl.ps.main", "worker": "elasticdl.worker.main"}
-BACKGROUND_NICENESS = 19  # a spare started while jobs train: it gets what they leave of the cores
 
 
 def _assigned() -> bool:
@@ -40,15 +38,11 @@ def _assigned() -> bool:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in ROLE_MODULES:
-        sys.stderr.write(f"usage: python -m elasticdl.launch.warm {{{','.join(ROLE_MODULES)}}} [--background] "
+        sys.stderr.write(f"usage: python -m elasticdl.launch.warm {{{','.join(ROLE_MODULES)}}} "
                          "[the role's arguments known already, for its warm_up]\n")
         return 2
-    role, background, known = argv[0], argv[1:2] == ["--background"], argv[1:]
-    known = known[1:] if background else known
+    role, known = argv[0], argv[1:]
     die_with_parent()
-    normal = os.getpriority(os.PRIO_PROCESS, 0)
-    if background:  # its threads (TensorFlow's, OpenBLAS's) inherit this while it imports
-        set_niceness(os.getpid(), BACKGROUND_NICENESS)
     module = importlib.import_module(ROLE_MODULES[role])
     warm_up = getattr(module, "warm_up", None)
     if warm_up is not None:  # it may stop early once its command line is there (see _assigned)
@@ -58,7 +52,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0  # not needed: the job ended (or the backend stopped) first
     order = json.loads(line)  # {"args": the role's command line, "sent": its time.time()}
     assigned_at = time.monotonic() - max(0.0, time.time() - order["sent"])
-    set_niceness(os.getpid(), normal)  # the backend did too; again for threads started since
     return module.main(order["args"], assigned_at=assigned_at)
 
 
