@@ -73,7 +73,7 @@ def _threads(config: JobConfig) -> int:
 def _rehearse(config: JobConfig, assigned) -> None:
     import itertools
 
-    from elasticdl.data.sources import read_records, record_format, resolve_data_files
+    from elasticdl.data.sources import read_columns, read_records, record_format, resolve_data_files
     from elasticdl.mode import Mode
     from elasticdl.model.spec import DatasetMetadata, load_model_spec
     from elasticdl.model.trainer import Trainer, make_dataset
@@ -85,9 +85,13 @@ def _rehearse(config: JobConfig, assigned) -> None:
         return
     path = resolve_data_files(config.data.training_data)[0]
     n = config.training.minibatch_size
-    records = list(itertools.islice(
-        read_records(path, 0, n, config.data.has_header, columns=config.data.columns), n))
-    dataset = make_dataset(spec, records, Mode.TRAINING, DatasetMetadata(record_format(path)), len(records))
+    if config.data.records == "columns":  # as the master's preflight reads them
+        records = read_columns(path, 0, n, config.data.columns)
+    else:
+        records = list(itertools.islice(
+            read_records(path, 0, n, config.data.has_header, columns=config.data.columns), n))
+    metadata = DatasetMetadata(record_format(path), getattr(records, "names", ()))
+    dataset = make_dataset(spec, records, Mode.TRAINING, metadata, len(records))
     features, labels = next(iter(dataset))
     trainer.ensure_built(features)
     trainer.compute_gradients(features, labels)
