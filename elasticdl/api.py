@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 
 from elasticdl.config import ConfigError, JobConfig, check_job_name
 from elasticdl.errors import UserError
@@ -58,6 +59,7 @@ def run(config: JobConfig, command: str = "train", backend=None, before_tensorfl
     from elasticdl.master.job import Job, default_backend, prewarm
     from elasticdl.master.preflight import check_job
 
+    new_dirs = _missing_dirs(config.job.run_dir, config.job.effective_log_dir)
     backend = backend or default_backend(config)
 
     def get_ready() -> None:
@@ -70,7 +72,10 @@ def run(config: JobConfig, command: str = "train", backend=None, before_tensorfl
     try:
         checked = check_job(config, command, get_ready)
     except BaseException:
-        backend.stop_all()  # the spares of a job that will not run
+        # A job that will not run leaves nothing behind: not its spares, nor runs/<job>.
+        backend.stop_all()
+        for path in new_dirs:
+            shutil.rmtree(path, ignore_errors=True)
         raise
     logger.info(
         "%s job %s: %d records in %d files, %d workers, %d PS",
@@ -78,6 +83,18 @@ def run(config: JobConfig, command: str = "train", backend=None, before_tensorfl
         config.elasticity.num_workers, config.elasticity.num_ps,
     )
     return Job(checked, command, backend=backend).run()
+
+
+def _missing_dirs(*paths: str) -> list[str]:
+    """For each path, its outermost ancestor (or itself) that does not exist yet."""
+    missing = []
+    for path in paths:
+        path, top = os.path.abspath(path), None
+        while not os.path.exists(path):
+            top, path = path, os.path.dirname(path)
+        if top is not None and top not in missing:
+            missing.append(top)
+    return missing
 
 
 def train(**flags):

@@ -134,7 +134,7 @@ def test_two_ps_hold_every_variable_once_and_restore_onto_one(digits, tmp_path):
     assert second["metrics"]["accuracy"] >= 0.90
 
 
-def test_bad_model_zoo_fails_before_any_process_starts(digits, tmp_path):
+def test_bad_model_zoo_fails_before_the_job_starts_and_leaves_nothing_behind(digits, tmp_path):
     zoo = tmp_path / "zoo" / "broken"
     zoo.mkdir(parents=True)
     (zoo / "no_loss.py").write_text(
@@ -151,7 +151,7 @@ def test_bad_model_zoo_fails_before_any_process_starts(digits, tmp_path):
     assert result.returncode == 2
     assert "no_loss.py: missing `loss`" in result.stderr
     assert "loss(labels, predictions)" in result.stderr
-    assert not (tmp_path / "runs").exists()
+    assert not (tmp_path / "runs").exists()  # the warm spares started meanwhile wrote nothing there
 
 
 def _children_of(pid: int) -> list[int]:
