@@ -31,15 +31,18 @@ def test_a_ps_spare_serves_once_given_its_command_line_and_unused_spares_leave_q
     backend = LocalBackend(str(tmp_path / "logs"), spares=1)
     try:
         backend.prewarm("ps", 1)
-        [spare] = backend._spares["ps"]
+        spare, kept = backend._spares["ps"]  # the one asked for, and the one kept for a relaunch
         backend.start("ps", 0, args)
         assert backend.pid("ps", 0) == spare.pid  # the spare, not a new process
         [address] = backend.ps_addresses(1, 60)
         ps = PSClient([address], token=backend.token())
         assert [s.version for s in ps.stats()] == [0]  # it serves, with the job's token
         ps.close()
-        [replacement] = backend._spares["ps"]  # one kept for a relaunch
-        assert replacement.pid != spare.pid
+        assert backend._spares["ps"] == [kept]  # still one kept: none started
+        backend.start("ps", 1, [*args[:-1], "1"])  # a second PS (a relaunch would do the same)
+        assert backend.pid("ps", 1) == kept.pid
+        [replacement] = backend._spares["ps"]  # the kept one used: a replacement starts
+        assert replacement.pid not in (spare.pid, kept.pid)
         assert (tmp_path / "logs" / "ps-0.pid").read_text().strip() == str(spare.pid)
     finally:
         backend.stop_all()
