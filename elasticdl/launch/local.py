@@ -6,9 +6,10 @@ stopped, SIGTERM then SIGKILL, when the job ends or the user presses Ctrl-C.
 
 Warm spares (``warm.py``): ``prewarm`` starts role processes that import their modules
 (a worker: TensorFlow) before the job needs them, while the master checks the job;
-``start`` hands a spare its command line when one is there, and then starts a replacement,
-so that a scale-up or a relaunch also finds one. (Not at a low CPU priority: a niced spare
-starved on the loaded benchmark machine and was still importing when the scale-up came.)
+``start`` hands a spare its command line when one is there, and when it leaves fewer than
+the kept number starts a replacement, so that a scale-up or a relaunch also finds one. (Not
+at a low CPU priority: a niced spare starved on the loaded benchmark machine and was still
+importing when the scale-up came.)
 ``$ELASTICDL_LOCAL_SPARES`` (default 1) is the number kept per role; 0: no spares at all.
 
 Every child gets the job's token (``token()``) in a 0600 file in a 0700 directory of the
