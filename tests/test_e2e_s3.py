@@ -63,7 +63,7 @@ def test_deepfm_on_parquet_in_s3_survives_a_ps_kill_and_exports_to_s3(s3_env, tm
         ps_log = tmp_path / "runs" / "s3-deepfm" / "logs" / "ps-0.log"
         _wait_for(lambda: ps_log.exists() and "checkpoint at version 10" in ps_log.read_text(), 120, "a checkpoint")
         assert s3.glob(f"{bucket}/ckpt/version-10/ps-0-of-1*.npz.committed")
-        os.kill(_ps_pids(proc.pid)[0], signal.SIGKILL)
+        os.kill(_ps_pids(proc.pid, tmp_path)[0], signal.SIGKILL)
         out, err = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:

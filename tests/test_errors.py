@@ -31,6 +31,8 @@ OUTSIDE_THE_TREE = {
     "elasticdl.ps.server.StaleTermError",
     # A task the master took back; the worker leaves it and takes the next one.
     "elasticdl.worker.consistency.TaskTakenBackError",
+    # A request the PS's bulk (raw TCP) server refused; answered to the worker as a status frame.
+    "elasticdl.ps.bulk_server._Aborted",
 }
 # ElasticDLErrors on neither branch: families whose subclasses are on both. Only their
 # subclasses are raised (checked below); exit_status maps the family itself to 1.
