@@ -34,3 +34,17 @@ def job_token():
         os.environ.pop(auth.TOKEN_FILE_ENV, None)
     else:
         os.environ[auth.TOKEN_FILE_ENV] = previous
+
+
+@pytest.fixture(autouse=True)
+def local_spares(request, monkeypatch):
+    """Local jobs keep no warm spares (ELASTICDL_LOCAL_SPARES=0, elasticdl/launch/local.py)
+    unless a test is marked ``warm_spares``: a kept spare is one more process importing
+    TensorFlow per job, which on CI's 2 cores costs the suite about a minute without
+    telling anything about what the job computes. The tests of spares themselves (the
+    orphan and bad-zoo tests, the chaos test, the documented commands, test_warm_spares)
+    run them as users get them."""
+    from elasticdl.launch.local import SPARES_ENV
+
+    if request.node.get_closest_marker("warm_spares") is None:
+        monkeypatch.setenv(SPARES_ENV, "0")

@@ -24,6 +24,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from elasticdl.master.report import JobReport
 
 REPO = Path(__file__).resolve().parent.parent
@@ -110,6 +112,7 @@ def test_the_documented_demo_command_is_the_makefiles():
     assert documented == [".venv/bin/elasticdl " + " ".join(recipe.split())]
 
 
+@pytest.mark.warm_spares
 def test_every_documented_command_runs(tmp_path):
     (tmp_path / "model_zoo").symlink_to(REPO / "model_zoo")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.test_e2e_local import _alive, _children_of, digits, report_of, train_args  # noqa: F401
 
 
@@ -65,6 +67,7 @@ def _scale(tmp_path, job: str, n: int) -> None:
     assert f"to {n} workers" in result.stdout
 
 
+@pytest.mark.warm_spares
 def test_chaos_kill_preempt_scale(digits, tmp_path):  # noqa: F811
     job = "chaos"
     proc = _start(digits, tmp_path, job, num_workers=3, num_ps=1, num_epochs=6, records_per_task=64)

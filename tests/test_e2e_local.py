@@ -134,6 +134,7 @@ def test_two_ps_hold_every_variable_once_and_restore_onto_one(digits, tmp_path):
     assert second["metrics"]["accuracy"] >= 0.90
 
 
+@pytest.mark.warm_spares
 def test_bad_model_zoo_fails_before_the_job_starts_and_leaves_nothing_behind(digits, tmp_path):
     zoo = tmp_path / "zoo" / "broken"
     zoo.mkdir(parents=True)
@@ -200,6 +201,7 @@ def _start_long_job(digits, tmp_path) -> tuple[subprocess.Popen, list[int]]:
     return job, children
 
 
+@pytest.mark.warm_spares
 @pytest.mark.parametrize("how", ["ctrl-c", "kill-9"])
 def test_no_orphan_processes(digits, tmp_path, how):
     job, children = _start_long_job(digits, tmp_path)

@@ -268,16 +268,36 @@ class TaskDispatcher:
         """Stop acting at once (any thread): the master lost its leadership. Workers wait; their
         reports are refused, so nothing more is recorded in a ledger another master may own."""
         self._halted = reason
+        self._wake_waiting()
 
     def finish(self) -> None:
         self._finished = True
+        self._wake_waiting()
+
+    def _wake_waiting(self) -> None:
+        """Requests held for a task (``get_task``'s ``wait``) answer now: WAIT or END."""
+        if self.main is not None:
+            self.main.wake()
 
     @property
     def finished(self) -> bool:
         """The job loop said so: workers get END."""
         return self._finished
 
-    def get_task(self, worker_id: int) -> Task | NoTask:
+    def get_task(self, worker_id: int, wait: float = 0.0) -> Task | NoTask:
+        """A task for ``worker_id``. With ``wait``, a WAIT is held up to that many seconds for a
+        change of the ledger (the next epoch opened, a task taken back) and the request tried
+        again: the worker then gets its task when it comes, not after its retry delay."""
+        deadline = time.monotonic() + wait
+        while True:
+            seq = self.main.seq if self.main is not None else 0
+            task = self._task_now(worker_id)
+            left = deadline - time.monotonic()
+            if task is not NoTask.WAIT or left <= 0 or self.main is None or self._halted:
+                return task
+            self.main.wait_for_change(seq, left)
+
+    def _task_now(self, worker_id: int) -> Task | NoTask:
         if self._halted:
             return NoTask.WAIT
         if self._finished:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Callable
 
 import grpc
@@ -29,6 +30,11 @@ _TASK_TYPES = {
     TaskType.PREDICTION: elasticdl_pb2.PREDICTION,
 }
 
+# A request for a task waits up to this long for one; at most this many wait at once (the
+# server has 16 threads, elasticdl/rpc/channel.py).
+TASK_WAIT_SECONDS = 1.0
+MAX_WAITING_TASK_REQUESTS = 6
+
 
 class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
     def __init__(
@@ -44,11 +50,20 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
         self._notify = notify or (lambda event: None)  # the job loop's event queue
         self._progress = progress
         self._clocks = clocks
+        self._waiting = threading.BoundedSemaphore(MAX_WAITING_TASK_REQUESTS)
 
     def get_task(self, request, context):
         if request.worker_id < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"worker_id {request.worker_id} is negative")
-        task = self._tasks.get_task(request.worker_id)
+        # Held while no task is there (e.g. between two epochs), so the worker gets the next one
+        # when it comes; a few requests at a time, so reports always find a server thread.
+        if self._waiting.acquire(blocking=False):
+            try:
+                task = self._tasks.get_task(request.worker_id, wait=TASK_WAIT_SECONDS)
+            finally:
+                self._waiting.release()
+        else:
+            task = self._tasks.get_task(request.worker_id)
         if task is NoTask.WAIT:
             return elasticdl_pb2.Task(type=elasticdl_pb2.WAIT)
         if task is NoTask.END:

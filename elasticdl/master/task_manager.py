@@ -146,6 +146,10 @@ class TaskManager:
         self._shuffle = shuffle
         self._clock = clock
         self._lock = threading.Lock()
+        # Notified on every change (``_bump``): a worker's request for a task may wait for one
+        # (``wait_for_change``) rather than sleep and ask again.
+        self._changes = threading.Condition(self._lock)
+        self._wakes = 0
         self._next_id = first_task_id
         self._stopped = False
         # With gate_epochs, epoch N+1's tasks are handed out only once the master opened it
@@ -159,7 +163,8 @@ class TaskManager:
         self._next_handout = 1
         self.fencer: Fencer | None = None  # set once the PS serve (elasticdl/master/job.py)
         self.epochs: list[EpochStats] = []
-        self._start_epoch(0)
+        with self._lock:
+            self._start_epoch(0)
 
     # ------------------------------------------------------------ workers
 
@@ -180,7 +185,7 @@ class TaskManager:
                 task.requeued = False
                 logger.info("requeued task %d now runs on worker %d", task.task_id, worker_id)
             self._doing[task.task_id] = _Doing(task, worker_id, self._clock())
-            self.seq += 1
+            self._bump()
             return task
 
     def report(
@@ -229,7 +234,7 @@ class TaskManager:
                 logger.warning("ignored report from worker %d: %s", worker_id, reason)
                 return ReportOutcome(False, reason)
             del self._doing[task_id]
-            self.seq += 1
+            self._bump()
             stats = self.epochs[task.epoch]
             if err_message:
                 rest = self._take_back(doing, "task failed", max(doing.progress, records or 0))
@@ -282,7 +287,7 @@ class TaskManager:
             dropped = len(self._todo)
             self._todo.clear()
             self._stopped = True
-            self.seq += 1
+            self._bump()
             return dropped
 
     def open_epoch(self, epoch: int) -> None:
@@ -290,7 +295,7 @@ class TaskManager:
         with self._lock:
             if self._opened is not None and epoch > self._opened:
                 self._opened = epoch
-                self.seq += 1
+                self._bump()
 
     @property
     def between_epochs(self) -> bool:
@@ -367,7 +372,7 @@ class TaskManager:
             self._done = done
             self._doing.clear()
             self._todo = deque(sorted(todo, key=lambda t: t.epoch))  # stable: the order within an epoch stays
-            self.seq += 1
+            self._bump()
             logger.warning("went back to the checkpoint's data position: %d records go back to todo (%s)",
                            again, cause)
             return again
@@ -442,7 +447,24 @@ class TaskManager:
             self._next_id += 1
         self._done = {i: t for i, t in self._done.items() if t.epoch >= epoch - 1}
         self.epochs.append(EpochStats(epoch, sum(s.records for s in shards)))
+        self._bump()
+
+    def _bump(self) -> None:
+        """A change (the lock held): the ledger moved, and a waiting request may find a task."""
         self.seq += 1
+        self._changes.notify_all()
+
+    def wake(self) -> None:
+        """Wake the requests waiting for a change (the job ends, or its master stops acting)."""
+        with self._changes:
+            self._wakes += 1  # not a change of the ledger: no save
+            self._changes.notify_all()
+
+    def wait_for_change(self, seq: int, timeout: float) -> None:
+        """Return once ``seq`` moved on (a task reported, an epoch opened, ...) or after ``timeout`` s."""
+        with self._changes:
+            wakes = self._wakes
+            self._changes.wait_for(lambda: self.seq != seq or self._wakes != wakes, timeout)
 
     def _gate_closed(self) -> bool:
         return (self._opened is not None and not self._stopped and self.epoch + 1 < self._num_epochs
@@ -459,7 +481,7 @@ class TaskManager:
         now = self._clock()
         late = [d for d in self._doing.values() if now - d.started > self._task_timeout]
         for doing in late:
-            self.seq += 1
+            self._bump()
             del self._doing[doing.task.task_id]
             rest = self._take_back(doing, "timeout", doing.progress)
             if rest is not None:
