@@ -28,8 +28,11 @@ from elasticdl.data.errors import CorruptRecordError, DataError
 from elasticdl.data.read_ahead import read_ahead
 
 _FOOTERS_KEPT = 256
-# (path, size) -> FileMetaData: a worker reads a file task after task; a rewritten file has another size.
-_footers: OrderedDict[tuple[str, int], object] = OrderedDict()
+# path -> (size, FileMetaData): a worker reads a file task after task. A local file's size is
+# checked on every open (a rewritten file has another size); an object's is learned once,
+# since a HEAD request per task costs as much as reading a row group from a nearby store, and
+# a job's data does not change while it runs (a changed file: restart the job, see below).
+_footers: OrderedDict[str, tuple[int, object]] = OrderedDict()
 _footers_lock = threading.Lock()
 
 
@@ -41,19 +44,29 @@ def _pq():
     return pq
 
 
+def _known(path: str) -> tuple[int, object] | None:
+    with _footers_lock:
+        return _footers.get(path)
+
+
 def _open(path: str):
+    if not fs.is_remote(path):
+        return fs.open(path, "rb")
     # No fsspec read cache: pyarrow asks for exactly the ranges it needs (the footer, then the
-    # coalesced column chunks), each one ranged request.
-    if fs.is_remote(path):
-        return fs.open(path, "rb", cache_type="none")
-    return fs.open(path, "rb")
+    # coalesced column chunks), each one ranged request; with the size known, no HEAD first.
+    known = _known(path)
+    size = {"size": known[0]} if known is not None and fs.scheme(path) in ("s3", "s3a") else {}
+    return fs.open(path, "rb", cache_type="none", **size)
 
 
 def _file(path: str, handle):
     pq = _pq()
-    key = (path, fs.size(path))
-    with _footers_lock:
-        metadata = _footers.get(key)
+    known = _known(path)
+    if fs.is_remote(path):
+        size = known[0] if known is not None else int(getattr(handle, "size", None) or fs.size(path))
+    else:
+        size = fs.size(path)
+    metadata = known[1] if known is not None and known[0] == size else None
     try:
         parquet = pq.ParquetFile(handle, metadata=metadata, pre_buffer=True)
     except (OSError, ValueError) as err:
@@ -64,8 +77,8 @@ def _file(path: str, handle):
             raise better from err
         raise CorruptRecordError(path, 0, 0, f"not a readable Parquet file ({err})") from err
     with _footers_lock:
-        _footers[key] = parquet.metadata
-        _footers.move_to_end(key)
+        _footers[path] = (size, parquet.metadata)
+        _footers.move_to_end(path)
         while len(_footers) > _FOOTERS_KEPT:
             _footers.popitem(last=False)
     return parquet
