@@ -525,11 +525,21 @@ class Job:
                 return self._stop_flag()
             case c.FireEpochEnd(epoch=epoch, metrics=metrics, snapshot=snapshot):
                 if snapshot:
-                    version = 0
-                    for pulled in self._ps.pull_snapshot(snapshot):
-                        self._trainer.set_params(pulled.params)
-                        version = max(version, pulled.version)
-                    self._model_params_version = version  # ModelCheckpoint names this version
+                    try:
+                        pulled_all = self._ps.pull_snapshot(snapshot)
+                    except grpc.RpcError as err:
+                        # A PS died after the evaluation and took the snapshot with it (it is being
+                        # relaunched): the callbacks see the model as the master last pulled it.
+                        logger.warning("epoch %d's snapshot is gone with a parameter server (%s): its "
+                                       "callbacks see model version %d", epoch + 1, err.code().name,
+                                       self._model_params_version)
+                        pulled_all = []
+                    if pulled_all:
+                        version = 0
+                        for pulled in pulled_all:
+                            self._trainer.set_params(pulled.params)
+                            version = max(version, pulled.version)
+                        self._model_params_version = version  # ModelCheckpoint names this version
                 self.callbacks.on_epoch_end(epoch, {**self._epoch_logs(), **metrics})
                 # What the callbacks asked (a stop) before the answer: the next epoch opens after it.
                 answers = self._stop_flag() + list(self._follow_ups)
