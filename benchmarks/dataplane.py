@@ -33,6 +33,7 @@ import time
 import numpy as np
 
 from benchmarks.common import child_env, emit
+from elasticdl.rpc.bulk import recv_into
 
 TENSOR_FLOATS = 1_000_000  # the model is made of (1000, 1000) float32 variables (4 MB each)
 
@@ -143,22 +144,13 @@ class _TcpEcho:
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
-    @staticmethod
-    def _recv_all(sock, view: memoryview) -> None:
-        got = 0
-        while got < len(view):
-            n = sock.recv_into(view[got:])
-            if not n:
-                raise ConnectionError("the echo socket closed")
-            got += n
-
     def _serve(self) -> None:
         buf = memoryview(bytearray(self.nbytes))
         while True:
             self._go.acquire()
             if self.rounds < 0:
                 return
-            self._recv_all(self.server, buf)
+            recv_into(self.server, buf)
             self.server.sendall(buf)
 
     def measure(self, rounds: int) -> dict:
@@ -169,7 +161,7 @@ class _TcpEcho:
             self._go.release()
             t0 = time.perf_counter()
             self.client.sendall(payload)
-            self._recv_all(self.client, back)
+            recv_into(self.client, back)
             if i:
                 elapsed += time.perf_counter() - t0
         return {"mb_per_s": 2 * self.nbytes * rounds / 1e6 / elapsed, "round_s": elapsed / rounds}

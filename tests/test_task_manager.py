@@ -400,7 +400,7 @@ def test_a_request_held_between_epochs_gets_the_next_epochs_task_when_the_epoch_
             if tm._changes._waiters or answers:
                 break
         assert time.monotonic() < deadline, "the request neither waited nor answered"
-        time.sleep(0.001)
+        time.sleep(0.001)  # a poll for a state, not a timing window: open_epoch waits for the waiter
     tm.open_epoch(1)
     waiting.join(timeout=60)
     assert not waiting.is_alive()
