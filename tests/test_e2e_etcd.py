@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import signal
 import time
 
 from tests.test_e2e_elastic import _master_log, _wait_for
@@ -22,6 +23,13 @@ def _command(digits, tmp_path, etcd, job: str, **flags) -> list[str]:  # noqa: F
         digits, "digits.digits_functional.custom_model", job_name=job, etcd_endpoints=etcd,
         num_workers=2, num_ps=1, **flags,
     )]
+
+
+def _continue(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
 
 
 def _run(command, tmp_path) -> dict:
@@ -69,17 +77,28 @@ def test_a_master_cut_off_from_etcd_stops_before_another_can_lead(digits, tmp_pa
     stops acting within its renew deadline and exits 1; a second master takes the lock only
     after the first one is gone, resumes its ledger and finishes the job."""
     from tests.tcp_proxy import TcpProxy
+    from tests.test_e2e_elastic import _worker_pids
 
     host, port = etcd_process.endpoint.rsplit(":", 1)
     proxy = TcpProxy((host, int(port)))
-    # Long enough that the cut lands mid-job: the renew deadline passes while it trains.
     ckpt = {"checkpoint_dir": tmp_path / "ckpt", "checkpoint_steps": 50, "keep_checkpoint_max": 0}  # keep all
     command = _command(digits, tmp_path, proxy.endpoint, "partition", num_epochs=16, **ckpt)
     first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(lambda: "epoch 2 of 16 starts" in _master_log(tmp_path, "partition"), 180, "epoch 2")
+        # The job must still be running when the renew deadline passes, however fast it trains:
+        # its workers are paused with the cut and go on once the master has stopped acting.
+        paused = list(_worker_pids(first.pid, tmp_path).values())
+        assert paused
+        for pid in paused:
+            os.kill(pid, signal.SIGSTOP)
         proxy.cut()
         cut_at = datetime.datetime.now()
+        try:
+            _wait_for(lambda: "lost the leader lock" in _master_log(tmp_path, "partition"), 60, "the lost lock")
+        finally:
+            for pid in paused:
+                _continue(pid)
         _, err = first.communicate(timeout=60)
         first_gone = time.monotonic()
     finally:
