@@ -7,9 +7,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from elasticdl.data import parquet
-from elasticdl.data.columns import ColumnStream, select
+from elasticdl.data.columns import ColumnStream, _column, from_arrow, select
 from elasticdl.data.errors import CorruptRecordError, DataError
 from elasticdl.data.read_ahead import read_ahead
 from elasticdl.data.sources import read_columns, stream_columns
@@ -224,3 +226,28 @@ def test_a_bad_row_among_columns_is_found_by_bisection(data):
     assert [i for i, _ in found] == [8] and "row 13" in found[0][1]  # row 13 is the 9th of 5..44
     kept = select(records, [i for i in range(len(records)) if i != 8])
     assert 13 not in kept.columns[0].values.tolist() and len(kept) == 39
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.one_of(st.none(), st.lists(st.lists(st.integers(0, 99), max_size=3), max_size=3)),
+                     min_size=1, max_size=40),
+       cut=st.tuples(st.integers(0, 40), st.integers(0, 40)), size=st.integers(1, 9))
+def test_chunks_of_list_columns_are_the_rows_cut_in_order(rows, cut, size):
+    """Nested lists, nulls or none, a sliced table (its lists' offsets not at 0), any chunk size:
+    each chunk's components are its rows' values, as the rows themselves say."""
+    table = pa.table({"id": pa.array(range(len(rows)), pa.int64()),
+                      "ids": pa.array(rows, pa.list_(pa.list_(pa.int64())))})
+    lo, hi = sorted(min(c, len(rows)) for c in cut)
+    records = from_arrow(table.slice(lo, hi - lo))
+    flat = [[v for inner in (row or []) for v in (inner or [])] for row in rows[lo:hi]]
+    chunks = records.chunks(size)
+    assert len(chunks) == -(-(hi - lo) // size)
+    for k, (ids, values, offsets) in enumerate(chunks):
+        expected = flat[k * size:(k + 1) * size]
+        assert ids.tolist() == list(range(lo + k * size, lo + k * size + len(expected)))
+        assert offsets[0] == 0 and len(offsets) == len(expected) + 1
+        assert [values[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])] == expected
+    # An array sliced as Arrow slices it (from_arrow's tables come whole): offsets rebased to 0.
+    sliced = _column("ids", table.column("ids").chunk(0).slice(lo, hi - lo))
+    assert sliced.offsets[0] == 0 and len(sliced) == hi - lo
+    assert [sliced.values[a:b].tolist() for a, b in zip(sliced.offsets[:-1], sliced.offsets[1:])] == flat

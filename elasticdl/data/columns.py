@@ -115,17 +115,32 @@ class Columns(Sequence):
         return arrays
 
     def chunks(self, size: int) -> list[list[np.ndarray]]:
-        """``components()`` of rows [0, size), [size, 2 size), ...: views, cut per column in one pass."""
-        starts = np.arange(0, self._rows, size)
+        """``components()`` of rows [0, size), [size, 2 size), ...: views, cut per column in one pass.
+
+        A task is hundreds of chunks: the whole chunks of a scalar column are the rows of one
+        2-D view, and a list column's offsets are rebased for all chunks in one numpy step.
+        """
+        n = -(-self._rows // size)
+        whole = self._rows // size  # chunks of exactly ``size`` rows; the last may be shorter
+        starts = np.arange(n, dtype=np.int64) * size
         ends = np.minimum(starts + size, self._rows)
         per_column = []
         for column in self.columns:
             if column.offsets is None:
-                per_column.append([column.values[a:b] for a, b in zip(starts.tolist(), ends.tolist())])
+                parts = list(column.values[:whole * size].reshape(whole, size, *column.values.shape[1:]))
+                if whole < n:
+                    parts.append(column.values[whole * size:])
+                per_column.append(parts)
                 continue
-            first, last = column.offsets[starts].tolist(), column.offsets[ends].tolist()
+            bounds = column.offsets[np.append(starts, self._rows)]
+            first, last = bounds[:-1].tolist(), bounds[1:].tolist()
             per_column.append([column.values[a:b] for a, b in zip(first, last)])
-            per_column.append([column.offsets[a:b + 1] - o for a, b, o in zip(starts.tolist(), ends.tolist(), first)])
+            rebased = column.offsets[:whole * size + 1]
+            parts = list(rebased[np.arange(whole)[:, None] * size + np.arange(size + 1)]
+                         - bounds[:whole, None]) if whole else []
+            if whole < n:
+                parts.append(column.offsets[whole * size:] - bounds[whole])
+            per_column.append(parts)
         return [list(parts) for parts in zip(*per_column)]
 
     def __repr__(self) -> str:
@@ -249,12 +264,17 @@ def _column(name: str, array) -> Column:
     while pa.types.is_list(values.type) or pa.types.is_large_list(values.type) or pa.types.is_fixed_size_list(values.type):
         if pa.types.is_fixed_size_list(values.type):
             values = values.cast(pa.large_list(values.type.value_type))
-        # A null list is an empty one; an outer list's offsets are composed with the inner's.
-        own = pc.fill_null(pc.list_value_length(values), 0).to_numpy().astype(np.int64)
-        inner = np.zeros(len(own) + 1, np.int64)
-        np.cumsum(own, out=inner[1:])
-        offsets = inner if offsets is None else inner[offsets]
-        values = pc.list_flatten(values)
+        if values.null_count == 0:  # the common case: the list's own offsets, rebased to 0
+            raw = values.offsets.to_numpy()
+            inner = raw.astype(np.int64) - int(raw[0])
+            flat = values.values.slice(int(raw[0]), int(raw[-1] - raw[0]))
+        else:  # a null list is an empty one
+            own = pc.fill_null(pc.list_value_length(values), 0).to_numpy().astype(np.int64)
+            inner = np.zeros(len(own) + 1, np.int64)
+            np.cumsum(own, out=inner[1:])
+            flat = pc.list_flatten(values)
+        offsets = inner if offsets is None else inner[offsets]  # an outer list's composed with the inner's
+        values = flat
     kind = values.type
     if pa.types.is_dictionary(kind):
         values = values.dictionary_decode()
