@@ -123,7 +123,6 @@ class Columns(Sequence):
         n = -(-self._rows // size)
         whole = self._rows // size  # chunks of exactly ``size`` rows; the last may be shorter
         starts = np.arange(n, dtype=np.int64) * size
-        ends = np.minimum(starts + size, self._rows)
         per_column = []
         for column in self.columns:
             if column.offsets is None:
