@@ -9,9 +9,9 @@ import glob
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
-import signal
 import time
 
 from tests.test_e2e_elastic import _master_log, _wait_for
