@@ -5,7 +5,7 @@
 A moto S3 server on loopback (``moto.server``, a free port) holds the synthetic click data
 (model_zoo/deepctr/generate_parquet.py: eight high-cardinality id columns, a multi-hot
 ``tags`` list, the label). Every repetition reads all of it with each competitor, in an order rotated
-between reads:
+between rounds:
 
 - ``elasticdl_reader``: a worker's read path up to what it feeds ``dataset_fn``, with
   ``--data_reader_params records=columns``. The files are cut into tasks of one row group
@@ -17,10 +17,13 @@ between reads:
   (256) that ``BatchStream`` enqueues into the input pipeline, as numpy arrays. Not
   measured: the enqueue and the per-row work of tf.data and ``dataset_fn`` (the model's).
 - ``pyarrow_direct``: ``pyarrow.parquet.read_table`` of each file through pyarrow's own
-  S3 client (C++), into Arrow columns; no records.
+  S3 client (C++), into Arrow columns; no records. The target's reference.
+- ``pyarrow_s3fs``: the same ``read_table`` through s3fs, the client the reader uses (for
+  information): the reader over it is what the reader itself costs, it over
+  ``pyarrow_direct`` what the HTTP client costs.
 
-Both use pyarrow's default thread pool. A repetition reads the data ``rounds`` times (5)
-with each competitor, alternating, and keeps each one's median: one read takes a tenth of a
+All use pyarrow's default thread pool. A repetition reads the data ``rounds`` times (5)
+with each competitor, in rotation, and keeps each one's median: one read takes a tenth of a
 second, and a burst of others' load on the shared machine would otherwise land on one
 competitor only. The figure is rows per second; the ratio is the reader's over pyarrow's.
 """
@@ -103,6 +106,17 @@ def _pyarrow_direct(files: list[str], env: dict) -> tuple[int, float]:
     return rows, time.perf_counter() - started
 
 
+def _pyarrow_s3fs(files: list[str]) -> tuple[int, float]:
+    import pyarrow.parquet as pq
+
+    from elasticdl import fs
+
+    started = time.perf_counter()
+    client = fs.filesystem(files[0])
+    rows = sum(pq.read_table(f, filesystem=client).num_rows for f in files)
+    return rows, time.perf_counter() - started
+
+
 def run(spec: dict) -> dict:
     sys.path.insert(0, os.path.join(REPO, "model_zoo"))
     from deepctr.generate_parquet import generate
@@ -119,12 +133,17 @@ def run(spec: dict) -> dict:
         files = resolve_data_files("s3://bench/ctr/train")
         runs = []
         for rep in range(spec["reps"]):
-            rates: dict[str, list[float]] = {"elasticdl_reader": [], "pyarrow_direct": []}
-            for round_ in range(spec.get("rounds", 5)):  # alternating: a burst of load hits both alike
-                order = ["elasticdl_reader", "pyarrow_direct"][::1 if (rep + round_) % 2 == 0 else -1]
+            reads = {
+                "elasticdl_reader": lambda: _elasticdl_reader(files, spec["row_group_rows"], spec.get("batch_size", 256)),
+                "pyarrow_direct": lambda: _pyarrow_direct(files, env),
+                "pyarrow_s3fs": lambda: _pyarrow_s3fs(files),
+            }
+            rates: dict[str, list[float]] = {name: [] for name in reads}
+            for round_ in range(spec.get("rounds", 5)):  # rotating: a burst of load hits all alike
+                names = list(reads)
+                order = names[(rep + round_) % len(names):] + names[:(rep + round_) % len(names)]
                 for name in order:
-                    rows, seconds = (_elasticdl_reader(files, spec["row_group_rows"], spec.get("batch_size", 256))
-                                     if name == "elasticdl_reader" else _pyarrow_direct(files, env))
+                    rows, seconds = reads[name]()
                     if rows != spec["rows"]:
                         raise RuntimeError(f"{name} read {rows} rows of {spec['rows']}")
                     rates[name].append(rows / seconds)

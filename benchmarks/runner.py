@@ -448,6 +448,11 @@ def build_rows(results: dict) -> tuple[list[dict], list[dict]]:
                          "median": median(reader), "runs": reader, "ratio": ratio, "ratio_to": "pyarrow_direct"})
             rows.append({"case": "parquet_s3", "model": model, "competitor": "pyarrow_direct", "metric": "rows/s",
                          "median": median(direct), "runs": direct, "ratio": None, "ratio_to": ""})
+            if all("pyarrow_s3fs" in r for r in parquet["runs"]):
+                s3fs_runs = [r["pyarrow_s3fs"] for r in parquet["runs"]]
+                rows.append({"case": "parquet_s3", "model": model, "competitor": "pyarrow_s3fs", "metric": "rows/s",
+                             "median": median(s3fs_runs), "runs": s3fs_runs,
+                             "ratio": median(paired_ratios(s3fs_runs, direct)), "ratio_to": "pyarrow_direct"})
             targets.append(_target("parquet_s3: elasticdl_reader / pyarrow_direct", ratio, TARGETS["vs_pyarrow"]))
         else:
             rows.append(_status_row("parquet_s3", "-", "error: see errors"))
