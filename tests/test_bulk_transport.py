@@ -179,3 +179,37 @@ def test_a_push_or_pull_that_cannot_reach_the_port_goes_over_grpc(bulk_ps):
         assert client._bulk[0] is None  # it tries again at the next call
     finally:
         client.close()
+
+
+def test_a_push_whose_answer_is_lost_is_sent_again_over_grpc_and_applied_once(bulk_ps, monkeypatch):
+    """The connection breaks after the PS applied a push, before its answer arrives: sent again
+    over gRPC with the same task place, the PS answers it as applied and does not apply it
+    again. Without a task place it is not sent again: a second send could apply it twice."""
+    from elasticdl.rpc.batch_position import BatchPosition
+
+    client = ps_client.PSClient([bulk_ps.address], tensor_transport="tcp")
+    real_recv_head = bulk.recv_head
+    lost = []
+
+    def answer_lost_once(conn):
+        answer = real_recv_head(conn)  # the PS has applied the push and answered
+        if conn is client._bulk[0] and not lost:  # the client's read (the PS reads frames with it too)
+            lost.append(answer)
+            raise ConnectionResetError("the connection broke")
+        return answer
+
+    monkeypatch.setattr(bulk, "recv_head", answer_lost_once)
+    try:
+        step = grads(0.5)
+        batch = BatchPosition(task_id=7, handout=1, records_end=32, records=32)
+        answer = client.push_gradients({0: step}, [0], 0.0, worker_id=0, batch=batch)[0]
+        assert lost and answer.applied and answer.version == 1  # "already applied", not applied again
+        assert bulk_ps.core.shard.version == 1
+        for name, value in model().items():
+            np.testing.assert_allclose(bulk_ps.core.shard.params[name], value - LR * step[name], rtol=1e-6)
+        lost.clear()
+        with pytest.raises(bulk.PushMaybeApplied, match="broke once sent"):
+            client.push_gradients({0: step}, [1], 0.0, worker_id=0)
+        assert bulk_ps.core.shard.version == 2  # applied by the one send, and not sent again
+    finally:
+        client.close()

@@ -33,6 +33,8 @@ OUTSIDE_THE_TREE = {
     "elasticdl.worker.consistency.TaskTakenBackError",
     # A request the PS's bulk (raw TCP) server refused; answered to the worker as a status frame.
     "elasticdl.ps.bulk_server._Aborted",
+    # A raw-TCP push whose answer was lost; sent again over gRPC with its task's place.
+    "elasticdl.rpc.bulk.PushMaybeApplied",
 }
 # ElasticDLErrors on neither branch: families whose subclasses are on both. Only their
 # subclasses are raised (checked below); exit_status maps the family itself to 1.

@@ -40,6 +40,10 @@ class BulkProtocolError(JobFailure, ConnectionError):
     """Bytes on a bulk connection that are not a frame of this protocol (the connection is closed)."""
 
 
+class PushMaybeApplied(ConnectionError):
+    """A push's connection broke after its bytes were sent: the PS may have applied it."""
+
+
 class BulkRefused(JobFailure, RuntimeError):
     """The PS answered a bulk request with an error: ``code`` as gRPC's status names it."""
 

@@ -265,7 +265,16 @@ class PSClient:
         stub = self._stubs[ps]
         wire = self.wire_dtype
         large = sum(np.asarray(v).nbytes for v in dense.values()) > STREAM_ABOVE_BYTES
-        sent = self._bulk_call(ps, bulk.PUSH, head, dense) if large and self.tensor_transport == "tcp" else None
+        sent = None
+        if large and self.tensor_transport == "tcp":
+            try:
+                sent = self._bulk_call(ps, bulk.PUSH, head, dense)
+            except bulk.PushMaybeApplied as err:
+                if batch is None or not batch.task_id:
+                    raise  # without its task's place, a second send could apply it twice
+                # The PS keeps how far each task's gradients were applied: sent again (over
+                # gRPC), a push it applied already is answered as applied and not applied again.
+                logger.warning("%s; sent again over gRPC", err)
         if sent is not None:
             reply = sent[0]
         elif large:
@@ -310,8 +319,8 @@ class PSClient:
         """A pull (``(head, params)``) or a push (``(reply,)``) as one frame each way.
 
         A pull that meets a broken connection returns None (the caller pulls over gRPC), as does
-        a push that could not start; a push that broke once sent raises ConnectionError: the PS
-        may have applied it, so it is not sent again.
+        a push that could not start; a push that broke once sent raises PushMaybeApplied: the PS
+        may have applied it (the caller sends it again only with its task's place).
         """
         with self._bulk_locks[ps]:
             sending = False
@@ -322,8 +331,10 @@ class PSClient:
                 sending = True
                 if kind == bulk.PUSH:
                     metas, arrays = bulk.tensor_metas(dense, self.wire_dtype)
-                    head.gradients.extend(metas)
-                    bulk.send_frame(conn, kind, head.SerializeToString(), arrays)
+                    framed = elasticdl_pb2.PushGradientsRequest()
+                    framed.CopyFrom(head)  # the head stays as it was, to be sent again over gRPC
+                    framed.gradients.extend(metas)
+                    bulk.send_frame(conn, kind, framed.SerializeToString(), arrays)
                 else:
                     bulk.send_frame(conn, kind, head.SerializeToString())
                 answer_kind, answer = bulk.recv_head(conn)
@@ -340,7 +351,8 @@ class PSClient:
             except (OSError, tensor_codec.TensorDecodeError) as err:
                 self._drop_bulk(ps)
                 if kind == bulk.PUSH and sending:
-                    raise ConnectionError(f"PS {ps} at {self.addresses[ps]}: the raw-TCP push failed ({err})") from err
+                    raise bulk.PushMaybeApplied(
+                        f"PS {ps} at {self.addresses[ps]}: the raw-TCP push broke once sent ({err})") from err
                 logger.warning("PS %d: the raw-TCP call failed (%s); it goes over gRPC", ps, err)
                 return None
 
