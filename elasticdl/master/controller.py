@@ -316,6 +316,8 @@ class Controller:
         self.epoch_done = -1  # the last training epoch whose end was handled
         self._opened = self.tasks.epoch if self.tasks is not None else 0  # the last epoch whose tasks were opened
         self._ending: EndEpoch | None = None  # issued, its outcome not back yet
+        self._end_held = False  # an end found a PS away: not asked again before the next Tick
+        self._deferred_epoch: int | None = None  # the last epoch whose end was deferred (logged once)
         # (reason, epoch, snapshot taken at the epoch's end) waiting to start
         self._eval_queue: list[tuple[str, int | None, FrozenSnapshot | None]] = []
         self._round_epochs: dict[int, int | None] = {}
@@ -380,8 +382,13 @@ class Controller:
                 if self.wait_for_epoch_callbacks:
                     return self._next_epoch(epoch)
             case EpochEndDeferred(epoch=epoch):
-                logger.info("end of epoch %d waits for a restarting PS", epoch + 1)
-                self._ending = None
+                if self._deferred_epoch != epoch:
+                    logger.info("end of epoch %d waits for a restarting PS", epoch + 1)
+                self._ending, self._deferred_epoch, self._end_held = None, epoch, True
+            case Tick():
+                # Asked again once per poll, after the job looked at which roles exited: asked at
+                # once, a PS whose exit was not seen yet kept the job from ever seeing it.
+                self._end_held = False
             case LiveWorkersNotTold():
                 self._live_workers_told = -1
             case PSRelaunched(index=index, restored_version=restored, retrained=retrained, missing=missing):
@@ -539,7 +546,7 @@ class Controller:
         return True
 
     def _next_epoch_end(self) -> EndEpoch | None:
-        if self._ending is not None:
+        if self._ending is not None or self._end_held:
             return None
         finished = self.tasks.finished
         last_complete = self.tasks.epoch if finished or self.tasks.between_epochs else self.tasks.epoch - 1

@@ -88,6 +88,7 @@ class BulkServer:
                     logger.warning("a bulk connection without the job's token was closed")
                     return
                 conn.settimeout(None)
+                logger.info("raw-TCP connection from %s:%d", *conn.getpeername()[:2])
                 while not self._stopped.is_set():
                     kind, head = bulk.recv_head(conn)
                     if not self._answer(conn, kind, head):
