@@ -577,3 +577,45 @@ def test_a_successful_job_reports_success(tmp_path, monkeypatch):
     assert saved["status"] == "succeeded" and saved["failed_step"] == "" and saved["exit_code"] == 0
     assert saved["checkpoint"] == "ckpt/version-9"
     assert not [n for n in os.listdir(tmp_path / "runs" / "late") if n.endswith(".tmp")]
+
+
+class _PSAway(grpc.RpcError):
+    def __init__(self, code=grpc.StatusCode.UNAVAILABLE):
+        self._code = code
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return "failed to connect to all addresses; Connection refused"
+
+
+def _raise(error):
+    def call(*args):
+        raise error
+    return call
+
+
+def test_snapshots_that_a_killed_ps_took_with_it_do_not_fail_the_job(tmp_path, monkeypatch, caplog):
+    """A PS SIGKILLed after an evaluation: its snapshot is gone. The epoch's callbacks see the
+    model as last pulled, and the round's snapshot is not dropped there; neither fails the job
+    (both did, in clean-clone runs of the PS-kill test). Another error still does."""
+    from elasticdl.master import controller as c
+
+    job, _ = a_job(tmp_path, monkeypatch, "train")
+    job._ps.pull_snapshot = _raise(_PSAway())
+    job._ps.drop_snapshot = _raise(_PSAway())
+    seen = []
+    job.callbacks = SimpleNamespace(on_epoch_end=lambda epoch, logs: seen.append(epoch))
+    job._model = SimpleNamespace(stop_training=False)
+    monkeypatch.setattr(job, "_epoch_logs", lambda: {})
+    with caplog.at_level("INFO"):
+        assert job._carry_out(c.FireEpochEnd(0, metrics={}, snapshot=4)) == [c.EpochEndFired(0)]
+        assert job._carry_out(c.DropSnapshot(4)) == []
+    assert seen == [0]
+    assert "epoch 1's snapshot is gone with a parameter server" in caplog.text
+    assert "snapshot 4 not dropped on every PS (UNAVAILABLE)" in caplog.text
+    job._ps.drop_snapshot = _raise(_PSAway(grpc.StatusCode.INVALID_ARGUMENT))
+    assert job._carry_out(c.DropSnapshot(4, best_effort=True)) == []
+    with pytest.raises(grpc.RpcError):
+        job._carry_out(c.DropSnapshot(4))

@@ -555,9 +555,12 @@ class Job:
             case c.DropSnapshot(round_id=round_id, best_effort=best_effort):
                 try:
                     self._ps.drop_snapshot(round_id)
-                except grpc.RpcError:
-                    if not best_effort:
+                except grpc.RpcError as err:
+                    # A PS that is down held no snapshot any more: its snapshots went with it.
+                    if not best_effort and err.code() != grpc.StatusCode.UNAVAILABLE:
                         raise
+                    logger.info("snapshot %d not dropped on every PS (%s): a PS is away, and its "
+                                "snapshots went with it", round_id, err.code().name)
             case c.SaveLedger():
                 try:
                     self.state.save(self.main_tasks)
