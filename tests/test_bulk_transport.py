@@ -213,3 +213,54 @@ def test_a_push_whose_answer_is_lost_is_sent_again_over_grpc_and_applied_once(bu
         assert bulk_ps.core.shard.version == 2  # applied by the one send, and not sent again
     finally:
         client.close()
+
+
+def test_the_socket_is_the_ps_own_address_not_the_one_its_grpc_is_reached_at(monkeypatch):
+    """On Kubernetes a PS is reached over gRPC at its Service, which carries only the gRPC port:
+    the raw-TCP port is on the PS's own address (its pod's IP), which its stats name. Here the
+    PS listens on 127.0.0.2 while its gRPC address is 127.0.0.1."""
+    monkeypatch.setattr(ps_client, "STREAM_ABOVE_BYTES", 0)
+    real = RealPS()
+    servicer = PServerServicer(real.core)
+    real.server.stop(grace=None)
+    real.server = ps_client_server(servicer)
+    real.address = f"127.0.0.1:{real.server.port}"
+    real.bulk = BulkServer(servicer, auth.job_token(), host="127.0.0.2")
+    real.bulk.start()
+    client = ps_client.PSClient([real.address], tensor_transport="tcp")
+    try:
+        assert client.pull([-1])[0].version == 0
+        assert client._bulk[0] and client._bulk[0].getpeername()[0] == "127.0.0.2"  # over the socket
+        assert client.push_gradients({0: grads()}, [0], 0.0, worker_id=0)[0].applied
+    finally:
+        client.close()
+        real.bulk.stop()
+        real.close()
+
+
+def test_a_port_that_cannot_be_reached_is_not_tried_at_every_call(bulk_ps, monkeypatch):
+    """A failed connect costs one call its timeout; the calls after it go over gRPC without
+    trying for BULK_RETRY_SECONDS, then the socket is tried again."""
+    import time
+
+    port = bulk_ps.bulk.port
+    bulk_ps.bulk.stop()
+    bulk_ps.bulk._servicer.bulk_port = port  # the stats still name the port: nothing listens there
+    tries = []
+    real_connect = socket.create_connection
+
+    def counted(address, timeout=None):
+        tries.append(address)
+        return real_connect(address, timeout=timeout)
+
+    monkeypatch.setattr(socket, "create_connection", counted)
+    client = ps_client.PSClient([bulk_ps.address], tensor_transport="tcp")
+    try:
+        for _ in range(3):
+            assert client.push_gradients({0: grads()}, [client.pull([-1])[0].version], 0.0, worker_id=0)[0].applied
+        assert len(tries) == 1
+        client._bulk_retry_at[0] = time.monotonic()  # the retry time came
+        client.pull([-1])
+        assert len(tries) == 2
+    finally:
+        client.close()

@@ -52,12 +52,12 @@ class BulkServer:
         self._servicer = servicer
         self._token = token.encode()
         self._listener = socket.create_server((host, 0))
-        self.port = self._listener.getsockname()[1]
+        self.host, self.port = host, self._listener.getsockname()[1]
         self._stopped = threading.Event()
 
     def start(self) -> int:
         """Accept connections in a thread; returns the port (also set on the servicer, for its stats)."""
-        self._servicer.bulk_port = self.port
+        self._servicer.bulk_host, self._servicer.bulk_port = self.host, self.port
         threading.Thread(target=self._accept, name="bulk-accept", daemon=True).start()
         return self.port
 

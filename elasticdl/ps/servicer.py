@@ -49,6 +49,7 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
     def __init__(self, server: ParameterServer):
         self._server = server
         self.bulk_port = 0  # the port of its raw-TCP transport (ps/bulk_server.py), once started
+        self.bulk_host = ""  # the address it listens on
 
     @property
     def model_bytes(self) -> int:
@@ -266,6 +267,7 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
             records_applied=self._server.position.records_applied,
             term=self._server.term,
             bulk_port=self.bulk_port,
+            bulk_host=self.bulk_host,
         )
 
 

@@ -34,6 +34,11 @@ _PUSH_TENSORS_FIELD = elasticdl_pb2.PushGradientsRequest.DESCRIPTOR.fields_by_na
 # A PS's part of the model larger than this travels in 1 MB streamed messages; a smaller one
 # in one message (a streamed call costs 1-3 ms more than a unary one in Python gRPC).
 STREAM_ABOVE_BYTES = 4 << 20
+# --tensor_transport tcp: a PS's raw-TCP port is connected to within this; one that cannot be
+# is not tried again for BULK_RETRY_SECONDS (its calls go over gRPC meanwhile), so an
+# unreachable port costs a call its connect timeout once, not every call.
+BULK_CONNECT_SECONDS = 5.0
+BULK_RETRY_SECONDS = 30.0
 # A waiting pull that a PS answered "not yet" (the model did not move; the PS lets only a few
 # pulls wait at once, each briefly: elasticdl/ps/server.py MAX_WAITING_PULLS) asks again,
 # at most every POLL_FIRST_SECONDS at first, then less often, at least every
@@ -124,6 +129,7 @@ class PSClient:
         # --tensor_transport tcp: each PS's connection, made at its first large call (None: not
         # yet; False: the PS serves none), and a lock per PS (one request at a time on it).
         self._bulk: list = [None] * len(addresses)
+        self._bulk_retry_at = [0.0] * len(addresses)  # after a failed connect: gRPC until then
         self._bulk_locks = [threading.Lock() for _ in addresses]
         # The master's leadership term: its commands carry it, and a PS refuses an older one.
         self.term = 0
@@ -299,7 +305,10 @@ class PSClient:
         """PS ``ps``'s bulk socket, connected and authenticated (None if it serves none)."""
         conn = self._bulk[ps]
         if conn is None:
-            port = self._stubs[ps].get_stats(elasticdl_pb2.Empty()).bulk_port
+            if time.monotonic() < self._bulk_retry_at[ps]:
+                return None  # it could not be reached a moment ago: gRPC until then
+            stats = self._stubs[ps].get_stats(elasticdl_pb2.Empty())
+            port = stats.bulk_port
             if not port:
                 logger.warning("PS %d at %s serves no raw-TCP transport (its job has --tensor_transport grpc): "
                                "its tensors go over gRPC", ps, self.addresses[ps])
@@ -308,7 +317,13 @@ class PSClient:
             token = self._token or job_token()
             if not token:
                 raise bulk.BulkProtocolError("--tensor_transport tcp needs the job's token ($ELASTICDL_TOKEN_FILE)")
-            conn = socket.create_connection((self.addresses[ps].rsplit(":", 1)[0], port), timeout=60)
+            # The PS's own address (its pod's IP), not its Service's, which carries only gRPC.
+            host = stats.bulk_host or self.addresses[ps].rsplit(":", 1)[0]
+            try:
+                conn = socket.create_connection((host, port), timeout=BULK_CONNECT_SECONDS)
+            except OSError:
+                self._bulk_retry_at[ps] = time.monotonic() + BULK_RETRY_SECONDS
+                raise
             conn.settimeout(None)
             bulk.tune(conn)
             bulk.send_frame(conn, bulk.AUTH, token.encode())
