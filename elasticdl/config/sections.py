@@ -186,8 +186,11 @@ class TrainingSection:
     tensor_transport: str = flag(
         "grpc",
         "How a large dense pull or push (a PS's part of the model above 4 MB) travels: grpc, "
-        "or tcp: raw frames on a socket each PS opens beside its gRPC server (same host, a free "
-        "port, the job's token), without the copies gRPC makes of each message. Experimental.",
+        "or tcp: raw frames on a socket each PS opens beside its gRPC server (a free port on the "
+        "PS's own address, its pod's IP on Kubernetes; the job's token), without the copies gRPC "
+        "makes of each message. A call that cannot use the socket goes over gRPC (a port that "
+        "cannot be reached is tried again after 30 s); a push whose answer the socket lost is "
+        "sent again over gRPC, and the PS applies it once. Experimental.",
         commands=("train",),
     )
 
