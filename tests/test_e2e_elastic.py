@@ -35,6 +35,19 @@ def _ps_pids(job_pid: int, tmp_path) -> list[int]:
     return [pids[i] for i in sorted(pids)]
 
 
+def _report_after_ps_kill(proc: subprocess.Popen, tmp_path, ready, what: str, ps: int, wait: float = 120) -> dict:
+    """Once ``ready()`` holds (``what``, within ``wait`` s), SIGKILL PS ``ps`` of the job ``proc``
+    runs; its report once it ends."""
+    try:
+        _wait_for(ready, wait, what)
+        os.kill(_ps_pids(proc.pid, tmp_path)[ps], signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return report_of(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+
+
 def _wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -114,14 +127,8 @@ def test_ps_killed_and_restored_from_checkpoint(digits, tmp_path):  # noqa: F811
     job = "ps-chaos"
     proc = _start(digits, tmp_path, job, num_workers=2, num_ps=1, num_epochs=3,
                   checkpoint_dir=tmp_path / "ckpt", checkpoint_steps=20)
-    try:
-        _wait_for(lambda: os.path.isdir(tmp_path / "ckpt" / "version-40"), 120, "a checkpoint")
-        os.kill(_ps_pids(proc.pid, tmp_path)[0], signal.SIGKILL)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    report = report_of(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    report = _report_after_ps_kill(proc, tmp_path, lambda: os.path.isdir(tmp_path / "ckpt" / "version-40"),
+                                   "a checkpoint", ps=0)
     assert report["ps_relaunches"] == 1
     assert report["metrics"]["accuracy"] >= 0.90
     assert "every PS goes back to version" in _master_log(tmp_path, job)

@@ -5,14 +5,12 @@ checkpoint with every record's gradients applied exactly once."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 
 import pytest
 
-from tests.test_e2e_elastic import _master_log, _ps_pids, _wait_for
-from tests.test_e2e_local import report_of
+from tests.test_e2e_elastic import _master_log, _report_after_ps_kill
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECORDS = 1280
@@ -38,14 +36,8 @@ def test_a_dense_model_over_tcp_survives_a_ps_kill_exactly_once(dense, tmp_path)
         "--tensor_transport", "tcp", "--checkpoint_dir", str(tmp_path / "ckpt"), "--checkpoint_steps", "10",
     ]
     proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for(lambda: os.path.isdir(tmp_path / "ckpt" / "version-20"), 180, "a checkpoint")
-        os.kill(_ps_pids(proc.pid, tmp_path)[1], signal.SIGKILL)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    report = report_of(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    report = _report_after_ps_kill(proc, tmp_path, lambda: os.path.isdir(tmp_path / "ckpt" / "version-20"),
+                                   "a checkpoint", ps=1, wait=180)
     assert report["ps_relaunches"] == 1
     assert "every PS goes back to version" in _master_log(tmp_path, job)
     # Nothing lost, nothing applied twice, on either PS.

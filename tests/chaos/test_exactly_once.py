@@ -19,12 +19,11 @@ import glob
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
 
 from elasticdl.data.sources import count_records, make_shards, resolve_data_files
-from tests.test_e2e_elastic import _master_log, _ps_pids, _wait_for
+from tests.test_e2e_elastic import _master_log, _report_after_ps_kill, _wait_for
 from tests.test_e2e_local import digits, report_of, train_args  # noqa: F401
 
 EPOCHS, BATCH, RECORDS_PER_TASK, STEPS = 3, 32, 128, 40
@@ -73,14 +72,7 @@ def test_a_ps_sigkilled_mid_job_ends_at_the_fault_free_version(digits, tmp_path)
     job = "chaos-ps"
     proc = subprocess.Popen(_command(digits, tmp_path, job), cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for(lambda: _complete_cut(tmp_path, STEPS), 120, "the first complete cut")
-        os.kill(_ps_pids(proc.pid, tmp_path)[1], signal.SIGKILL)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    report = report_of(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    report = _report_after_ps_kill(proc, tmp_path, lambda: _complete_cut(tmp_path, STEPS), "the first complete cut", ps=1)
     _check_history(report, digits, report["records_per_epoch"])
     (rollback,) = report["ps_rollbacks"]
     assert rollback["ps"] == 1 and rollback["to_version"] >= STEPS and rollback["records_possibly_missing"] == 0
@@ -119,14 +111,8 @@ def test_a_ps_sigkilled_without_checkpoints_is_refilled_and_the_report_counts_wh
         num_epochs=EPOCHS, records_per_task=RECORDS_PER_TASK,
     )]
     proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for(lambda: "epoch 2 of 3 starts" in _master_log(tmp_path, job), 120, "epoch 2")
-        os.kill(_ps_pids(proc.pid, tmp_path)[1], signal.SIGKILL)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    report = report_of(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    report = _report_after_ps_kill(proc, tmp_path, lambda: "epoch 2 of 3 starts" in _master_log(tmp_path, job),
+                                   "epoch 2", ps=1)
     (rollback,) = report["ps_rollbacks"]
     assert rollback["to_version"] is None and rollback["records_possibly_missing"] > 0
     assert report["records_possibly_missing"] == rollback["records_possibly_missing"]
