@@ -250,8 +250,12 @@ def concat(pieces: Sequence[Columns]) -> Columns:
 def from_arrow(table) -> Columns:
     """The Arrow ``table`` as Columns (structs flattened to ``parent.child``)."""
     table = flatten_structs(table)
-    return Columns([_column(name, table.column(name).combine_chunks()) for name in table.column_names],
-                   table.num_rows)
+    return Columns([_column(name, _one_array(table.column(name))) for name in table.column_names], table.num_rows)
+
+
+def _one_array(chunked):
+    """The column as one Arrow array: its only chunk as it is (``combine_chunks`` copies even one)."""
+    return chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
 
 
 def _column(name: str, array) -> Column:
