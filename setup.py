@@ -17,7 +17,7 @@ setup(
         "etcd-sdk-python>=0.0.7",  # module pyetcd: python-etcd3's API on current protobuf (--etcd_endpoints)
         "kubernetes>=30",  # --backend kubernetes (imported only there)
         "rich>=13",  # the master's live progress line, with log lines printed above it
-        "fsspec>=2024.2",  # remote paths (elasticdl/fs.py); each scheme's backend is an extra below
+        "fsspec>=2024.2",  # remote paths (elasticdl/fs/__init__.py); each scheme's backend is an extra below
         "pyarrow>=15",  # Parquet data (imported only for .parquet files)
     ],
     extras_require={

@@ -39,6 +39,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -51,8 +52,11 @@ def moto_s3_server():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+    # The server logs a line per request: to a file, since a pipe nobody reads would fill and
+    # stop the server mid-response.
+    log = tempfile.TemporaryFile()
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=log)
     endpoint = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     try:
@@ -62,7 +66,8 @@ def moto_s3_server():
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto server did not start: {proc.stderr.read().decode()[-2000:]}") from None
+                    log.seek(0)
+                    raise RuntimeError(f"moto server did not start: {log.read().decode()[-2000:]}") from None
                 time.sleep(0.1)
         yield {
             # moto takes any credentials; a fresh secret lets a test look for it in the logs.
@@ -76,6 +81,7 @@ def moto_s3_server():
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        log.close()
 
 
 def _elasticdl_reader(files: list[str], row_group_rows: int, batch_size: int) -> tuple[int, float]:

@@ -1,4 +1,4 @@
-"""Parquet records and remote paths (elasticdl/fs.py) against moto's S3 server, through s3fs."""
+"""Parquet records and remote paths (elasticdl/fs/__init__.py) against moto's S3 server, through s3fs."""
 
 from __future__ import annotations
 

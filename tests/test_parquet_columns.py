@@ -196,7 +196,7 @@ def test_a_failed_read_ahead_raises_what_a_direct_read_raises(data, tmp_path):
     _damaged(data, truncated)
     direct = []
     with pytest.raises(Exception) as direct_err:
-        for table in parquet._row_groups(truncated, pq.ParquetFile(truncated), [0, 1, 2], 0, 5, 45, None):
+        for table in parquet._row_group_tables(truncated, 5, 45, None):
             direct.append(table.num_rows)
     with pytest.raises(CorruptRecordError) as ahead_err:
         read_columns(truncated, 5, 45)
@@ -205,7 +205,7 @@ def test_a_failed_read_ahead_raises_what_a_direct_read_raises(data, tmp_path):
     assert "rows [5, 45) cannot be read" in str(ahead_err.value)
     ahead = []
     with pytest.raises(type(direct_err.value)):
-        for table in read_ahead(parquet._row_groups(truncated, pq.ParquetFile(truncated), [0, 1, 2], 0, 5, 45, None)):
+        for table in read_ahead(parquet._row_group_tables(truncated, 5, 45, None)):
             ahead.append(table.num_rows)
     assert ahead == direct == [11]  # the rows before the failure, then the same error
 

@@ -1,10 +1,10 @@
 """Parquet files through pyarrow: count rows from the footer, read a row range as Example records or columns.
 
 Counting reads only the footer (its row-group metadata: a ranged read of the file's tail on
-an object store), never the data. Reading a row range reads only the row groups it
-overlaps and only the projected ``columns``, with pyarrow's pre-buffering: the column
-chunks it needs are fetched together, in a few large ranged reads, rather than one small
-read per page. Each row becomes a serialized tf.train.Example (elasticdl/data/examples.py),
+an object store), never the data; a worker keeps the footers it read. Reading a row range
+reads only the row groups it overlaps and only the projected ``columns``: from a remote
+file, a row group's column chunks in one ranged request (``fs.read_range``; on S3 over a
+presigned URL) decoded from memory, from a local one through pyarrow's pre-buffered reads. Each row becomes a serialized tf.train.Example (elasticdl/data/examples.py),
 so ``dataset_fn`` parses Parquet rows as it parses TFRecord records; or, with
 ``--data_reader_params records=columns``, the range comes as numpy columns
 (elasticdl/data/columns.py), and a worker streams them: a row group at a time, the next one
@@ -16,6 +16,7 @@ tasks share is read by both.
 
 from __future__ import annotations
 
+import io
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -112,10 +113,7 @@ def read_columns(path: str, start: int, end: int, columns: Sequence[str] | None 
     names = list(columns) if columns else None
     if start == end:
         return _columns.from_arrow(_table_schema(path, names).empty_table())
-    with _open(path) as handle:
-        parquet = _file(path, handle)
-        groups, first_row = _groups(path, parquet.metadata, start, end)
-        pieces = [_columns.from_arrow(t) for t in _row_groups(path, parquet, groups, first_row, start, end, names)]
+    pieces = [_columns.from_arrow(t) for t in _row_group_tables(path, start, end, names)]
     return pieces[0] if len(pieces) == 1 else _columns.concat(pieces)
 
 
@@ -123,20 +121,41 @@ def stream_columns(path: str, start: int, end: int, columns: Sequence[str] | Non
     """As ``read_columns``, but a range of several row groups comes as a ColumnStream: its first
     row group at once, each next one read in a thread while the rows before it train."""
     _check_range(path, start, end)
-    names = list(columns) if columns else None
-    with _open(path) as handle:
-        groups, _ = _groups(path, _file(path, handle).metadata, start, end)
+    groups, _ = _groups(path, _metadata(path)[1], start, end)
     if len(groups) < 2:
         return read_columns(path, start, end, columns)
-    pieces = read_ahead(_columns.from_arrow(table) for table in _open_row_groups(path, start, end, names))
+    names = list(columns) if columns else None
+    pieces = read_ahead(_columns.from_arrow(table) for table in _row_group_tables(path, start, end, names))
     return ColumnStream(pieces, end - start)
 
 
-def _open_row_groups(path: str, start: int, end: int, columns: list[str] | None) -> Iterator[object]:
-    with _open(path) as handle:  # open while the stream is read: closed by its end or its close()
+def _metadata(path: str) -> tuple[int, object]:
+    """(size, FileMetaData) of the file, from the footers kept (see _footers) or its footer."""
+    known = _known(path)
+    if known is not None and (fs.is_remote(path) or known[0] == fs.size(path)):
+        return known
+    with _open(path) as handle:
         parquet = _file(path, handle)
-        groups, first_row = _groups(path, parquet.metadata, start, end)
-        yield from _row_groups(path, parquet, groups, first_row, start, end, columns)
+        return _known(path) or (fs.size(path), parquet.metadata)
+
+
+def _row_group_tables(path: str, start: int, end: int, columns: list[str] | None) -> Iterator[object]:
+    """Rows [start, end), a row group at a time, as Arrow tables (the first and last cut to the range).
+
+    A local file is read through pyarrow; a remote one a row group at a time, its column chunks
+    fetched in one ranged request (fs.read_range) and decoded from memory.
+    """
+    if not fs.is_remote(path):
+        with _open(path) as handle:  # open while the tables are taken: closed by their end or close()
+            parquet = _file(path, handle)
+            groups, first_row = _groups(path, parquet.metadata, start, end)
+            yield from _cut(path, groups, first_row, start, end,
+                            lambda index: parquet.read_row_group(index, columns=columns))
+        return
+    size, metadata = _metadata(path)
+    groups, first_row = _groups(path, metadata, start, end)
+    yield from _cut(path, groups, first_row, start, end,
+                    lambda index: _read_remote_group(path, size, metadata, index, columns))
 
 
 def _check_range(path: str, start: int, end: int) -> None:
@@ -155,27 +174,100 @@ def _table_schema(path: str, columns: list[str] | None):
 def _iter_rows(path: str, start: int, end: int, columns: list[str] | None) -> Iterator[bytes]:
     if start == end:
         return
-    with _open(path) as handle:
-        parquet = _file(path, handle)
-        groups, first_row = _groups(path, parquet.metadata, start, end)
-        try:
-            table = parquet.read_row_groups(groups, columns=columns)
-        except (OSError, ValueError) as err:  # a truncated or damaged object
-            raise _unreadable(path, start, end, err) from err
-    yield from examples.encode(table.slice(start - first_row, end - start))
+    for table in _row_group_tables(path, start, end, columns):
+        yield from examples.encode(table)
 
 
-def _row_groups(path: str, parquet, groups: list[int], row: int, start: int, end: int,
-                columns: list[str] | None) -> Iterator[object]:
-    """Rows [start, end), a row group at a time, as Arrow tables (the first and last cut to the range)."""
+def _cut(path: str, groups: list[int], row: int, start: int, end: int, read) -> Iterator[object]:
+    """``read(index)`` of each row group, cut to rows [start, end); a damaged object is named."""
     for index in groups:
         try:
-            table = parquet.read_row_group(index, columns=columns)
+            table = read(index)
         except (OSError, ValueError) as err:  # a truncated or damaged object
+            if isinstance(err, fs.StorageError):
+                raise
             raise _unreadable(path, start, end, err) from err
         lo, hi = max(start, row), min(end, row + table.num_rows)
         yield table.slice(lo - row, hi - lo)
         row += table.num_rows
+
+
+# Column chunks closer than this are fetched in one request: a request costs more than reading
+# this many bytes more from a nearby store.
+_HOLE_BYTES = 1 << 20
+
+
+def _read_remote_group(path: str, size: int, metadata, index: int, columns: list[str] | None):
+    """Row group ``index`` of a remote file: the column chunks ``columns`` need in one ranged
+    request (a few, for far-apart columns), decoded from memory."""
+    spans = _chunk_spans(metadata.row_group(index), columns)
+    fetched = _Fetched(path, size, [(lo, fs.read_range(path, lo, hi)) for lo, hi in spans])
+    return _pq().ParquetFile(fetched, metadata=metadata).read_row_group(index, columns=columns)
+
+
+def _chunk_spans(group, columns: list[str] | None) -> list[tuple[int, int]]:
+    """Byte ranges of the row group's column chunks that ``columns`` need, merged across small holes."""
+    wanted = []
+    for i in range(group.num_columns):
+        chunk = group.column(i)
+        name = chunk.path_in_schema
+        if columns is not None and not any(name == c or name.startswith(c + ".") for c in columns):
+            continue
+        begin = chunk.data_page_offset
+        if chunk.has_dictionary_page and 0 < chunk.dictionary_page_offset < begin:
+            begin = chunk.dictionary_page_offset
+        wanted.append((begin, begin + chunk.total_compressed_size))
+    spans: list[list[int]] = []
+    for lo, hi in sorted(wanted):
+        if spans and lo - spans[-1][1] <= _HOLE_BYTES:
+            spans[-1][1] = max(spans[-1][1], hi)
+        else:
+            spans.append([lo, hi])
+    return [(lo, hi) for lo, hi in spans]
+
+
+class _Fetched(io.RawIOBase):
+    """A remote file of which some ranges are in memory, for pyarrow to decode a row group from.
+
+    A read outside them (a writer whose chunk sizes leave out a few bytes, a column the
+    projection did not name) is fetched then: it costs a request, never a wrong byte.
+    """
+
+    def __init__(self, path: str, size: int, pieces: list[tuple[int, bytes]]):
+        self._path = path
+        self._size = size
+        self._pieces = pieces
+        self._position = 0
+        self.misses = 0  # reads that were fetched
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
+        self._position = base + offset
+        return self._position
+
+    def tell(self) -> int:
+        return self._position
+
+    def readinto(self, buffer) -> int:
+        start = self._position
+        end = start + min(len(buffer), max(0, self._size - start))
+        for lo, data in self._pieces:
+            if lo <= start and end <= lo + len(data):
+                buffer[:end - start] = memoryview(data)[start - lo:end - lo]
+                break
+        else:
+            self.misses += 1
+            data = fs.read_range(self._path, start, end)
+            end = start + len(data)
+            buffer[:end - start] = data
+        self._position = end
+        return end - start
 
 
 def _groups(path: str, metadata, start: int, end: int) -> tuple[list[int], int]:

@@ -17,7 +17,7 @@ leaves either the whole file or none (never a partial ``ps-*.npz``). A version d
 is complete when all ``n`` files are there. Restoring reads every file of a version and
 keeps the variables that hash to this PS, so a job may restart on a different number
 of parameter servers. On an object store (``s3://``, ``gs://``) a shard goes up in one put
-followed by a ``.committed`` marker, and only marked shards count (elasticdl/fs.py).
+followed by a ``.committed`` marker, and only marked shards count (elasticdl/fs/__init__.py).
 Embedding tables are saved as their ids, rows and per-row slots;
 restoring keeps the rows whose ``id % num_ps`` is this PS. Non-trainable variables
 (``non_trainable:<name>``) are placed like the trainable ones (``param:<name>``).
@@ -97,7 +97,7 @@ def shard_file_name(ps_id: int, num_ps: int, term: int) -> str:
 
 def write_atomically(path: str, write) -> None:
     """``write(file)`` so that ``path`` is either the old file (or absent) or the whole new one
-    (elasticdl/fs.py: fsync and rename on a local disk, one put and a commit marker on an
+    (elasticdl/fs/__init__.py: fsync and rename on a local disk, one put and a commit marker on an
     object store)."""
     fs.write_atomically(path, write)
 

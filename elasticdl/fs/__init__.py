@@ -242,6 +242,36 @@ def read_bytes(path: str) -> bytes:
     return _call(path, lambda: filesystem(path).cat_file(path))
 
 
+def read_range(path: str, start: int, end: int) -> bytes:
+    """Bytes [start, end) of a file (fewer where the file ends first): remote, one ranged request.
+
+    On S3 the request goes over a presigned URL (elasticdl/fs/presigned.py) when it can, which
+    costs the reader's CPU a fraction of an s3fs request; s3fs serves it otherwise.
+    """
+    if not is_remote(path):
+        with builtins.open(_strip_local(path), "rb") as f:
+            f.seek(start)
+            return f.read(end - start)
+    fs = filesystem(path)
+    if scheme(path) in ("s3", "s3a"):
+        data = _presigned(fs).read(path, start, end)
+        if data is not None:
+            return data
+    return _call(path, lambda: fs.cat_file(path, start=start, end=end))
+
+
+_PRESIGNED: dict[int, Any] = {}  # id(s3fs filesystem) -> PresignedRanges (fsspec caches the filesystems)
+
+
+def _presigned(fs):
+    from elasticdl.fs.presigned import PresignedRanges
+
+    ranges = _PRESIGNED.get(id(fs))
+    if ranges is None or ranges.filesystem is not fs:
+        ranges = _PRESIGNED[id(fs)] = PresignedRanges(fs)
+    return ranges
+
+
 def write_atomically(path: str, write: Callable[[IO[bytes]], None]) -> None:
     """``write(file)`` to ``path`` so that a reader sees the whole new file or none of it.
 
