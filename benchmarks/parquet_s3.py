@@ -86,19 +86,27 @@ def moto_s3_server():
 
 def _elasticdl_reader(files: list[str], row_group_rows: int, batch_size: int) -> tuple[int, float]:
     from elasticdl.data import parquet
-    from elasticdl.data.sources import count_records, make_shards, read_columns
+    from elasticdl.data.sources import count_records, load_records, make_shards
+    from elasticdl.data.task_prefetch import TaskPrefetch
+    from elasticdl.master.task_manager import Task, TaskManager
 
     # The master cuts the tasks (from the footers) before a worker reads: not timed. The footers
     # it read are forgotten, so a worker's first read of each file fetches its footer again.
-    shards = make_shards([(f, count_records(f)) for f in files], row_group_rows)
+    ledger = TaskManager(make_shards([(f, count_records(f)) for f in files], row_group_rows))
     parquet._footers.clear()
+    reads = TaskPrefetch(lambda key: load_records(*key, as_columns=True))  # the worker's read-ahead
     started = time.perf_counter()
     rows = 0
-    for shard in shards:
-        records = read_columns(shard.path, shard.start, shard.end)
-        chunks = records.chunks(batch_size)  # what BatchStream feeds its pipeline, as numpy arrays
-        rows += sum(len(chunk[0]) for chunk in chunks)
-    return rows, time.perf_counter() - started
+    while isinstance(task := ledger.get_task(0), Task):  # the worker's task loop, minus the RPCs
+        ahead = ledger.read_ahead(0)
+        if ahead is not None:
+            reads.start((ahead.path, ahead.start, ahead.end))
+        records, _ = reads.take((task.shard.path, task.shard.start, task.shard.end))
+        rows += sum(len(chunk[0]) for chunk in records.chunks(batch_size))  # what BatchStream enqueues
+        ledger.report(task.task_id, 0)
+    elapsed = time.perf_counter() - started
+    reads.close()
+    return rows, elapsed
 
 
 def _pyarrow_direct(files: list[str], env: dict) -> tuple[int, float]:

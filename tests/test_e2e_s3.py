@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -80,6 +81,10 @@ def test_deepfm_on_parquet_in_s3_survives_a_ps_kill_and_exports_to_s3(s3_env, tm
     assert secret not in log and secret not in err and secret not in out  # credentials are never logged
     for role_log in (tmp_path / "runs" / "s3-deepfm" / "logs").iterdir():
         assert secret not in role_log.read_text(), role_log.name
+    # Each task after the first was promised with the one before and read while that one trained.
+    worker_log = (tmp_path / "runs" / "s3-deepfm" / "logs" / "worker-0.log").read_text()
+    ahead, tasks = map(int, re.search(r"the records of (\d+) of (\d+) tasks were read ahead", worker_log).groups())
+    assert tasks >= 4 and ahead >= 2, worker_log[-2000:]
     assert report["saved_model"] == f"{root}/model"
     assert report["checkpoint"].startswith(f"{root}/ckpt/version-")
 

@@ -105,3 +105,32 @@ def test_progress_and_results_reach_the_job_loop_as_events_over_grpc():
     finally:
         client.close()
         server.stop(grace=None)
+
+
+def test_a_task_comes_with_the_range_of_the_next_one_to_read_ahead_over_grpc():
+    from elasticdl.data.sources import Shard
+    from elasticdl.master.clocks import WorkerClocks
+    from elasticdl.master.evaluation_service import TaskDispatcher
+    from elasticdl.master.progress import TrainingProgress
+    from elasticdl.master.servicer import MasterServicer
+    from elasticdl.master.task_manager import TaskManager
+    from elasticdl.proto import elasticdl_pb2_grpc
+    from elasticdl.rpc.channel import bind_local, make_server
+    from elasticdl.rpc.master_client import MasterClient
+
+    dispatcher = TaskDispatcher(TaskManager([Shard("f", 0, 10), Shard("f", 10, 20)], shuffle=False), None)
+    server = make_server()
+    elasticdl_pb2_grpc.add_MasterServicer_to_server(
+        MasterServicer(dispatcher, TrainingProgress(20, 1), WorkerClocks()), server)
+    port = bind_local(server)
+    server.start()
+    client = MasterClient(f"127.0.0.1:{port}", worker_id=0)
+    try:
+        first = client.get_task()
+        assert (first.start, first.end, first.read_ahead) == (0, 10, ("f", 10, 20))
+        client.report(first.task_id, 10, "", 0.5, 2, 1)
+        second = client.get_task()
+        assert (second.start, second.end, second.read_ahead) == (10, 20, None)  # nothing left to promise
+    finally:
+        client.close()
+        server.stop(grace=None)

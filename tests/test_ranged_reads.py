@@ -54,6 +54,22 @@ def test_s3_ranges_come_over_presigned_urls(s3_env, monkeypatch):
     assert fs.read_range(path, 16000, 16384) == data[16000:16384]
 
 
+def test_a_tail_and_the_size_come_in_one_request(s3_env, monkeypatch, tmp_path):
+    bucket = s3_env.new_bucket()
+    data = bytes(range(256)) * 8
+    s3_env.filesystem().pipe_file(f"{bucket}/blob", data)
+    path = f"s3://{bucket}/blob"
+    client = fs.filesystem(path)
+    for name in ("cat_file", "size", "info"):  # no HEAD for the size, no GetObject through s3fs
+        monkeypatch.setattr(client, name, lambda *a, **k: pytest.fail("asked s3fs"))
+    assert fs.read_tail(path, 100) == (len(data), data[-100:])
+    assert fs.read_tail(path, 10_000) == (len(data), data)  # longer than the object: all of it
+    local = tmp_path / "blob"
+    local.write_bytes(data)
+    assert fs.read_tail(str(local), 100) == (len(data), data[-100:])
+    assert fs.read_tail(str(local), 10_000) == (len(data), data)
+
+
 def test_a_url_is_signed_once_and_again_before_it_expires(s3_env):
     bucket = s3_env.new_bucket()
     s3_env.filesystem().pipe_file(f"{bucket}/blob", b"0123456789")
@@ -113,6 +129,7 @@ def test_a_refused_presigned_read_goes_to_s3fs_and_the_bucket_is_not_tried_again
     with caplog.at_level("INFO", logger="elasticdl.fs.presigned"):
         assert ranges.read("s3://locked/a.parquet", 0, 100) is None
         assert ranges.read("s3://locked/b.parquet", 5, 10) is None
+        assert ranges.tail("s3://locked/b.parquet", 10) is None
     assert _Refusing.requests == ["bytes=0-99"]  # the second read did not ask
     assert "s3://locked: ranged reads over presigned URLs answered HTTP 403; reading through s3fs" in caplog.text
     assert "Signature" not in caplog.text
@@ -137,7 +154,6 @@ def test_a_remote_row_group_is_one_ranged_read_decoded_from_memory(s3_env, monke
     table = _table(300)
     s3_env.filesystem().pipe_file(f"{bucket}/t.parquet", _parquet_bytes(table, 100))
     path = f"s3://{bucket}/t.parquet"
-    assert count_records(path) == 300  # the footer, kept for the reads
     reads, misses = [], []
     real_read_range, real_fetched = fs.read_range, parquet._Fetched
 
@@ -152,6 +168,8 @@ def test_a_remote_row_group_is_one_ranged_read_decoded_from_memory(s3_env, monke
 
     monkeypatch.setattr(fs, "read_range", counting)
     monkeypatch.setattr(parquet, "_Fetched", Fetched)
+    assert count_records(path) == 300  # the footer (one request for the file's tail), kept for the reads
+    assert reads == [] and sum(f.misses for f in misses) == 0
     columns = read_columns(path, 90, 210)  # three row groups
     assert len(reads) == 3 and sum(f.misses for f in misses) == 0
     assert columns[:].columns[0].values.tolist() == table["user"].to_pylist()[90:210]

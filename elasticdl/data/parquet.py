@@ -51,25 +51,16 @@ def _known(path: str) -> tuple[int, object] | None:
 
 
 def _open(path: str):
-    if not fs.is_remote(path):
-        return fs.open(path, "rb")
-    # No fsspec read cache: pyarrow asks for exactly the ranges it needs (the footer, then the
-    # coalesced column chunks), each one ranged request; with the size known, no HEAD first.
-    known = _known(path)
-    size = {"size": known[0]} if known is not None and fs.scheme(path) in ("s3", "s3a") else {}
-    return fs.open(path, "rb", cache_type="none", **size)
+    return fs.open(path, "rb")
 
 
-def _file(path: str, handle):
+def _file(path: str, source, size: int):
+    """A ParquetFile over ``source`` (the file, ``size`` bytes), its footer kept (see _footers)."""
     pq = _pq()
     known = _known(path)
-    if fs.is_remote(path):
-        size = known[0] if known is not None else int(getattr(handle, "size", None) or fs.size(path))
-    else:
-        size = fs.size(path)
     metadata = known[1] if known is not None and known[0] == size else None
     try:
-        parquet = pq.ParquetFile(handle, metadata=metadata, pre_buffer=True)
+        parquet = pq.ParquetFile(source, metadata=metadata, pre_buffer=True)
     except (OSError, ValueError) as err:
         if isinstance(err, fs.StorageError):
             raise
@@ -85,16 +76,34 @@ def _file(path: str, handle):
     return parquet
 
 
+# A remote file's footer comes in one request for its last this many bytes (a suffix range, so
+# no request for the file's size first); a footer that is bigger costs one request more.
+_TAIL_BYTES = 64 << 10
+
+
+def _metadata(path: str) -> tuple[int, object]:
+    """(size, FileMetaData) of the file: the footer kept, or read (and then kept)."""
+    known = _known(path)
+    if fs.is_remote(path):
+        if known is not None:
+            return known
+        size, tail = fs.read_tail(path, _TAIL_BYTES)
+        return size, _file(path, _Fetched(path, size, [(size - len(tail), tail)]), size).metadata
+    size = fs.size(path)
+    if known is not None and known[0] == size:
+        return known
+    with _open(path) as handle:
+        return size, _file(path, handle, size).metadata
+
+
 def count_records(path: str) -> int:
     """The number of rows, from the footer alone."""
-    with _open(path) as handle:
-        return _file(path, handle).metadata.num_rows
+    return _metadata(path)[1].num_rows
 
 
 def schema(path: str):
     """The file's Arrow schema, struct columns flattened (``parent.child``), from the footer."""
-    with _open(path) as handle:
-        arrow = _file(path, handle).schema_arrow
+    arrow = _metadata(path)[1].schema.to_arrow_schema()
     return examples.flatten_structs(arrow.empty_table()).schema
 
 
@@ -129,16 +138,6 @@ def stream_columns(path: str, start: int, end: int, columns: Sequence[str] | Non
     return ColumnStream(pieces, end - start)
 
 
-def _metadata(path: str) -> tuple[int, object]:
-    """(size, FileMetaData) of the file, from the footers kept (see _footers) or its footer."""
-    known = _known(path)
-    if known is not None and (fs.is_remote(path) or known[0] == fs.size(path)):
-        return known
-    with _open(path) as handle:
-        parquet = _file(path, handle)
-        return _known(path) or (fs.size(path), parquet.metadata)
-
-
 def _row_group_tables(path: str, start: int, end: int, columns: list[str] | None) -> Iterator[object]:
     """Rows [start, end), a row group at a time, as Arrow tables (the first and last cut to the range).
 
@@ -147,7 +146,7 @@ def _row_group_tables(path: str, start: int, end: int, columns: list[str] | None
     """
     if not fs.is_remote(path):
         with _open(path) as handle:  # open while the tables are taken: closed by their end or close()
-            parquet = _file(path, handle)
+            parquet = _file(path, handle, fs.size(path))
             groups, first_row = _groups(path, parquet.metadata, start, end)
             yield from _cut(path, groups, first_row, start, end,
                             lambda index: parquet.read_row_group(index, columns=columns))
@@ -166,8 +165,7 @@ def _check_range(path: str, start: int, end: int) -> None:
 def _table_schema(path: str, columns: list[str] | None):
     import pyarrow as pa
 
-    with _open(path) as handle:
-        arrow = _file(path, handle).schema_arrow
+    arrow = _metadata(path)[1].schema.to_arrow_schema()
     return arrow if columns is None else pa.schema([arrow.field(c) for c in columns])
 
 
@@ -254,20 +252,23 @@ class _Fetched(io.RawIOBase):
     def tell(self) -> int:
         return self._position
 
-    def readinto(self, buffer) -> int:
+    def read(self, size: int = -1):
+        """The bytes from here: a view of the fetched ones (pyarrow takes any buffer), no copy."""
         start = self._position
-        end = start + min(len(buffer), max(0, self._size - start))
+        end = self._size if size is None or size < 0 else min(self._size, start + size)
         for lo, data in self._pieces:
             if lo <= start and end <= lo + len(data):
-                buffer[:end - start] = memoryview(data)[start - lo:end - lo]
-                break
-        else:
-            self.misses += 1
-            data = fs.read_range(self._path, start, end)
-            end = start + len(data)
-            buffer[:end - start] = data
-        self._position = end
-        return end - start
+                self._position = end
+                return memoryview(data)[start - lo:end - lo]
+        self.misses += 1
+        data = fs.read_range(self._path, start, end)
+        self._position = start + len(data)
+        return data
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
 
 
 def _groups(path: str, metadata, start: int, end: int) -> tuple[list[int], int]:

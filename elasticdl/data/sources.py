@@ -155,6 +155,23 @@ def stream_columns(path: str, start: int, end: int, columns: Sequence[str] | Non
     return parquet.stream_columns(path, start, end, columns)
 
 
+def load_records(
+    path: str, start: int, end: int, as_columns: bool = False, has_header: bool = False,
+    columns: Sequence[str] | None = None,
+) -> tuple[Sequence[bytes] | Columns | ColumnStream, list[CorruptRecordError]]:
+    """A task's records as a worker trains on them, and the corrupt records left out.
+
+    ``as_columns`` (``--data_reader_params records=columns``): Parquet rows as Columns, or as
+    a ColumnStream for a range of several row groups. Otherwise the records as a list of
+    bytes; a corrupt TFRecord record is left out and returned with the others of its kind.
+    """
+    if as_columns:
+        return stream_columns(path, start, end, columns), []
+    corrupt: list[CorruptRecordError] = []
+    records = list(read_records(path, start, end, has_header, on_corrupt=corrupt.append, columns=columns))
+    return records, corrupt
+
+
 def check_parquet_schemas(paths: Sequence[str], columns: Sequence[str] | None = None) -> None:
     """Submit time: the Parquet files among ``paths`` agree on their (projected) columns; a
     DataError names the file and the column otherwise. Reads footers only."""

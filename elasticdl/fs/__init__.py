@@ -260,6 +260,26 @@ def read_range(path: str, start: int, end: int) -> bytes:
     return _call(path, lambda: fs.cat_file(path, start=start, end=end))
 
 
+def read_tail(path: str, length: int) -> tuple[int, bytes]:
+    """(the file's size, its last ``length`` bytes, or all of a shorter file).
+
+    On S3 one request over a presigned URL (a suffix range: the answer names the size); else
+    the size, then a ranged read.
+    """
+    if not is_remote(path):
+        with builtins.open(_strip_local(path), "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - length))
+            return size, f.read()
+    fs = filesystem(path)
+    if scheme(path) in ("s3", "s3a"):
+        found = _presigned(fs).tail(path, length)
+        if found is not None:
+            return found
+    total = size(path)
+    return total, _call(path, lambda: fs.cat_file(path, start=max(0, total - length), end=total))
+
+
 _PRESIGNED: dict[int, Any] = {}  # id(s3fs filesystem) -> PresignedRanges (fsspec caches the filesystems)
 
 

@@ -49,8 +49,33 @@ class PresignedRanges:
 
     def read(self, path: str, start: int, end: int) -> bytes | None:
         """Bytes [start, end) of the object at ``path``, or None: read it through s3fs instead."""
+        if end <= start:
+            return None
+        answer = self._get(path, f"bytes={start}-{end - 1}")
+        if answer is None:
+            return None
+        status, body, _ = answer
+        if len(body) == end - start and (status == 206 or start == 0):
+            return body
+        return None
+
+    def tail(self, path: str, length: int) -> tuple[int, bytes] | None:
+        """(the object's size, its last ``length`` bytes), or None: ask s3fs instead."""
+        answer = self._get(path, f"bytes=-{length}")
+        if answer is None:
+            return None
+        status, body, content_range = answer
+        if status == 200:  # the whole object (a server that takes no suffix range, or a short object)
+            return len(body), body[-length:]
+        total = content_range.rpartition("/")[2]  # "bytes 100-199/200"
+        if not total.isdigit() or len(body) > length:
+            return None
+        return int(total), body
+
+    def _get(self, path: str, byte_range: str) -> tuple[int, bytes, str] | None:
+        """(status, body, Content-Range) of a ranged GET of ``path``; None when it did not serve."""
         bucket = path.partition("://")[2].split("/", 1)[0]
-        if end <= start or bucket in self._refused:
+        if bucket in self._refused:
             return None
         url = self._url(path)
         if url is None:
@@ -59,15 +84,14 @@ class PresignedRanges:
 
         try:
             response = self._connections().request(
-                "GET", url, headers={"Range": f"bytes={start}-{end - 1}"}, preload_content=True,
-                retries=False, timeout=urllib3.Timeout(connect=_TIMEOUT_SECONDS, read=_TIMEOUT_SECONDS),
+                "GET", url, headers={"Range": byte_range}, preload_content=True, retries=False,
+                timeout=urllib3.Timeout(connect=_TIMEOUT_SECONDS, read=_TIMEOUT_SECONDS),
             )
         except urllib3.exceptions.HTTPError as err:  # s3fs retries, and names what is wrong
             logger.debug("%s: presigned read failed (%s); reading through s3fs", path, err)
             return None
-        body = response.data
-        if response.status in (200, 206) and len(body) == end - start and (response.status == 206 or start == 0):
-            return body
+        if response.status in (200, 206):
+            return response.status, response.data, response.headers.get("Content-Range", "")
         if response.status in (400, 401, 403, 405, 501):  # this bucket does not take them: stop trying
             with self._lock:
                 if bucket not in self._refused:

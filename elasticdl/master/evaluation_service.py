@@ -177,6 +177,14 @@ class EvaluationService:
             task.snapshot_id, task.model_version = current.round_id, current.model_version
             return task
 
+    def read_ahead(self, worker_id: int, task_id: int) -> Shard | None:
+        """The records of the evaluation task ``worker_id`` gets after ``task_id`` in its round."""
+        with self._lock:
+            current = self.current
+            if current is None or task_id // EVAL_ID_BASE != current.round_id:
+                return None
+            return current.tasks.read_ahead(worker_id)
+
     def report(
         self, task_id: int, worker_id: int, err_message: str, records: int, states, interrupted: bool = False
     ) -> ReportOutcome:
@@ -296,6 +304,12 @@ class TaskDispatcher:
             if task is not NoTask.WAIT or left <= 0 or self.main is None or self._halted:
                 return task
             self.main.wait_for_change(seq, left)
+
+    def read_ahead(self, worker_id: int, task: Task) -> Shard | None:
+        """The records of the task ``worker_id`` gets after ``task`` from the same ledger, to read ahead."""
+        if task.task_id >= EVAL_ID_BASE:
+            return None if self.evaluation is None else self.evaluation.read_ahead(worker_id, task.task_id)
+        return None if self.main is None else self.main.read_ahead(worker_id)
 
     def _task_now(self, worker_id: int) -> Task | NoTask:
         if self._halted:

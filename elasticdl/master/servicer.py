@@ -68,6 +68,7 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
             return elasticdl_pb2.Task(type=elasticdl_pb2.WAIT)
         if task is NoTask.END:
             return elasticdl_pb2.Task(type=elasticdl_pb2.END)
+        ahead = self._tasks.read_ahead(request.worker_id, task)
         return elasticdl_pb2.Task(
             task_id=task.task_id,
             type=_TASK_TYPES[task.type],
@@ -78,6 +79,8 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
             snapshot_id=task.snapshot_id,
             model_version=task.model_version,
             handout=task.handout,
+            read_ahead=None if ahead is None else elasticdl_pb2.TaskRange(path=ahead.path, start=ahead.start,
+                                                                          end=ahead.end),
         )
 
     def report_task_result(self, request, context):

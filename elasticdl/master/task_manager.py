@@ -14,6 +14,11 @@ then on and answer how far the task's records were applied. Only the rest goes b
 so no batch is applied twice. A rollback to a checkpoint (``rewind``) puts every record the
 checkpoint does not hold back to todo, in this epoch and the one before.
 
+Read-ahead: with each task a worker is promised the task it gets next (``read_ahead``), and
+reads that task's records while it trains this one, so it does not wait on the network
+between tasks. A promised task stays in todo (the ledger does not change); it goes to the
+worker it was promised to, and to another only when every task left is promised to someone.
+
 Pure Python and thread-safe; the clock is injectable so tests drive timeouts directly.
 """
 
@@ -161,6 +166,11 @@ class TaskManager:
         self._doing: dict[int, _Doing] = {}
         self._done: dict[int, Task] = {}  # this epoch's and the last one's: what a rollback may undo
         self._next_handout = 1
+        # Read-ahead promises (see above): worker id -> its next task, task id -> its worker. A
+        # promised task is always in todo: it leaves todo only through _take_for, which ends its
+        # promise, or with a reset of todo, which ends them all.
+        self._promised: dict[int, Task] = {}
+        self._promised_to: dict[int, int] = {}
         self.fencer: Fencer | None = None  # set once the PS serve (elasticdl/master/job.py)
         self.epochs: list[EpochStats] = []
         with self._lock:
@@ -178,7 +188,8 @@ class TaskManager:
                     return NoTask.END
             if not self._todo:
                 return NoTask.WAIT
-            task = self._todo.popleft()
+            task = self._take_for(worker_id)
+            self._promise_next(worker_id)
             task.handout = self._next_handout
             self._next_handout += 1
             if task.requeued:
@@ -187,6 +198,49 @@ class TaskManager:
             self._doing[task.task_id] = _Doing(task, worker_id, self._clock())
             self._bump()
             return task
+
+    def read_ahead(self, worker_id: int) -> Shard | None:
+        """The records of the task ``worker_id`` gets next (None: none is left to promise)."""
+        with self._lock:
+            task = self._promised.get(worker_id)
+            return None if task is None else task.shard
+
+    def _take_for(self, worker_id: int) -> Task:
+        """Out of todo (not empty; the lock held): the first task promised to ``worker_id`` or to
+        nobody, else the first (whose worker's promise is broken).
+
+        A task promised to nobody ahead of this worker's promised one came back to the front
+        (a retry, a dead worker's) after the promise: it goes first, and the promise stands.
+        """
+        for i, task in enumerate(self._todo):  # past at most one promised task per worker
+            holder = self._promised_to.get(task.task_id)
+            if holder is None or holder == worker_id:
+                del self._todo[i]
+                if holder is not None:
+                    self._end_promises(worker_id)
+                return task
+        task = self._todo.popleft()
+        self._end_promises(self._promised_to[task.task_id])
+        return task
+
+    def _promise_next(self, worker_id: int) -> None:
+        if worker_id in self._promised:
+            return
+        for task in self._todo:
+            if task.task_id not in self._promised_to:
+                self._promised[worker_id] = task
+                self._promised_to[task.task_id] = worker_id
+                return
+
+    def _end_promises(self, worker_id: int | None = None) -> None:
+        """Forget the read-ahead promise to ``worker_id`` (None: every one: todo was reset)."""
+        if worker_id is None:
+            self._promised.clear()
+            self._promised_to.clear()
+            return
+        task = self._promised.pop(worker_id, None)
+        if task is not None:
+            del self._promised_to[task.task_id]
 
     def report(
         self,
@@ -286,6 +340,7 @@ class TaskManager:
         with self._lock:
             dropped = len(self._todo)
             self._todo.clear()
+            self._end_promises()
             self._stopped = True
             self._bump()
             return dropped
@@ -309,6 +364,7 @@ class TaskManager:
         with self._lock:
             gone = [d for d in self._doing.values() if d.worker_id == worker_id]
             mine = [d.task for d in gone]
+            self._end_promises(worker_id)
             self.seq += bool(gone)
             requeued, applied = [], []
             for doing in gone:
@@ -372,6 +428,7 @@ class TaskManager:
             self._done = done
             self._doing.clear()
             self._todo = deque(sorted(todo, key=lambda t: t.epoch))  # stable: the order within an epoch stays
+            self._end_promises()
             self._bump()
             logger.warning("went back to the checkpoint's data position: %d records go back to todo (%s)",
                            again, cause)
@@ -540,6 +597,7 @@ class TaskManager:
         resumed = snapshot.requeue_in_flight()
         with self._lock:
             self._todo.clear()
+            self._end_promises()
             self._doing.clear()
             self._next_id = resumed.next_task_id
             self.epochs = [

@@ -29,6 +29,7 @@ class TaskOrder:
     snapshot_id: int = 0  # evaluation: the PS snapshot to evaluate
     model_version: int = -1
     handout: int = 0  # training: this hand-out of the task (pushes and the report name it)
+    read_ahead: tuple[str, int, int] | None = None  # (path, start, end) of the task promised next
 
 
 _KINDS = {
@@ -53,6 +54,8 @@ class MasterClient:
         return TaskOrder(
             _KINDS.get(reply.type, "wait"), reply.task_id, reply.path, reply.start, reply.end, reply.epoch,
             reply.snapshot_id, reply.model_version, reply.handout,
+            (reply.read_ahead.path, reply.read_ahead.start, reply.read_ahead.end)
+            if reply.HasField("read_ahead") else None,
         )
 
     def report(

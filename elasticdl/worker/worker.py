@@ -14,7 +14,8 @@ import numpy as np
 
 from elasticdl.data.columns import ColumnStream, select
 from elasticdl.data.errors import BadRecord, BadRecordError
-from elasticdl.data.sources import read_records, record_format, stream_columns
+from elasticdl.data.sources import load_records, record_format
+from elasticdl.data.task_prefetch import TaskPrefetch
 from elasticdl.errors import ElasticDLError, TrainingDivergedError
 from elasticdl.mode import Mode
 from elasticdl.model.records import example_check, find_bad_records
@@ -116,6 +117,8 @@ class Worker:
         # Sync: a training task's first pull, asked for while its records are read.
         self._prefetched_pull: Exchange | None = None
         self._startup = startup or StartupClock()
+        # The next task's records, read while this one trains (the master's read_ahead promise).
+        self._task_reads = TaskPrefetch(self._load_records, dispose=_close_records)
 
     def run(self) -> None:
         try:
@@ -126,6 +129,7 @@ class Worker:
                 self._exchanges.shutdown(wait=False)
             for stream in self._streams.values():
                 stream.close()  # its reader thread waits for the next task: let it go
+            self._task_reads.close()
 
     def _run_tasks(self) -> None:
         handlers = {
@@ -137,11 +141,14 @@ class Worker:
             order = self.master.get_task()
             self._startup.mark("tasks")
             if order.kind == "end":
-                logger.info("no more tasks; %d batches trained", self.batches_trained)
+                logger.info("no more tasks; %d batches trained; the records of %d of %d tasks were read ahead",
+                            self.batches_trained, self._task_reads.taken_ahead, self._task_reads.taken)
                 return
             if order.kind == "wait":
                 time.sleep(self.wait_seconds)
                 continue
+            if order.read_ahead is not None:
+                self._task_reads.start(order.read_ahead)
             self._task_progress = 0
             self._task_bad = []
             self.consistency.task_started()
@@ -188,12 +195,7 @@ class Worker:
         fails with BadRecordError. The batch that failed is looked for bad records by bisection
         (elasticdl/model/records.py); when none is to blame, the original error is raised.
         """
-        corrupt = []
-        if self.records == "columns":  # row groups after the first arrive while the first trains
-            records = stream_columns(order.path, order.start, order.end, self.columns)
-        else:
-            records = list(read_records(order.path, order.start, order.end, self.has_header,
-                                        on_corrupt=corrupt.append, columns=self.columns))
+        records, corrupt = self._task_reads.take((order.path, order.start, order.end))
         skipped = {err.index for err in corrupt}
         positions = [i for i in range(order.start, order.end) if i not in skipped]  # index in the file
         if corrupt:
@@ -228,6 +230,11 @@ class Worker:
                 batches.close()  # a pipeline left mid-task is rebuilt for the next pass
                 if isinstance(records, ColumnStream):
                     records.close()  # a task left early: the read-ahead thread stops
+
+    def _load_records(self, task_range: tuple[str, int, int]):
+        """(records, corrupt ones left out) of a task: see elasticdl/data/sources.py load_records."""
+        path, start, end = task_range
+        return load_records(path, start, end, self.records == "columns", self.has_header, self.columns)
 
     def _found_bad(self, order: TaskOrder, mode: Mode, found: list[tuple[int, str]]) -> None:
         """Note bad records (index in the file, reason); raise BadRecordError unless they may be skipped."""
@@ -720,6 +727,13 @@ class Worker:
                 ps, results[ps].version, SYNC_WAIT_SECONDS,
             )
         self.trainer.embeddings.snapshot_id = 0
+
+
+def _close_records(loaded) -> None:
+    """A read-ahead not taken: a stream's reader thread stops."""
+    records, _ = loaded
+    if isinstance(records, ColumnStream):
+        records.close()
 
 
 def _to_numpy(values):
