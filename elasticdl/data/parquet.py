@@ -200,7 +200,9 @@ def _read_remote_group(path: str, size: int, metadata, index: int, columns: list
     request (a few, for far-apart columns), decoded from memory."""
     spans = _chunk_spans(metadata.row_group(index), columns)
     fetched = _Fetched(path, size, [(lo, fs.read_range(path, lo, hi)) for lo, hi in spans])
-    return _pq().ParquetFile(fetched, metadata=metadata).read_row_group(index, columns=columns)
+    # One thread per row group: a worker reads the next task's row groups while it converts and
+    # trains this one's, and pyarrow's pool would only add its own threads' overhead to that.
+    return _pq().ParquetFile(fetched, metadata=metadata).read_row_group(index, columns=columns, use_threads=False)
 
 
 def _chunk_spans(group, columns: list[str] | None) -> list[tuple[int, int]]:

@@ -45,7 +45,7 @@ class PresignedRanges:
         self._lock = threading.Lock()
         self._urls: dict[str, tuple[str, float]] = {}  # path -> (URL, signed at)
         self._refused: set[str] = set()  # buckets whose presigned reads failed: s3fs only from then on
-        self._pool = None
+        self._pools: dict[tuple[str, str], object] = {}  # (scheme, host) -> urllib3 connection pool
 
     def read(self, path: str, start: int, end: int) -> bytes | None:
         """Bytes [start, end) of the object at ``path``, or None: read it through s3fs instead."""
@@ -82,16 +82,21 @@ class PresignedRanges:
             return None
         import urllib3
 
+        scheme, _, rest = url.partition("://")
+        host, _, query = rest.partition("/")
         try:
-            response = self._connections().request(
-                "GET", url, headers={"Range": byte_range}, preload_content=True, retries=False,
+            response = self._connections(url, scheme, host).urlopen(
+                "GET", "/" + query, headers={"Range": byte_range}, preload_content=False, retries=False,
                 timeout=urllib3.Timeout(connect=_TIMEOUT_SECONDS, read=_TIMEOUT_SECONDS),
             )
+            # The stored bytes, as ranges count them (an object stored with a Content-Encoding too).
+            body = response.read(decode_content=False)
+            response.release_conn()
         except urllib3.exceptions.HTTPError as err:  # s3fs retries, and names what is wrong
             logger.debug("%s: presigned read failed (%s); reading through s3fs", path, err)
             return None
         if response.status in (200, 206):
-            return response.status, response.data, response.headers.get("Content-Range", "")
+            return response.status, body, response.headers.get("Content-Range", "")
         if response.status in (400, 401, 403, 405, 501):  # this bucket does not take them: stop trying
             with self._lock:
                 if bucket not in self._refused:
@@ -119,13 +124,16 @@ class PresignedRanges:
             self._urls[path] = (url, now)
         return url
 
-    def _connections(self):
+    def _connections(self, url: str, scheme: str, host: str):
+        """The kept-alive connections to the endpoint of ``url``."""
         with self._lock:
-            if self._pool is None:
+            pool = self._pools.get((scheme, host))
+            if pool is None:
                 import urllib3
 
-                self._pool = urllib3.PoolManager(maxsize=8, ca_certs=_ca_bundle())
-            return self._pool
+                tls = {"ca_certs": _ca_bundle()} if scheme == "https" else {}
+                pool = self._pools[(scheme, host)] = urllib3.connection_from_url(url, maxsize=8, **tls)
+            return pool
 
 
 def _proxied(url: str) -> bool:
