@@ -114,15 +114,15 @@ class Columns(Sequence):
                 arrays.append(column.offsets)
         return arrays
 
-    def chunks(self, size: int) -> list[list[np.ndarray]]:
+    def chunks(self, size: int) -> list[tuple[np.ndarray, ...]]:
         """``components()`` of rows [0, size), [size, 2 size), ...: views, cut per column in one pass.
 
         A task is hundreds of chunks: the whole chunks of a scalar column are the rows of one
-        2-D view, and a list column's offsets are rebased for all chunks in one numpy step.
+        2-D view, and a list column's offsets are rebased for all whole chunks in one numpy
+        step (over a strided view of the offsets: consecutive chunks share their boundary).
         """
         n = -(-self._rows // size)
         whole = self._rows // size  # chunks of exactly ``size`` rows; the last may be shorter
-        starts = np.arange(n, dtype=np.int64) * size
         per_column = []
         for column in self.columns:
             if column.offsets is None:
@@ -131,16 +131,16 @@ class Columns(Sequence):
                     parts.append(column.values[whole * size:])
                 per_column.append(parts)
                 continue
-            bounds = column.offsets[np.append(starts, self._rows)]
-            first, last = bounds[:-1].tolist(), bounds[1:].tolist()
-            per_column.append([column.values[a:b] for a, b in zip(first, last)])
-            rebased = column.offsets[:whole * size + 1]
-            parts = list(rebased[np.arange(whole)[:, None] * size + np.arange(size + 1)]
-                         - bounds[:whole, None]) if whole else []
+            offsets = column.offsets
+            bounds = offsets[::size].tolist() + ([int(offsets[-1])] if self._rows % size else [])
+            per_column.append([column.values[a:b] for a, b in zip(bounds[:-1], bounds[1:])])
+            step = offsets.strides[0]
+            windows = np.lib.stride_tricks.as_strided(offsets, (whole, size + 1), (size * step, step), writeable=False)
+            parts = list(windows - offsets[:whole * size:size, None]) if whole else []
             if whole < n:
-                parts.append(column.offsets[whole * size:] - bounds[whole])
+                parts.append(offsets[whole * size:] - offsets[whole * size])
             per_column.append(parts)
-        return [list(parts) for parts in zip(*per_column)]
+        return list(zip(*per_column))
 
     def __repr__(self) -> str:
         return f"Columns({self._rows} rows: {', '.join(self.names)})"
