@@ -9,18 +9,17 @@ between rounds:
 
 - ``elasticdl_reader``: a worker's read path up to what it feeds ``dataset_fn``, with
   ``--data_reader_params records=columns``, from a worker that has not read the files
-  before. The files are cut into tasks of one row group (``make_shards`` over the footers'
-  row counts, the master's work, before the clock starts; the footers it read are then
-  forgotten, so the reads fetch them as a new worker does). The tasks come from the
-  master's ledger (``TaskManager``, in this process: the RPCs are not the reader's), each
-  with the promise of the next, and the worker's loop runs: the promised task's records
-  read in the background (``TaskPrefetch`` over ``load_records``: the row group's column
-  chunks in one ranged request, decoded from memory, then Arrow to numpy columns) while
-  this task's are cut into the chunks of ``batch_size`` rows (256) that ``BatchStream``
+  before. The master's part is not timed: it cuts the files into tasks of one row group
+  from their footers (``make_shards`` over the footers' row counts), and hands a worker a
+  file's footer with its first task of the file (this process then forgets the footers, as
+  a new worker has none). The tasks come from the master's ledger (``TaskManager``, in
+  this process: the RPCs are not the reader's), each with the promise of the next, and the
+  worker's loop runs: it keeps the footers handed to it, reads the promised task's records
+  in the background (``TaskPrefetch`` over ``load_records``: the row group's column chunks
+  in one ranged request, decoded from memory, then Arrow to numpy columns) while this
+  task's are cut into the chunks of ``batch_size`` rows (256) that ``BatchStream``
   enqueues into the input pipeline, as numpy arrays. Not measured: the enqueue and the
   per-row work of tf.data and ``dataset_fn`` (the model's).
-- ``elasticdl_reader_warm`` (for information): the same, from a worker that keeps the
-  files' footers from an earlier pass (its epochs after the first).
 - ``pyarrow_direct``: ``pyarrow.parquet.read_table`` of each file through pyarrow's own
   S3 client (C++), into Arrow columns; no records. The target's reference.
 - ``pyarrow_s3fs``: the same ``read_table`` through s3fs, the client the reader uses (for
@@ -90,23 +89,34 @@ def moto_s3_server():
         log.close()
 
 
-def _elasticdl_reader(files: list[str], row_group_rows: int, batch_size: int, warm: bool = False) -> tuple[int, float]:
+def _elasticdl_reader(files: list[str], row_group_rows: int, batch_size: int) -> tuple[int, float]:
     from elasticdl.data import parquet
-    from elasticdl.data.sources import count_records, load_records, make_shards
+    from elasticdl.data.sources import (
+        count_records,
+        file_footer,
+        load_records,
+        make_shards,
+        remember_file_footer,
+    )
     from elasticdl.data.task_prefetch import TaskPrefetch
     from elasticdl.master.task_manager import Task, TaskManager
 
-    # The master cuts the tasks (from the footers) before a worker reads: not timed. The footers
-    # it read are forgotten (unless ``warm``), so a new worker's first read of each file fetches
-    # its footer again.
+    # The master cuts the tasks from the files' footers and hands each worker a file's footer
+    # with its first task of the file (its part, not timed); this process then forgets them,
+    # as a new worker has none.
     ledger = TaskManager(make_shards([(f, count_records(f)) for f in files], row_group_rows))
-    if not warm:
-        parquet._footers.clear()
+    footers = {f: file_footer(f) for f in files}
+    parquet._footers.clear()
     reads = TaskPrefetch(lambda key: load_records(*key, as_columns=True))  # the worker's read-ahead
+    given: set[str] = set()
     started = time.perf_counter()
     rows = 0
     while isinstance(task := ledger.get_task(0), Task):  # the worker's task loop, minus the RPCs
         ahead = ledger.read_ahead(0)
+        for path in [task.shard.path] + ([ahead.path] if ahead else []):
+            if path not in given:  # the footers that came with the task
+                given.add(path)
+                remember_file_footer(path, *footers[path])
         if ahead is not None:
             reads.start((ahead.path, ahead.start, ahead.end))
         records, _ = reads.take((task.shard.path, task.shard.start, task.shard.end))
@@ -163,8 +173,6 @@ def run(spec: dict) -> dict:
         for rep in range(spec["reps"]):
             reads = {
                 "elasticdl_reader": lambda: _elasticdl_reader(files, spec["row_group_rows"], spec.get("batch_size", 256)),
-                "elasticdl_reader_warm": lambda: _elasticdl_reader(files, spec["row_group_rows"],
-                                                                   spec.get("batch_size", 256), warm=True),
                 "pyarrow_direct": lambda: _pyarrow_direct(files, env),
                 "pyarrow_s3fs": lambda: _pyarrow_s3fs(files),
             }

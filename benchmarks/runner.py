@@ -448,11 +448,6 @@ def build_rows(results: dict) -> tuple[list[dict], list[dict]]:
                          "median": median(reader), "runs": reader, "ratio": ratio, "ratio_to": "pyarrow_direct"})
             rows.append({"case": "parquet_s3", "model": model, "competitor": "pyarrow_direct", "metric": "rows/s",
                          "median": median(direct), "runs": direct, "ratio": None, "ratio_to": ""})
-            if all("elasticdl_reader_warm" in r for r in parquet["runs"]):
-                warm = [r["elasticdl_reader_warm"] for r in parquet["runs"]]
-                rows.append({"case": "parquet_s3", "model": model, "competitor": "elasticdl_reader_warm",
-                             "metric": "rows/s", "median": median(warm), "runs": warm,
-                             "ratio": median(paired_ratios(warm, direct)), "ratio_to": "pyarrow_direct"})
             if all("pyarrow_s3fs" in r for r in parquet["runs"]):
                 s3fs_runs = [r["pyarrow_s3fs"] for r in parquet["runs"]]
                 rows.append({"case": "parquet_s3", "model": model, "competitor": "pyarrow_s3fs", "metric": "rows/s",

@@ -107,8 +107,11 @@ def test_progress_and_results_reach_the_job_loop_as_events_over_grpc():
         server.stop(grace=None)
 
 
-def test_a_task_comes_with_the_range_of_the_next_one_to_read_ahead_over_grpc():
-    from elasticdl.data.sources import Shard
+def test_a_task_comes_with_the_range_of_the_next_one_to_read_ahead_over_grpc(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from elasticdl.data.sources import Shard, count_records
     from elasticdl.master.clocks import WorkerClocks
     from elasticdl.master.evaluation_service import TaskDispatcher
     from elasticdl.master.progress import TrainingProgress
@@ -118,7 +121,10 @@ def test_a_task_comes_with_the_range_of_the_next_one_to_read_ahead_over_grpc():
     from elasticdl.rpc.channel import bind_local, make_server
     from elasticdl.rpc.master_client import MasterClient
 
-    dispatcher = TaskDispatcher(TaskManager([Shard("f", 0, 10), Shard("f", 10, 20)], shuffle=False), None)
+    f = str(tmp_path / "f.parquet")
+    pq.write_table(pa.table({"x": list(range(20))}), f, row_group_size=10)
+    assert count_records(f) == 20  # the master read its footer, cutting the tasks
+    dispatcher = TaskDispatcher(TaskManager([Shard(f, 0, 10), Shard(f, 10, 20)], shuffle=False), None)
     server = make_server()
     elasticdl_pb2_grpc.add_MasterServicer_to_server(
         MasterServicer(dispatcher, TrainingProgress(20, 1), WorkerClocks()), server)
@@ -127,10 +133,14 @@ def test_a_task_comes_with_the_range_of_the_next_one_to_read_ahead_over_grpc():
     client = MasterClient(f"127.0.0.1:{port}", worker_id=0)
     try:
         first = client.get_task()
-        assert (first.start, first.end, first.read_ahead) == (0, 10, ("f", 10, 20))
+        assert (first.start, first.end, first.read_ahead) == (0, 10, (f, 10, 20))
+        ((path, size, footer),) = first.footers  # the file's footer, once for both tasks
+        assert path == f and pq.read_metadata(pa.BufferReader(footer)).num_rows == 20
         client.report(first.task_id, 10, "", 0.5, 2, 1)
         second = client.get_task()
-        assert (second.start, second.end, second.read_ahead) == (10, 20, None)  # nothing left to promise
+        assert (second.start, second.end, second.read_ahead, second.footers) == (10, 20, None, ())
+        dispatcher.recover_worker_tasks(0)  # the worker exited: a process under its id gets them again
+        assert [p for p, _, _ in dispatcher.footers_for(0, [f])] == [f]
     finally:
         client.close()
         server.stop(grace=None)

@@ -70,6 +70,17 @@ def test_a_tail_and_the_size_come_in_one_request(s3_env, monkeypatch, tmp_path):
     assert fs.read_tail(str(local), 10_000) == (len(data), data)
 
 
+def test_ranges_and_tails_go_through_s3fs_when_presigned_reads_cannot_serve(s3_env, monkeypatch):
+    bucket = s3_env.new_bucket()
+    data = bytes(range(256)) * 8
+    s3_env.filesystem().pipe_file(f"{bucket}/blob", data)
+    path = f"s3://{bucket}/blob"
+    monkeypatch.setattr(PresignedRanges, "_get", lambda *a: None)  # refused, say
+    assert fs.read_range(path, 10, 300) == data[10:300]
+    assert fs.read_tail(path, 100) == (len(data), data[-100:])
+    assert fs.read_tail(path, 10_000) == (len(data), data)
+
+
 def test_a_url_is_signed_once_and_again_before_it_expires(s3_env):
     bucket = s3_env.new_bucket()
     s3_env.filesystem().pipe_file(f"{bucket}/blob", b"0123456789")
@@ -204,3 +215,26 @@ def test_an_object_cut_short_after_its_footer_was_read_names_the_rows(s3_env):
     s3.pipe_file(f"{bucket}/t.parquet", whole[:group.column(0).data_page_offset + 10])  # rewritten, cut short
     with pytest.raises(CorruptRecordError, match=r"t\.parquet.*rows \[200, 300\) cannot be read"):
         read_columns(path, 200, 300)
+
+
+def test_a_footer_handed_over_saves_the_request_for_it(s3_env, monkeypatch, caplog):
+    from elasticdl.data.sources import file_footer, remember_file_footer
+
+    bucket = s3_env.new_bucket()
+    table = _table(300)
+    s3_env.filesystem().pipe_file(f"{bucket}/t.parquet", _parquet_bytes(table, 100))
+    path = f"s3://{bucket}/t.parquet"
+    assert count_records(path) == 300  # the master's read: it keeps the footer
+    size, footer = file_footer(path)
+    assert size == len(_parquet_bytes(table, 100)) and footer.startswith(b"PAR1")
+    parquet._footers.clear()  # a worker, which never read the file
+    remember_file_footer(path, size, footer)
+    with monkeypatch.context() as patched:
+        patched.setattr(fs, "read_tail", lambda *a: pytest.fail("asked the store for the footer"))
+        assert read_columns(path, 100, 200, ["user"]).columns[0].values.tolist() == \
+            table["user"].to_pylist()[100:200]
+    parquet._footers.clear()
+    with caplog.at_level("WARNING", logger="elasticdl.data.parquet"):
+        remember_file_footer(path, size, b"PAR1 not a footer")  # ignored: the file's own is read
+    assert "does not parse" in caplog.text and count_records(path) == 300
+    assert file_footer(f"s3://{bucket}/t.tfrecord") is None  # other formats have no footer to hand

@@ -17,6 +17,7 @@ tasks share is read by both.
 from __future__ import annotations
 
 import io
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -27,6 +28,8 @@ from elasticdl.data import examples
 from elasticdl.data.columns import Columns, ColumnStream
 from elasticdl.data.errors import CorruptRecordError, DataError
 from elasticdl.data.read_ahead import read_ahead
+
+logger = logging.getLogger(__name__)
 
 _FOOTERS_KEPT = 256
 # path -> (size, FileMetaData): a worker reads a file task after task. A local file's size is
@@ -68,12 +71,16 @@ def _file(path: str, source, size: int):
         if better is not None:
             raise better from err
         raise CorruptRecordError(path, 0, 0, f"not a readable Parquet file ({err})") from err
+    _keep(path, size, parquet.metadata)
+    return parquet
+
+
+def _keep(path: str, size: int, metadata) -> None:
     with _footers_lock:
-        _footers[path] = (size, parquet.metadata)
+        _footers[path] = (size, metadata)
         _footers.move_to_end(path)
         while len(_footers) > _FOOTERS_KEPT:
             _footers.popitem(last=False)
-    return parquet
 
 
 # A remote file's footer comes in one request for its last this many bytes (a suffix range, so
@@ -94,6 +101,36 @@ def _metadata(path: str) -> tuple[int, object]:
         return known
     with _open(path) as handle:
         return size, _file(path, handle, size).metadata
+
+
+def kept_footer(path: str) -> tuple[int, bytes] | None:
+    """(size, the footer as a footer-only Parquet file) of a file whose footer this process
+    read and keeps, for another process to ``remember_footer``; None when it keeps none."""
+    known = _known(path)
+    if known is None:
+        return None
+    out = io.BytesIO()
+    known[1].write_metadata_file(out)
+    return known[0], out.getvalue()
+
+
+def remember_footer(path: str, size: int, footer: bytes) -> None:
+    """Keep the footer another process read (``kept_footer``): reading the file needs no request
+    for it. A footer that does not parse is ignored: the file's own is read when needed."""
+    if _known(path) is not None:
+        return
+    try:
+        metadata = _pq().read_metadata(_pa_buffer(footer))
+    except (OSError, ValueError) as err:
+        logger.warning("%s: the footer handed over does not parse (%s); reading the file's own", path, err)
+        return
+    _keep(path, size, metadata)
+
+
+def _pa_buffer(data: bytes):
+    import pyarrow as pa
+
+    return pa.BufferReader(data)
 
 
 def count_records(path: str) -> int:

@@ -155,6 +155,25 @@ def stream_columns(path: str, start: int, end: int, columns: Sequence[str] | Non
     return parquet.stream_columns(path, start, end, columns)
 
 
+# A footer bigger than this is not handed from the master to the workers: each reads its own.
+MAX_HANDED_FOOTER_BYTES = 1 << 20
+
+
+def file_footer(path: str) -> tuple[int, bytes] | None:
+    """(size, footer) of a Parquet file whose footer this process read (the master, cutting the
+    tasks), for a worker to ``remember_file_footer``; None for other formats, a footer not kept
+    or one over MAX_HANDED_FOOTER_BYTES."""
+    if record_format(path) != "parquet":
+        return None
+    found = parquet.kept_footer(path)
+    return found if found is not None and len(found[1]) <= MAX_HANDED_FOOTER_BYTES else None
+
+
+def remember_file_footer(path: str, size: int, footer: bytes) -> None:
+    """A worker keeps the footer the master handed it (``file_footer``): no request for it."""
+    parquet.remember_footer(path, size, footer)
+
+
 def load_records(
     path: str, start: int, end: int, as_columns: bool = False, has_header: bool = False,
     columns: Sequence[str] | None = None,

@@ -268,9 +268,9 @@ def read_tail(path: str, length: int) -> tuple[int, bytes]:
     """
     if not is_remote(path):
         with builtins.open(_strip_local(path), "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - length))
-            return size, f.read()
+            total = f.seek(0, os.SEEK_END)
+            f.seek(max(0, total - length))
+            return total, f.read()
     fs = filesystem(path)
     if scheme(path) in ("s3", "s3a"):
         found = _presigned(fs).tail(path, length)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elasticdl.data.errors import BadRecord
-from elasticdl.data.sources import Shard
+from elasticdl.data.sources import Shard, file_footer
 from elasticdl.master.task_manager import NoTask, ReportOutcome, Task, TaskManager, TaskType
 from elasticdl.model.metrics import MetricsMerger
 
@@ -271,6 +271,9 @@ class TaskDispatcher:
         self._faults_lock = threading.Lock()
         self._bad_records: dict[tuple[str, int], BadRecord] = {}
         self._diverged: list[str] = []
+        # The files whose footer each worker was handed (``footers_for``); forgotten when it exits.
+        self._footers_given: dict[int, set[str]] = {}
+        self._footers_lock = threading.Lock()
 
     def halt(self, reason: str) -> None:
         """Stop acting at once (any thread): the master lost its leadership. Workers wait; their
@@ -310,6 +313,21 @@ class TaskDispatcher:
         if task.task_id >= EVAL_ID_BASE:
             return None if self.evaluation is None else self.evaluation.read_ahead(worker_id, task.task_id)
         return None if self.main is None else self.main.read_ahead(worker_id)
+
+    def footers_for(self, worker_id: int, paths: Sequence[str]) -> list[tuple[str, int, bytes]]:
+        """(path, size, footer) of the Parquet files among ``paths`` whose footer ``worker_id``
+        was not handed yet and this process keeps (it read them to cut the tasks)."""
+        found = []
+        with self._footers_lock:
+            given = self._footers_given.setdefault(worker_id, set())
+            for path in dict.fromkeys(paths):
+                if path in given:
+                    continue
+                footer = file_footer(path)
+                if footer is not None:
+                    given.add(path)
+                    found.append((path, *footer))
+        return found
 
     def _task_now(self, worker_id: int) -> Task | NoTask:
         if self._halted:
@@ -358,6 +376,8 @@ class TaskDispatcher:
         return self.main.progress(task_id, worker_id, records_done)
 
     def recover_worker_tasks(self, worker_id: int) -> None:
+        with self._footers_lock:
+            self._footers_given.pop(worker_id, None)  # a process started under its id has none
         if self.main is not None:
             self.main.recover_worker_tasks(worker_id)
         if self.evaluation is not None:

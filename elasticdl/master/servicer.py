@@ -69,6 +69,7 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
         if task is NoTask.END:
             return elasticdl_pb2.Task(type=elasticdl_pb2.END)
         ahead = self._tasks.read_ahead(request.worker_id, task)
+        footers = self._tasks.footers_for(request.worker_id, [task.shard.path] + ([ahead.path] if ahead else []))
         return elasticdl_pb2.Task(
             task_id=task.task_id,
             type=_TASK_TYPES[task.type],
@@ -81,6 +82,7 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
             handout=task.handout,
             read_ahead=None if ahead is None else elasticdl_pb2.TaskRange(path=ahead.path, start=ahead.start,
                                                                           end=ahead.end),
+            footers=[elasticdl_pb2.FileFooter(path=path, size=size, footer=footer) for path, size, footer in footers],
         )
 
     def report_task_result(self, request, context):

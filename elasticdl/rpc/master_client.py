@@ -30,6 +30,7 @@ class TaskOrder:
     model_version: int = -1
     handout: int = 0  # training: this hand-out of the task (pushes and the report name it)
     read_ahead: tuple[str, int, int] | None = None  # (path, start, end) of the task promised next
+    footers: tuple[tuple[str, int, bytes], ...] = ()  # (path, size, footer) of Parquet files the master read
 
 
 _KINDS = {
@@ -56,6 +57,7 @@ class MasterClient:
             reply.snapshot_id, reply.model_version, reply.handout,
             (reply.read_ahead.path, reply.read_ahead.start, reply.read_ahead.end)
             if reply.HasField("read_ahead") else None,
+            tuple((f.path, f.size, f.footer) for f in reply.footers),
         )
 
     def report(

@@ -14,7 +14,7 @@ import numpy as np
 
 from elasticdl.data.columns import ColumnStream, select
 from elasticdl.data.errors import BadRecord, BadRecordError
-from elasticdl.data.sources import load_records, record_format
+from elasticdl.data.sources import load_records, record_format, remember_file_footer
 from elasticdl.data.task_prefetch import TaskPrefetch
 from elasticdl.errors import ElasticDLError, TrainingDivergedError
 from elasticdl.mode import Mode
@@ -147,6 +147,8 @@ class Worker:
             if order.kind == "wait":
                 time.sleep(self.wait_seconds)
                 continue
+            for path, size, footer in order.footers:  # the master read them: no request for them
+                remember_file_footer(path, size, footer)
             if order.read_ahead is not None:
                 self._task_reads.start(order.read_ahead)
             self._task_progress = 0
