@@ -107,7 +107,7 @@ def _elasticdl_reader(files: list[str], row_group_rows: int, batch_size: int) ->
     ledger = TaskManager(make_shards([(f, count_records(f)) for f in files], row_group_rows))
     footers = {f: file_footer(f) for f in files}
     parquet._footers.clear()
-    reads = TaskPrefetch(lambda key: load_records(*key, as_columns=True))  # the worker's read-ahead
+    reads = TaskPrefetch(lambda key: load_records(*key, as_columns=True, batch_size=batch_size))  # the worker's
     given: set[str] = set()
     started = time.perf_counter()
     rows = 0

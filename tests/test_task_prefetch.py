@@ -172,3 +172,22 @@ def test_reads_not_taken_are_disposed_and_at_most_depth_are_held():
     assert reads.take("c") == "c"
     reads.close()  # "b" was never taken
     assert done.acquire(timeout=WAIT) and disposed == ["a", "b"]
+
+
+def test_a_task_read_ahead_comes_cut_into_its_batches(tmp_path):
+    """The chunks BatchStream feeds are cut in the thread that read the task, once per size."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from elasticdl.data.sources import load_records
+
+    path = str(tmp_path / "t.parquet")
+    pq.write_table(pa.table({"x": list(range(50)), "ids": [[i] * (i % 3) for i in range(50)]}), path)
+    records, corrupt = load_records(path, 5, 45, as_columns=True, batch_size=8)
+    assert corrupt == [] and list(records._chunks) == [8]  # cut when read
+    chunks = records.chunks(8)
+    assert records.chunks(8) is chunks and len(chunks) == 5  # not cut again
+    assert [c[0].tolist() for c in chunks] == [list(range(5 + 8 * k, min(45, 13 + 8 * k))) for k in range(5)]
+    fives = records.chunks(5)  # another size: cut for it
+    assert len(fives) == 8 and fives[1][0].tolist() == list(range(10, 15))
+    assert [c[2].tolist() for c in chunks][0] == [0, 2, 2, 3, 5, 5, 6, 8, 8]  # rows 5-12's offsets

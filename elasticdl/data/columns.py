@@ -75,6 +75,7 @@ class Columns(Sequence):
     def __init__(self, columns: Sequence[Column], rows: int):
         self.columns = list(columns)
         self._rows = rows
+        self._chunks: dict[int, list[tuple[np.ndarray, ...]]] = {}  # size -> chunks(size), once cut
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -120,7 +121,14 @@ class Columns(Sequence):
         A task is hundreds of chunks: the whole chunks of a scalar column are the rows of one
         2-D view, and a list column's offsets are rebased for all whole chunks in one numpy
         step (over a strided view of the offsets: consecutive chunks share their boundary).
+        The chunks are cut once per size: a worker cuts a task read ahead in the thread that
+        read it, and feeds them when the task comes.
         """
+        if size not in self._chunks:
+            self._chunks[size] = self._cut(size)
+        return self._chunks[size]
+
+    def _cut(self, size: int) -> list[tuple[np.ndarray, ...]]:
         n = -(-self._rows // size)
         whole = self._rows // size  # chunks of exactly ``size`` rows; the last may be shorter
         per_column = []

@@ -176,16 +176,21 @@ def remember_file_footer(path: str, size: int, footer: bytes) -> None:
 
 def load_records(
     path: str, start: int, end: int, as_columns: bool = False, has_header: bool = False,
-    columns: Sequence[str] | None = None,
+    columns: Sequence[str] | None = None, batch_size: int = 0,
 ) -> tuple[Sequence[bytes] | Columns | ColumnStream, list[CorruptRecordError]]:
     """A task's records as a worker trains on them, and the corrupt records left out.
 
     ``as_columns`` (``--data_reader_params records=columns``): Parquet rows as Columns, or as
-    a ColumnStream for a range of several row groups. Otherwise the records as a list of
-    bytes; a corrupt TFRecord record is left out and returned with the others of its kind.
+    a ColumnStream for a range of several row groups; Columns come cut into their chunks of
+    ``batch_size`` rows when it is given (a read ahead is then cut in the thread that read
+    it). Otherwise the records as a list of bytes; a corrupt TFRecord record is left out and
+    returned with the others of its kind.
     """
     if as_columns:
-        return stream_columns(path, start, end, columns), []
+        records = stream_columns(path, start, end, columns)
+        if batch_size and isinstance(records, Columns):
+            records.chunks(batch_size)
+        return records, []
     corrupt: list[CorruptRecordError] = []
     records = list(read_records(path, start, end, has_header, on_corrupt=corrupt.append, columns=columns))
     return records, corrupt

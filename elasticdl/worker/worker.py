@@ -236,7 +236,8 @@ class Worker:
     def _load_records(self, task_range: tuple[str, int, int]):
         """(records, corrupt ones left out) of a task: see elasticdl/data/sources.py load_records."""
         path, start, end = task_range
-        return load_records(path, start, end, self.records == "columns", self.has_header, self.columns)
+        return load_records(path, start, end, self.records == "columns", self.has_header, self.columns,
+                            batch_size=self.minibatch_size)
 
     def _found_bad(self, order: TaskOrder, mode: Mode, found: list[tuple[int, str]]) -> None:
         """Note bad records (index in the file, reason); raise BadRecordError unless they may be skipped."""
