@@ -1,14 +1,16 @@
 """Parquet files through pyarrow: count rows from the footer, read a row range as Example records or columns.
 
-Counting reads only the footer (its row-group metadata: a ranged read of the file's tail on
-an object store), never the data; a worker keeps the footers it read. Reading a row range
-reads only the row groups it overlaps and only the projected ``columns``: from a remote
-file, a row group's column chunks in one ranged request (``fs.read_range``; on S3 over a
-presigned URL) decoded from memory, from a local one through pyarrow's pre-buffered reads. Each row becomes a serialized tf.train.Example (elasticdl/data/examples.py),
-so ``dataset_fn`` parses Parquet rows as it parses TFRecord records; or, with
-``--data_reader_params records=columns``, the range comes as numpy columns
-(elasticdl/data/columns.py), and a worker streams them: a row group at a time, the next one
-read in a thread (elasticdl/data/read_ahead.py) while the rows before it train.
+Counting reads only the footer (its row-group metadata: one ranged read of the file's tail
+on an object store), never the data; a process keeps the footers it read, and a worker
+also those the master hands it (``remember_footer``). Reading a row range reads only the
+row groups it overlaps and only the projected ``columns``: from a remote file, a row
+group's column chunks in one ranged request (``fs.read_range``; on S3 over a presigned
+URL) decoded from memory; from a local one through pyarrow's pre-buffered reads. Each row
+becomes a serialized tf.train.Example (elasticdl/data/examples.py), so ``dataset_fn``
+parses Parquet rows as it parses TFRecord records; or, with ``--data_reader_params
+records=columns``, the range comes as numpy columns (elasticdl/data/columns.py), and a
+worker streams them: a row group at a time, the next one read in a thread
+(elasticdl/data/read_ahead.py) while the rows before it train.
 
 A task is best a whole number of row groups (``--records_per_task``): a row group that two
 tasks share is read by both.
