@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
+from elasticdl import fs
 from elasticdl.data.columns import ColumnStream, select
 from elasticdl.data.errors import BadRecord, BadRecordError
 from elasticdl.data.sources import load_records, record_format, remember_file_footer
@@ -149,7 +150,9 @@ class Worker:
                 continue
             for path, size, footer in order.footers:  # the master read them: no request for them
                 remember_file_footer(path, size, footer)
-            if order.read_ahead is not None:
+            if order.read_ahead is not None and fs.is_remote(order.read_ahead[0]):
+                # Read-ahead hides the network's latency; a local file is read when its task
+                # comes, and its thread would only compete with the training for the GIL.
                 self._task_reads.start(order.read_ahead)
             self._task_progress = 0
             self._task_bad = []
