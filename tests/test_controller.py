@@ -10,6 +10,7 @@ from elasticdl.errors import TrainingDivergedError
 from elasticdl.launch.api import ProcessExit
 from elasticdl.master import controller as c
 from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
+from elasticdl.master.feed import FeedLivelock, feed
 from elasticdl.master.instance_manager import InstanceManager, Launch, Priority, Stop
 from elasticdl.master.task_manager import NoTask, Task, TaskManager, TaskType
 
@@ -196,7 +197,41 @@ def test_sync_mode_tells_the_ps_how_many_workers_hold_a_task():
     take(dispatcher, 1)
     assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == [c.TellLiveWorkers(2)]
     assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == []
-    assert of(ctl.step(c.LiveWorkersNotTold()), c.TellLiveWorkers) == [c.TellLiveWorkers(2)]
+    # A PS was away: told again at the next Tick, not at once (that was a livelock, below).
+    assert of(ctl.step(c.LiveWorkersNotTold()), c.TellLiveWorkers) == []
+    assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == [c.TellLiveWorkers(2)]
+
+
+def test_a_feed_settles_while_a_ps_is_away_so_the_job_gets_back_to_polling_exits():
+    """Issue 25's livelock: a worker died while a dead PS's exit was not polled yet. Each tell
+    found the PS away, and the controller told again at once inside the same feed, forever."""
+    ctl, dispatcher, _, clock = make(workers=2, sync=True, tasks=4)
+    ctl.start()
+    take(dispatcher, 0), take(dispatcher, 1)
+    told = []
+
+    def carry_out(decision):  # the PS is dead and its exit not polled: every tell fails
+        if isinstance(decision, c.TellLiveWorkers):
+            told.append(decision.count)
+            return [c.LiveWorkersNotTold()]
+        return []
+
+    assert feed(ctl, c.RoleExited(ProcessExit("worker", 0, -9, "")), carry_out) <= 3
+    assert told == [1]  # one attempt, then the feed ends: the job polls the exits again
+    clock.now += c.LIVE_WORKERS_SETTLE_SECONDS
+    assert feed(ctl, c.Tick(), carry_out) <= 3
+    assert told == [1, 1]  # and one more at every Tick
+
+
+def test_a_controller_that_answers_itself_forever_fails_the_feed_instead_of_spinning():
+    class Echo:  # a controller that decides something at every event, forever
+        outcome = None
+
+        def step(self, event):
+            return [c.SaveLedger()]
+
+    with pytest.raises(FeedLivelock, match="took 50 events without settling"):
+        feed(Echo(), c.Tick(), lambda decision: [c.Tick()], max_steps=50)
 
 
 def test_sync_mode_tells_the_ps_of_fewer_workers_only_once_the_dip_lasted():

@@ -29,6 +29,7 @@ from elasticdl.logs import master_log_handler
 from elasticdl.master import controller as c
 from elasticdl.master.clocks import WorkerClocks
 from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
+from elasticdl.master.feed import feed
 from elasticdl.master.instance_manager import InstanceManager, Launch, Stop
 from elasticdl.master.job_state import JobState, job_fingerprint
 from elasticdl.master.preflight import CheckedJob, check_eval_metrics
@@ -492,12 +493,13 @@ class Job:
 
     def _feed(self, event) -> None:
         """One event through the controller, then the events its decisions lead to, in order."""
-        pending = collections.deque([event])
-        while pending and self.controller.outcome is None:
-            for decision in self.controller.step(pending.popleft()):
-                pending.extend(self._carry_out(decision))
-                pending.extend(self._follow_ups)
-                self._follow_ups.clear()
+        feed(self.controller, event, self._answers)
+
+    def _answers(self, decision) -> list:
+        """What carrying out ``decision`` answers, then what the callbacks asked meanwhile."""
+        answers = self._carry_out(decision) + list(self._follow_ups)
+        self._follow_ups.clear()
+        return answers
 
     # ------------------------------------------------------------ decisions
 
