@@ -35,6 +35,7 @@ __all__ = [
     "PSUnavailable",
     "RecordEvaluation",
     "RelaunchPS",
+    "ReplaceWorker",
     "RoleExited",
     "SaveLedger",
     "ScaleRequested",
@@ -156,6 +157,15 @@ class RelaunchPS:
 
 
 @dataclass(frozen=True)
+class ReplaceWorker:
+    """Kill a worker that stopped making progress (its task timed out, or it did not leave after
+    the job's end); its exit refills its slot, as for a preempted worker."""
+
+    index: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class TellLiveWorkers:
     """Sync mode: the PS average over the workers holding a task, never wait for absent ones."""
 
@@ -236,7 +246,7 @@ class Fail:
 
 
 Decision = (
-    Launch | Stop | RelaunchPS | TellLiveWorkers | EndEpoch | FireEpochBegin | FireEpochEnd | VersionChanged
+    Launch | Stop | RelaunchPS | ReplaceWorker | TellLiveWorkers | EndEpoch | FireEpochBegin | FireEpochEnd | VersionChanged
     | RecordEvaluation | DropSnapshot | SaveLedger | Finish | Fail | OpenEpoch
 )
 

@@ -266,7 +266,7 @@ class Job:
             report.add_tasks(self.main_tasks, self.progress)
             if self.controller is not None:
                 report.stopped_early = self.controller.stop_reason
-                report.add_instances(self.instances, self.controller.ps_relaunches)
+                report.add_instances(self.instances, self.controller.ps_relaunches, self.controller.replaced)
                 report.ps_rollbacks = [r.to_dict() for r in self.controller.rollbacks]
                 report.records_possibly_missing = self.records_possibly_missing + sum(
                     r.records_possibly_missing for r in self.controller.rollbacks)
@@ -513,6 +513,8 @@ class Job:
             case Stop(index=index):
                 logger.info("asking worker %d to leave (scale-down)", index)
                 self.backend.request_stop("worker", index, WORKER_STOP_GRACE_SECS)
+            case c.ReplaceWorker(index=index):
+                self.backend.request_stop("worker", index, grace=0.0)  # a frozen process takes no SIGTERM
             case c.RelaunchPS(exit=exit_):
                 return [self._relaunch_ps(exit_)]
             case c.TellLiveWorkers(count=count):

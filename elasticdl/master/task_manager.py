@@ -171,6 +171,9 @@ class TaskManager:
         # promise, or with a reset of todo, which ends them all.
         self._promised: dict[int, Task] = {}
         self._promised_to: dict[int, int] = {}
+        # Workers whose task timed out since the controller last asked (``take_stalled``): a
+        # worker that stops making progress is replaced, not waited for.
+        self._stalled: set[int] = set()
         self.fencer: Fencer | None = None  # set once the PS serve (elasticdl/master/job.py)
         self.epochs: list[EpochStats] = []
         with self._lock:
@@ -534,10 +537,23 @@ class TaskManager:
         logger.info("epoch %d of %d starts", self.epoch + 1, self._num_epochs)
         return True
 
+    def requeue_timed_out(self) -> None:
+        """Take back the tasks held past ``task_timeout`` (the controller asks at every Tick: with
+        every worker frozen, nobody else would ask for a task and so time one out)."""
+        with self._lock:
+            self._requeue_timed_out()
+
+    def take_stalled(self) -> list[int]:
+        """The workers whose task timed out since the last call."""
+        with self._lock:
+            stalled, self._stalled = sorted(self._stalled), set()
+            return stalled
+
     def _requeue_timed_out(self) -> None:
         now = self._clock()
         late = [d for d in self._doing.values() if now - d.started > self._task_timeout]
         for doing in late:
+            self._stalled.add(doing.worker_id)
             self._bump()
             del self._doing[doing.task.task_id]
             rest = self._take_back(doing, "timeout", doing.progress)
