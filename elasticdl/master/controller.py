@@ -37,9 +37,11 @@ from elasticdl.master.events import (
     EpochEndFired,
     Event,
     Fail,
+    FenceHandouts,
     Finish,
     FireEpochBegin,
     FireEpochEnd,
+    HandoutsFenced,
     LiveWorkersNotTold,
     OpenEpoch,
     PSRelaunched,
@@ -206,6 +208,8 @@ class Controller:
                 # Asked again once per poll, after the job looked at which roles exited: asked at
                 # once, a PS whose exit was not seen yet kept the job from ever seeing it.
                 self._end_held = self._tell_held = False
+            case HandoutsFenced(handouts=handouts, marks=marks):
+                self.tasks.fenced(list(handouts), marks)
             case LiveWorkersNotTold():
                 self._live_workers_told, self._tell_held = -1, True
             case PSRelaunched(index=index, restored_version=restored, retrained=retrained, missing=missing):
@@ -365,6 +369,9 @@ class Controller:
 
     def _ledger_and_live_workers(self) -> list[Decision]:
         decisions: list[Decision] = []
+        handouts, task_ids = self.tasks.pending_fences()
+        if handouts:
+            decisions.append(FenceHandouts(tuple(handouts), tuple(task_ids)))
         if self.keeps_ledger and self.tasks.seq != self._saved_seq:
             self._saved_seq = self.tasks.seq
             decisions.append(SaveLedger())
