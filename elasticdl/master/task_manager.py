@@ -27,112 +27,22 @@ drive it directly, with their own clock.
 
 from __future__ import annotations
 
-import enum
 import logging
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from elasticdl.data.sources import Shard
-from elasticdl.store.ledger import EpochRecord, LedgerSnapshot, TaskRecord, TaskState
+from elasticdl.master.ledger_persistence import LedgerPersistence
+from elasticdl.master.promises import ReadAheadPromises
+from elasticdl.master.tasks import Doing, EpochStats, Fencing, NoTask, ReportOutcome, Task, TaskType
+
+__all__ = ["EpochStats", "NoTask", "ReportOutcome", "Task", "TaskManager", "TaskType"]
 
 logger = logging.getLogger(__name__)
 
 
-class TaskType(enum.StrEnum):
-    TRAINING = "training"
-    EVALUATION = "evaluation"
-    PREDICTION = "prediction"
-
-
-class NoTask(enum.Enum):
-    """What ``get_task`` returns when it has no task to give."""
-
-    WAIT = "wait"  # others hold the remaining tasks; one may come back
-    END = "end"  # the job is finished
-
-
-@dataclass
-class Task:
-    task_id: int
-    type: TaskType
-    shard: Shard
-    epoch: int
-    retries: int = 0
-    snapshot_id: int = 0  # evaluation: the PS snapshot to evaluate
-    model_version: int = -1  # evaluation: the version that snapshot holds
-    requeued: bool = False  # back in todo after its worker died (logged when handed out again)
-    last_error: str = ""  # why its last try failed (a dropped task fails the job with it)
-    origin: int = -1  # the task's first record (-1: shard.start); shard.start is where training resumes
-    handout: int = 0  # training: the current hand-out's number (0: not handed out)
-
-    def __post_init__(self) -> None:
-        if self.origin < 0:
-            self.origin = self.shard.start
-
-    @property
-    def records(self) -> int:
-        return self.shard.records
-
-
-@dataclass
-class _Doing:
-    task: Task
-    worker_id: int
-    started: float
-    progress: int = 0  # records of this attempt trained so far (the worker's progress reports)
-
-
-@dataclass(frozen=True)
-class ReportOutcome:
-    accepted: bool
-    reason: str = ""
-
-
-@dataclass
-class EpochStats:
-    epoch: int
-    records_total: int
-    records_done: int = 0
-    tasks_done: int = 0
-    tasks_retried: int = 0
-    tasks_interrupted: int = 0  # attempts that did not complete, whatever the cause (see requeues)
-    # Records of attempts that did not complete (worker killed, failed, timed out) and are
-    # trained again: the price of a hard failure. A graceful preemption adds nothing.
-    records_trained_twice: int = 0
-    dropped: list[Task] = field(default_factory=list)
-    # Records trained again, by cause: "rollback" (the PS went back to a checkpoint),
-    # "worker died", "task failed", "timeout". With the PS's marks only records whose
-    # updates were lost are trained again; the rest of a taken-back task is not.
-    retrained: dict[str, int] = field(default_factory=dict)
-
-    requeues: dict[str, int] = field(default_factory=dict)  # cause -> attempts taken back
-
-    def interrupted(self, cause: str) -> None:
-        """An attempt did not complete (``cause``: "worker left", "worker died", "task failed",
-        "timeout", "rollback", "master restart"); what is left of it goes back to todo."""
-        self.tasks_interrupted += 1
-        self.requeues[cause] = self.requeues.get(cause, 0) + 1
-
-    def count_retrained(self, cause: str, records: int) -> None:
-        if records > 0:
-            self.retrained[cause] = self.retrained.get(cause, 0) + records
-            self.records_trained_twice += records
-
-
-@dataclass
-class _Fencing:
-    """A task taken back from its worker, waiting for its hand-out to be fenced on the PS."""
-
-    doing: _Doing
-    cause: str
-    progress: int
-    retry_why: str  # "": it goes back to the front of todo; else it is retried (counted) for this
-    asked: bool = False
-
-
-class TaskManager:
+class TaskManager(LedgerPersistence):
     def __init__(
         self,
         shards: Sequence[Shard],
@@ -167,20 +77,16 @@ class TaskManager:
         self._opened: int | None = 0 if gate_epochs else None
         self.seq = 0  # bumped by every change: the job loop saves the ledger when it moves
         self._todo: deque[Task] = deque()
-        self._doing: dict[int, _Doing] = {}
+        self._doing: dict[int, Doing] = {}
         self._done: dict[int, Task] = {}  # this epoch's and the last one's: what a rollback may undo
         self._next_handout = 1
-        # Read-ahead promises (see above): worker id -> its next task, task id -> its worker. A
-        # promised task is always in todo: it leaves todo only through _take_for, which ends its
-        # promise, or with a reset of todo, which ends them all.
-        self._promised: dict[int, Task] = {}
-        self._promised_to: dict[int, int] = {}
+        self._promises = ReadAheadPromises()  # see above: each promised task is in todo
         # Workers whose task timed out since the controller last asked (``take_stalled``): a
         # worker that stops making progress is replaced, not waited for.
         self._stalled: set[int] = set()
         # Hand-out -> a training task taken back whose pushes are not fenced yet: it is neither
         # in todo nor in doing, and its epoch is not over.
-        self._fencing: dict[int, _Fencing] = {}
+        self._fencing: dict[int, Fencing] = {}
         # Training pushes carry hand-outs the PS can fence (the job's training ledger): a task
         # taken back waits for its fence. Without, it goes back to todo at once, all of it.
         self.fences_pushes = fences_pushes
@@ -198,58 +104,21 @@ class TaskManager:
                 return NoTask.END
         if not self._todo:
             return NoTask.WAIT
-        task = self._take_for(worker_id)
-        self._promise_next(worker_id)
+        task = self._promises.take_for(self._todo, worker_id)
+        self._promises.promise_next(self._todo, worker_id)
         task.handout = self._next_handout
         self._next_handout += 1
         if task.requeued:
             task.requeued = False
             logger.info("requeued task %d now runs on worker %d", task.task_id, worker_id)
-        self._doing[task.task_id] = _Doing(task, worker_id, self._clock())
+        self._doing[task.task_id] = Doing(task, worker_id, self._clock())
         self._bump()
         return task
 
     def read_ahead(self, worker_id: int) -> Shard | None:
         """The records of the task ``worker_id`` gets next (None: none is left to promise)."""
-        task = self._promised.get(worker_id)
+        task = self._promises.of(worker_id)
         return None if task is None else task.shard
-
-    def _take_for(self, worker_id: int) -> Task:
-        """Out of todo (not empty; the lock held): the first task promised to ``worker_id`` or to
-        nobody, else the first (whose worker's promise is broken).
-
-        A task promised to nobody ahead of this worker's promised one came back to the front
-        (a retry, a dead worker's) after the promise: it goes first, and the promise stands.
-        """
-        for i, task in enumerate(self._todo):  # past at most one promised task per worker
-            holder = self._promised_to.get(task.task_id)
-            if holder is None or holder == worker_id:
-                del self._todo[i]
-                if holder is not None:
-                    self._end_promises(worker_id)
-                return task
-        task = self._todo.popleft()
-        self._end_promises(self._promised_to[task.task_id])
-        return task
-
-    def _promise_next(self, worker_id: int) -> None:
-        if worker_id in self._promised:
-            return
-        for task in self._todo:
-            if task.task_id not in self._promised_to:
-                self._promised[worker_id] = task
-                self._promised_to[task.task_id] = worker_id
-                return
-
-    def _end_promises(self, worker_id: int | None = None) -> None:
-        """Forget the read-ahead promise to ``worker_id`` (None: every one: todo was reset)."""
-        if worker_id is None:
-            self._promised.clear()
-            self._promised_to.clear()
-            return
-        task = self._promised.pop(worker_id, None)
-        if task is not None:
-            del self._promised_to[task.task_id]
 
     def report(
         self,
@@ -345,7 +214,7 @@ class TaskManager:
         """
         dropped = len(self._todo)
         self._todo.clear()
-        self._end_promises()
+        self._promises.end()
         self._stopped = True
         self._bump()
         return dropped
@@ -366,7 +235,7 @@ class TaskManager:
         pushes did not apply (the PS say which, see ``fenced``)."""
         gone = [d for d in self._doing.values() if d.worker_id == worker_id]
         mine = [d.task for d in gone]
-        self._end_promises(worker_id)
+        self._promises.end(worker_id)
         self.seq += bool(gone)
         for doing in gone:
             del self._doing[doing.task.task_id]
@@ -419,18 +288,18 @@ class TaskManager:
         self._doing.clear()
         self._fencing.clear()  # the rollback fenced every hand-out (fence_all): late answers are ignored
         self._todo = deque(sorted(todo, key=lambda t: t.epoch))  # stable: the order within an epoch stays
-        self._end_promises()
+        self._promises.end()
         self._bump()
         logger.warning("went back to the checkpoint's data position: %d records go back to todo (%s)",
                        again, cause)
         return again
 
-    def _take_back(self, doing: _Doing, cause: str, progress: int, retry_why: str = "") -> None:
+    def _take_back(self, doing: Doing, cause: str, progress: int, retry_why: str = "") -> None:
         """Take a task back from its worker. A training hand-out is fenced on the
         PS first (``pending_fences``); anything else goes back at once (``retry_why``: counted as
         a retry for that reason; "": to the front of todo, as a dead worker's)."""
         self.epochs[doing.task.epoch].interrupted(cause)
-        fencing = _Fencing(doing, cause, progress, retry_why)
+        fencing = Fencing(doing, cause, progress, retry_why)
         if self.fences_pushes and doing.task.type is TaskType.TRAINING and doing.task.handout:
             self._fencing[doing.task.handout] = fencing
         else:
@@ -454,7 +323,7 @@ class TaskManager:
                 self._requeue_rest(fencing, marks)
         self._bump()
 
-    def _requeue_rest(self, fencing: _Fencing, marks: dict[int, int] | None) -> None:
+    def _requeue_rest(self, fencing: Fencing, marks: dict[int, int] | None) -> None:
         rest = self._rest_after(fencing.doing, fencing.cause, fencing.progress, marks)
         if rest is None:
             logger.info("task %d: the PS had applied all of it: it is done", fencing.doing.task.task_id)
@@ -464,7 +333,7 @@ class TaskManager:
             rest.requeued = True
             self._todo.appendleft(rest)
 
-    def _rest_after(self, doing: _Doing, cause: str, progress: int, marks: dict[int, int] | None) -> Task | None:
+    def _rest_after(self, doing: Doing, cause: str, progress: int, marks: dict[int, int] | None) -> Task | None:
         """The task for the records the PS did not apply (None when all were: it is done)."""
         task = doing.task
         stats = self.epochs[task.epoch]
@@ -529,7 +398,7 @@ class TaskManager:
         self._bump()
 
     @property
-    def _in_flight(self) -> list[_Doing]:
+    def _in_flight(self) -> list[Doing]:
         """Attempts not over: held by a worker, or taken back and not fenced yet."""
         return [*self._doing.values(), *(f.doing for f in self._fencing.values())]
 
@@ -583,73 +452,6 @@ class TaskManager:
         stats.tasks_retried += 1
         logger.warning("task %d back to todo (try %d): %s", task.task_id, task.retries + 1, why)
         self._todo.appendleft(task)
-
-
-    # ------------------------------------------------------------ the ledger (etcd)
-
-    def snapshot(self, fingerprint: str = "", saved_at: float = 0.0) -> LedgerSnapshot:
-        """The whole ledger, for the state store (a restarted master resumes from it)."""
-        tasks = [_record(d.task, TaskState.DOING, d.worker_id) for d in self._in_flight]
-        tasks += [_record(t, TaskState.TODO) for t in self._todo]
-        tasks += [_record(t, TaskState.DROPPED) for e in self.epochs for t in e.dropped]
-        tasks += [_record(t, TaskState.DONE) for t in self._done.values()]
-        return LedgerSnapshot(
-            seq=self.seq,
-            epoch=self.epoch,
-            num_epochs=self._num_epochs,
-            next_task_id=self._next_id,
-            tasks=tuple(tasks),
-            epochs=tuple(
-                EpochRecord(e.epoch, e.records_total, e.records_done, e.records_trained_twice,
-                            e.tasks_done, e.tasks_retried, dict(e.retrained))
-                for e in self.epochs
-            ),
-            task_type=str(self._task_type),
-            job_fingerprint=fingerprint,
-            saved_at=saved_at,
-        )
-
-    def restore(self, snapshot: LedgerSnapshot) -> None:
-        """Continue from a saved ledger: done tasks stay done, in-flight tasks go back to todo.
-
-        A dropped task failed the run that dropped it (elasticdl/master/controller.py), so a
-        ledger that holds one is resumed by a new run of the job: it is tried again, afresh."""
-        resumed = snapshot.requeue_in_flight()
-        self._todo.clear()
-        self._end_promises()
-        self._doing.clear()
-        self._fencing.clear()
-        self._next_id = resumed.next_task_id
-        self.epochs = [
-            EpochStats(e.epoch, e.records_total, e.records_done, e.tasks_done, e.tasks_retried, 0,
-                       e.records_duplicated, retrained=dict(e.retrained))
-            for e in resumed.epochs
-        ]
-        self._done = {}
-        for record in resumed.tasks:
-            task = Task(record.task_id, self._task_type, Shard(record.path, record.start, record.end),
-                        record.epoch, record.retries, origin=record.origin)
-            if record.state is TaskState.DONE:
-                self._done[task.task_id] = task
-            elif record.state is TaskState.TODO:
-                self._todo.append(task)
-            elif record.state is TaskState.DROPPED:
-                task.retries = 0
-                self._todo.append(task)
-                logger.info("task %d (%s records %d-%d) was dropped by the run before: trying it again",
-                            task.task_id, record.path, record.start, record.end)
-        self.seq = resumed.seq + 1
-        if self._opened is not None:
-            self._opened = resumed.epoch  # the epoch it was in is open: its tasks go on
-        logger.info(
-            "resumed the task ledger: epoch %d of %d, %d tasks to do (%d were in progress)",
-            resumed.epoch + 1, resumed.num_epochs, len(self._todo), len(snapshot.in_state(TaskState.DOING)),
-        )
-
-
-def _record(task: Task, state: TaskState, worker_id: int = -1) -> TaskRecord:
-    return TaskRecord(task.task_id, task.shard.path, task.shard.start, task.shard.end, task.epoch,
-                      task.retries, state, worker_id, task.origin)
 
 
 def _no_time() -> float:
