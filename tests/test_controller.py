@@ -24,18 +24,34 @@ class FakeClock:
 
 
 class FakePS:
-    """The snapshot call the job injects: the version it froze, or PSUnavailable while restarting."""
+    """Answers TakeSnapshot as the job does: the version it froze, or a failure while restarting."""
 
     def __init__(self):
         self.version = 0
         self.down = False
         self.snapshots: list[int] = []
 
-    def take_snapshot(self, round_id: int) -> int:
+    def answer(self, decision: c.TakeSnapshot):
         if self.down:
-            raise c.PSUnavailable("connection refused")
-        self.snapshots.append(round_id)
-        return self.version
+            return c.SnapshotFailed(decision.round_id, "connection refused")
+        self.snapshots.append(decision.round_id)
+        return c.SnapshotTaken(decision.round_id, self.version)
+
+
+def answering_snapshots(ctl: c.Controller, ps: FakePS) -> c.Controller:
+    """The controller's step, with each TakeSnapshot answered at once (as the job's feed does);
+    the returned decisions include those the answers led to."""
+    step = ctl.step
+
+    def step_and_answer(event):
+        decisions = step(event)
+        for decision in list(decisions):
+            if isinstance(decision, c.TakeSnapshot):
+                decisions += step_and_answer(ps.answer(decision))
+        return decisions
+
+    ctl.step = step_and_answer
+    return ctl
 
 
 def shards(tasks: int, records: int = 10) -> list[Shard]:
@@ -55,14 +71,13 @@ def make(command="train", workers=2, epochs=2, tasks=2, evaluation_steps=0, with
                            task_timeout=task_timeout, fences_pushes=fences)
     evaluation = None
     if with_eval or command == "evaluate":
-        evaluation = EvaluationService(shards(1), metrics_fn=dict, snapshot=ps.take_snapshot,
-                                       evaluation_steps=evaluation_steps, clock=clock,
+        evaluation = EvaluationService(shards(1), metrics_fn=dict, evaluation_steps=evaluation_steps, clock=clock,
                                        max_task_retries=max_task_retries)
     dispatcher = TaskDispatcher(main, evaluation)
     ctl = c.Controller(command, dispatcher, InstanceManager(workers, relaunch_limit=relaunch_limit),
                        sync_mode=sync, evaluation_steps=evaluation_steps, max_ps_relaunches=max_ps_relaunches,
                        clock=clock, max_bad_records=max_bad_records, wait_for_epoch_callbacks=waits)
-    return ctl, dispatcher, ps, clock
+    return answering_snapshots(ctl, ps), dispatcher, ps, clock
 
 
 def kinds(decisions) -> list[str]:
@@ -533,14 +548,20 @@ def test_a_ps_restart_during_a_round_runs_it_again_on_a_fresh_snapshot():
     assert ctl.step(exit_of(0, code=-9, role="ps"))[:1] == [c.RelaunchPS(ProcessExit("ps", 0, -9, ""))]
     assert ctl.evaluation.current.suspended
     assert dispatcher.get_task(0).__class__ is not Task  # no tasks of a suspended round
-    assert of(ctl.step(c.Tick()), c.DropSnapshot) == []  # the PS is not serving yet
+    decisions = ctl.step(c.Tick())  # the PS is not serving yet: the snapshot fails
+    failed = of(decisions, c.TakeSnapshot)
+    assert len(failed) == 1 and ctl.evaluation.current.suspended
+    # A PS that did take the failed snapshot frees it; the lost round's stays until the restart.
+    assert of(decisions, c.DropSnapshot) == [c.DropSnapshot(failed[0].round_id, best_effort=True)]
+    assert of(ctl.step(c.VersionReported(1)), c.TakeSnapshot) == []  # not asked again before a Tick
     ps.down = False
     decisions = ctl.step(c.Tick())
     assert of(decisions, c.DropSnapshot) == [c.DropSnapshot(1, best_effort=True)]
-    assert ctl.evaluation.current.round_id == 2
+    again = ctl.evaluation.current.round_id
+    assert again not in (1, failed[0].round_id) and not ctl.evaluation.current.suspended
     assert ctl.evaluation.current.reason == "final, again after a PS restart"
     decisions = run_round(ctl, dispatcher)
-    assert of(decisions, c.FireEpochEnd) == [c.FireEpochEnd(0, {}, snapshot=2)]  # the epoch follows the round
+    assert of(decisions, c.FireEpochEnd) == [c.FireEpochEnd(0, {}, snapshot=again)]  # the epoch follows the round
 
 
 def test_a_round_that_cannot_start_while_a_ps_restarts_starts_later():
@@ -558,10 +579,10 @@ def test_evaluation_start_delay_and_throttle_follow_the_injected_clock():
     clock = FakeClock()
     ps = FakePS()
     main = TaskManager(shards(2), num_epochs=1, clock=clock, shuffle=False)
-    evaluation = EvaluationService(shards(1), metrics_fn=dict, snapshot=ps.take_snapshot, evaluation_steps=10,
+    evaluation = EvaluationService(shards(1), metrics_fn=dict, evaluation_steps=10,
                                    start_delay_secs=30, throttle_secs=60, clock=clock)
     dispatcher = TaskDispatcher(main, evaluation)
-    ctl = c.Controller("train", dispatcher, InstanceManager(1), evaluation_steps=10, clock=clock)
+    ctl = answering_snapshots(c.Controller("train", dispatcher, InstanceManager(1), evaluation_steps=10, clock=clock), ps)
     ctl.start()
     ctl.step(c.VersionReported(10))
     assert not evaluation.busy  # within the start delay

@@ -17,7 +17,7 @@ import pytest
 from elasticdl.data.sources import Shard
 from elasticdl.master.clocks import WorkerClocks
 from elasticdl.master.controller import TaskReported, VersionReported
-from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
+from elasticdl.master.evaluation_service import EvaluationService, FrozenSnapshot, TaskDispatcher
 from elasticdl.master.progress import TrainingProgress
 from elasticdl.master.servicer import MasterServicer
 from elasticdl.master.task_manager import TaskManager
@@ -612,8 +612,7 @@ class RealMaster:
         main = TaskManager([Shard("train", 0, records)], shuffle=False)
         self.evaluation = None
         if metrics_fn is not None:
-            self.evaluation = EvaluationService([Shard("valid", 0, 4), Shard("valid", 4, 8)], metrics_fn,
-                                                snapshot=lambda round_id: 7)
+            self.evaluation = EvaluationService([Shard("valid", 0, 4), Shard("valid", 4, 8)], metrics_fn)
         self.dispatcher = TaskDispatcher(main, self.evaluation)
         self.progress = TrainingProgress(records, 1)
         self.server = grpc_utils.make_server(max_workers=4)
@@ -749,7 +748,7 @@ def good_states(total: float = 3.0) -> dict[str, np.ndarray]:
 @pytest.fixture
 def eval_master():
     real = RealMaster(metrics_fn=mean_metrics)
-    real.evaluation.start("test")
+    real.evaluation.start("test", FrozenSnapshot(real.evaluation.reserve_round(), 7))
     yield real
     real.close()
 
@@ -785,9 +784,8 @@ def test_metric_states_that_do_not_fit_the_metrics_are_refused_before_the_task_c
 def test_a_round_is_published_only_after_its_last_report_is_merged():
     """EvaluationService took no lock: a round could be published between the ledger marking
     the last task done and its states being merged."""
-    service = EvaluationService([Shard("valid", 0, 4)], lambda: {"m": lambda y, p: np.zeros(1)},
-                                snapshot=lambda round_id: 1)
-    current = service.start("test")
+    service = EvaluationService([Shard("valid", 0, 4)], lambda: {"m": lambda y, p: np.zeros(1)})
+    current = service.start("test", FrozenSnapshot(service.reserve_round(), 1))
     task = service.get_task(0)
     in_merge, release = threading.Event(), threading.Event()
     merge = current.merger.add

@@ -34,15 +34,17 @@ __all__ = [
     "OpenEpoch",
     "PSRelaunched",
     "PSRollback",
-    "PSUnavailable",
     "RecordEvaluation",
     "RelaunchPS",
     "ReplaceWorker",
     "RoleExited",
     "SaveLedger",
     "ScaleRequested",
+    "SnapshotFailed",
+    "SnapshotTaken",
     "StopRequested",
     "StoreLost",
+    "TakeSnapshot",
     "TaskReported",
     "TellLiveWorkers",
     "Tick",
@@ -50,13 +52,6 @@ __all__ = [
     "VersionReported",
     "describe_exit",
 ]
-
-class PSUnavailable(Exception):
-    """A parameter server does not answer (it is being relaunched): try again at a later event.
-
-    Raised by the PS calls the job injects into the cores (the evaluation snapshot); it never
-    reaches the user, so it stays outside the error tree on purpose."""
-
 
 # ---------------------------------------------------------------- events
 
@@ -140,6 +135,22 @@ class HandoutsFenced:
 
 
 @dataclass(frozen=True)
+class SnapshotTaken:
+    """The answer to ``TakeSnapshot``: every PS holds snapshot ``round_id`` of model ``version``."""
+
+    round_id: int
+    version: int
+
+
+@dataclass(frozen=True)
+class SnapshotFailed:
+    """The answer to ``TakeSnapshot`` when a PS did not answer (it is being relaunched)."""
+
+    round_id: int
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class PSRelaunched:
     """The job carried out ``RelaunchPS``: the PS restores checkpoint ``restored_version``
     (None: no checkpoint, it starts empty and the workers give it their copy)."""
@@ -153,6 +164,7 @@ class PSRelaunched:
 Event = (
     Tick | RoleExited | TaskReported | VersionReported | ScaleRequested | StopRequested | StoreLost
     | EpochEnded | EpochEndDeferred | LiveWorkersNotTold | PSRelaunched | EpochEndFired | HandoutsFenced
+    | SnapshotTaken | SnapshotFailed
 )
 
 
@@ -241,6 +253,14 @@ class RecordEvaluation:
 
 
 @dataclass(frozen=True)
+class TakeSnapshot:
+    """Every PS copies its parameters as snapshot ``round_id`` (an evaluation round's, which
+    workers pull while training goes on). Answered by ``SnapshotTaken`` or ``SnapshotFailed``."""
+
+    round_id: int
+
+
+@dataclass(frozen=True)
 class DropSnapshot:
     """Free an evaluation round's snapshot on the PS (``best_effort``: one may be gone already)."""
 
@@ -267,7 +287,7 @@ class Fail:
 
 Decision = (
     Launch | Stop | RelaunchPS | ReplaceWorker | FenceHandouts | TellLiveWorkers | EndEpoch | FireEpochBegin | FireEpochEnd | VersionChanged
-    | RecordEvaluation | DropSnapshot | SaveLedger | Finish | Fail | OpenEpoch
+    | RecordEvaluation | TakeSnapshot | DropSnapshot | SaveLedger | Finish | Fail | OpenEpoch
 )
 
 

@@ -333,6 +333,13 @@ class Job(JobSetup, Recovery, JobEnd):
             case c.RecordEvaluation(result=result):
                 if self.tensorboard is not None:
                     self.tensorboard.scalars(result.model_version, result.metrics, prefix="eval/")
+            case c.TakeSnapshot(round_id=round_id):
+                try:
+                    return [c.SnapshotTaken(round_id, self._ps.take_snapshot(round_id))]
+                except grpc.RpcError as err:
+                    if err.code() != grpc.StatusCode.UNAVAILABLE:
+                        raise
+                    return [c.SnapshotFailed(round_id, str(err.details()))]  # a PS is restarting
             case c.DropSnapshot(round_id=round_id, best_effort=best_effort):
                 try:
                     self._ps.drop_snapshot(round_id)
@@ -384,14 +391,6 @@ class Job(JobSetup, Recovery, JobEnd):
         return self._stop_flag() if self.callbacks is not None else []
 
     # ------------------------------------------------------------ PS calls
-
-    def _take_snapshot(self, round_id: int) -> int:
-        try:
-            return self._ps.take_snapshot(round_id)
-        except grpc.RpcError as err:
-            if err.code() == grpc.StatusCode.UNAVAILABLE:
-                raise c.PSUnavailable(str(err.details())) from None
-            raise
 
     def _ps_stats(self) -> list:
         """Every PS's stats; checkpoint writes that failed since the last look are logged."""

@@ -131,7 +131,6 @@ class JobSetup:
         self.evaluation = EvaluationService(
             make_shards(files, cfg.effective_records_per_task),
             metrics_fn=self.checked.spec.eval_metrics_fn,
-            snapshot=self._take_snapshot,
             evaluation_steps=cfg.evaluation.evaluation_steps,
             start_delay_secs=cfg.evaluation.evaluation_start_delay_secs,
             throttle_secs=cfg.evaluation.evaluation_throttle_secs,
