@@ -8,3 +8,6 @@ from elasticdl.errors import UserError
 
 class ConfigError(UserError, ValueError):
     """A flag or flag combination that cannot work; the message names the flag and the fix."""
+
+
+ConfigError.__module__ = "elasticdl.config"  # its public name, where users import it from
