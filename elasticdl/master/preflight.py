@@ -52,15 +52,21 @@ def check_inputs(config: JobConfig, command: str = "train") -> list[tuple[str, i
     """The checks that need no TensorFlow: the flags, the model-zoo file, the data files and
     their records; (path, records) of the data the command reads. A typo fails in a fraction
     of a second, not after TensorFlow's import (seconds)."""
+    return _check_inputs(config, command)[0]
+
+
+def _check_inputs(config: JobConfig, command: str) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """check_inputs, and (path, records) of --validation_data when `train` evaluates it."""
     config.validate(command)
     model_def_path(config.training.model_zoo, config.training.model_def)
     flag = {"train": "--training_data", "evaluate": "--validation_data", "predict": "--prediction_data"}[command]
     files = count_data(flag, config.flag_value(flag[2:]), config.data.has_header)
-    files_read = [path for path, _ in files]
+    validation = []
     if config.data.validation_data and command == "train":
         # Checked as the training data is, now: evaluation reads it only after an epoch.
-        files_read += [path for path, _ in count_data("--validation_data", config.data.validation_data,
-                                                      config.data.has_header, optional=True)]
+        validation = count_data("--validation_data", config.data.validation_data, config.data.has_header,
+                                optional=True)
+    files_read = [path for path, _ in files + validation]
     check_parquet_schemas(files_read, config.data.columns)
     if config.data.records == "columns":
         other = [path for path in files_read if record_format(path) != "parquet"]
@@ -69,7 +75,7 @@ def check_inputs(config: JobConfig, command: str = "train") -> list[tuple[str, i
                 f"{other[0]}: --data_reader_params records=columns reads Parquet files (.parquet, .pq), and this "
                 f"is {record_format(other[0])}: drop records=columns, or convert the data to Parquet"
             )
-    return files
+    return files, validation
 
 
 def count_data(flag: str, spec: str, has_header: bool, optional: bool = False) -> list[tuple[str, int]]:
@@ -111,7 +117,7 @@ def count_data(flag: str, spec: str, has_header: bool, optional: bool = False) -
 def check_job(config: JobConfig, command: str = "train", before_tensorflow=None) -> CheckedJob:
     """Every submit-time check. ``before_tensorflow`` runs once the checks that need no
     TensorFlow passed, before the model zoo is imported (the CLI sets TensorFlow up there)."""
-    files = check_inputs(config, command)
+    files, validation = _check_inputs(config, command)
     if before_tensorflow is not None:
         before_tensorflow()
     spec = load_model_spec(config.training.model_zoo, config.training.model_def,
@@ -140,6 +146,10 @@ def check_job(config: JobConfig, command: str = "train", before_tensorflow=None)
     features, trainer = _check_one_batch(spec, config, files, has_header, metrics, mode)
     if command == "train":
         _check_room_for_the_model(config, optimizer_spec, trainer)
+    if validation and metrics:
+        # A first batch of --validation_data through dataset_fn, the model and the metrics, as
+        # the evaluation reads it (after an epoch of training): other features fail now.
+        _check_one_batch(spec, config, validation, has_header, metrics, Mode.EVALUATION)
     return CheckedJob(config, spec, optimizer_spec, files, features)
 
 
