@@ -130,8 +130,9 @@ class JobConfig:
     def validate(self, command: str = "train", check_paths: bool = True) -> None:
         """Raise ConfigError for flags that cannot work, before anything starts.
 
-        Structured flags were parsed when the config was built. ``check_paths=False``: a
-        Kubernetes client, where paths name files in the pods.
+        Every flag first by the rule of its type and its range (elasticdl/config/fields.py),
+        then the rules between flags. Structured flags were parsed when the config was built.
+        ``check_paths=False``: a Kubernetes client, where paths name files in the pods.
         """
         training, data, checkpoints = self.training, self.data, self.checkpoints
         for name, f in FLAGS.items():  # a section built by hand skipped from_flags' checks
