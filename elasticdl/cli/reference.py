@@ -19,6 +19,7 @@ from elasticdl.config.fields import INT32_MAX
 
 REGENERATE_COMMAND = "python -m elasticdl.cli.reference > docs/cli.md"
 
+
 def _range_rule(text: str, low: float, low_open: bool, value: float) -> tuple[str, tuple[dict, ...]]:
     """The rule of the number flags whose fields declare this lower bound, each with ``value``
     to break it: a flag added with a range joins its rule here and in docs/cli.md."""
@@ -44,6 +45,10 @@ VALIDATION_RULES: tuple[tuple[str, tuple[dict, ...]], ...] = (
          {"task_timeout": math.nan}, {"evaluation_throttle_secs": math.inf}),
     ),
     _range_rule("below 1", 1, False, 0),
+    (
+        "`--num_workers` is more than `--max_workers` (which `elasticdl scale` cannot pass either)",
+        ({"num_workers": 65}, {"num_workers": 3, "max_workers": 2}),
+    ),
     _range_rule("negative", 0, False, -1),
     _range_rule("not above 0", 0, True, 0),
     (
