@@ -54,7 +54,7 @@ def model_message(params: dict[str, np.ndarray], declared=None, version: int = 0
     )
 
 
-def push_request(gradients=None, version: int = 0, learning_rate: float = 0.0) -> elasticdl_pb2.PushGradientsRequest:
+def push_request(gradients=None, version: int = 0, learning_rate: float | None = None) -> elasticdl_pb2.PushGradientsRequest:
     return elasticdl_pb2.PushGradientsRequest(
         worker_id=0, version=version, learning_rate=learning_rate,
         gradients=tensor_codec.encode_dict(grads() if gradients is None else gradients),
@@ -192,7 +192,7 @@ def test_set_learning_rate_refuses_a_rate_no_optimizer_takes(ps, rate):
 def test_set_learning_rate_in_range_is_taken_and_logged(ps, caplog):
     caplog.set_level(logging.INFO, logger="elasticdl.ps.server")
     ps.stub.set_learning_rate(elasticdl_pb2.LearningRate(value=0.5), timeout=10)
-    ps.stub.set_learning_rate(elasticdl_pb2.LearningRate(value=0.0), timeout=10)
+    ps.stub.set_learning_rate(elasticdl_pb2.LearningRate(), timeout=10)  # no value: the optimizer's own
     assert ps.core._learning_rate is None
     messages = [r.getMessage() for r in caplog.records]
     assert "learning rate set to 0.5 by the master (was the optimizer's own)" in messages
@@ -355,7 +355,7 @@ def test_the_workers_client_sends_each_change_to_the_ps_holding_it():
         step = {**{n: np.zeros(2, np.float32) for n in params},
                 **{n: NonTrainableChange(np.full(2, k, np.float32)) for k, n in enumerate(stats)}}
         parts = client.split(step)
-        answers = client.push_gradients(dict(enumerate(parts)), [0, 0], 0.0, worker_id=0)
+        answers = client.push_gradients(dict(enumerate(parts)), [0, 0], None, worker_id=0)
         assert all(a.applied for a in answers.values())
         pulled = {n: v for r in client.pull([-1, -1]) for n, v in r.params.items()}
         for k, name in enumerate(stats):
@@ -581,7 +581,7 @@ def test_the_workers_client_sends_and_pulls_half_precision_and_the_ps_keeps_floa
             np.testing.assert_allclose(pulled[name], value, rtol=tolerance, atol=0)
         step = {name: (np.arange(value.size, dtype=np.float32).reshape(value.shape) + 1) / 3
                 for name, value in start.items()}
-        answer = client.push_gradients({0: step}, [0], 0.0, worker_id=0, want_parameters=True)[0]
+        answer = client.push_gradients({0: step}, [0], None, worker_id=0, want_parameters=True)[0]
         assert answer.applied
         for name, value in start.items():
             held = server.core.shard.params[name]

@@ -30,12 +30,10 @@ PS_START_TIMEOUT = 120.0
 
 
 def write_job_config(config: JobConfig) -> str:
-    """runs/<job>/job_config.json, every role's ``--job_config``; its path."""
+    """runs/<job>/job_config.json, every role's ``--job_config``; its path. Owner-only (0600):
+    it holds the --envs values, which count as secrets."""
     os.makedirs(config.job.run_dir, exist_ok=True)
-    path = os.path.join(config.job.run_dir, "job_config.json")
-    with open(path, "w") as f:
-        f.write(config.to_json())
-    return path
+    return auth.write_private(os.path.join(config.job.run_dir, "job_config.json"), config.to_json())
 
 
 class JobSetup:
