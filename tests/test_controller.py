@@ -216,6 +216,73 @@ def test_a_dead_workers_hand_out_is_fenced_by_a_decision_and_its_rest_requeued_o
     assert (again.task_id, again.shard.start) == (task.task_id, task.shard.start + 4)
 
 
+def test_a_ps_silent_past_the_deadline_is_killed_once_and_then_relaunched_like_a_dead_one():
+    """A frozen PS (SIGSTOP) is not dead: no exit comes. It answers no probe, and is replaced."""
+    ctl, dispatcher, _, clock = make(workers=1, epochs=1, tasks=2)
+    ctl.start()
+    take(dispatcher, 0)
+    assert of(ctl.step(c.PSSilent((1,))), c.ReplacePS) == []
+    clock.now += c.PS_SILENT_SECONDS / 2
+    assert of(ctl.step(c.PSSilent(())), c.ReplacePS) == []  # it answered: the silence starts over
+    assert of(ctl.step(c.PSSilent((1,))), c.ReplacePS) == []
+    clock.now += c.PS_SILENT_SECONDS - 1
+    assert of(ctl.step(c.PSSilent((1,))), c.ReplacePS) == []
+    clock.now += 1
+    (replace,) = of(ctl.step(c.PSSilent((1,))), c.ReplacePS)
+    assert replace.index == 1 and "answered no probe for 60 s" in replace.reason
+    clock.now += 10
+    assert of(ctl.step(c.PSSilent((1,))), c.ReplacePS) == []  # killed once; its exit is coming
+    assert of(ctl.step(exit_of(1, code=-9, role="ps")), c.RelaunchPS) == [c.RelaunchPS(ProcessExit("ps", 1, -9, ""))]
+
+
+def test_the_probe_names_the_ps_that_did_not_answer_in_time_and_reports_the_version_when_all_did():
+    import grpc
+
+    from elasticdl.master.ps_probe import PSProbe
+
+    class Future:
+        def __init__(self, answer):
+            self.answer = answer
+
+        def done(self):
+            return True
+
+        def result(self):
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return self.answer
+
+    class Late(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    class Down(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.UNAVAILABLE
+
+    from elasticdl.proto import elasticdl_pb2
+
+    class FakeClient:
+        answers: list = []
+
+        def stats_futures(self, timeout):
+            return [Future(a) for a in self.answers]
+
+    client, clock = FakeClient(), FakeClock()
+    probe = PSProbe(client, interval=0.5, clock=clock)
+    client.answers = [elasticdl_pb2.PSStats(version=7), Late()]
+    assert probe.poll() == []  # asked
+    assert probe.poll() == [c.PSSilent((1,))]  # answered: PS 1 is silent, no version
+    clock.now += 0.5
+    client.answers = [elasticdl_pb2.PSStats(version=7), Down()]
+    probe.poll()
+    assert probe.poll() == [c.PSSilent(())]  # a PS that is down is not silent: its exit tells
+    clock.now += 0.5
+    client.answers = [elasticdl_pb2.PSStats(version=9), elasticdl_pb2.PSStats(version=8)]
+    probe.poll()
+    assert probe.poll() == [c.PSSilent(()), c.VersionReported(8)]
+
+
 def test_a_deferred_epoch_end_is_asked_again_at_the_next_tick():
     """Not at once: the job feeds an event's follow-ups before it polls the roles again, so an
     end asked again at once, deferred again by the PS that is down, kept it from ever seeing

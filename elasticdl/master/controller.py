@@ -45,7 +45,9 @@ from elasticdl.master.events import (
     OpenEpoch,
     PSRelaunched,
     PSRollback,
+    PSSilent,
     RelaunchPS,
+    ReplacePS,
     ReplaceWorker,
     RoleExited,
     SaveLedger,
@@ -73,6 +75,9 @@ LIVE_WORKERS_SETTLE_SECONDS = 1.0
 # Once every task and evaluation is done, workers leave at their next request for a task; one
 # still there this long later is frozen or hung, and is killed rather than holding the job open.
 WORKERS_LEAVE_SECONDS = 10.0
+# A PS that answers no probe this long is frozen or hung (a gray failure): it is killed, and
+# relaunched like a PS that died. Long enough for a PS busy writing a large checkpoint.
+PS_SILENT_SECONDS = 60.0
 
 
 class Controller:
@@ -139,6 +144,8 @@ class Controller:
         self.outcome: Finish | Fail | None = None
         self.replaced: list[ReplaceWorker] = []  # workers killed for making no progress
         self._done_since: float | None = None  # when all_done first held with workers still there
+        self._ps_silent_since: dict[int, float] = {}
+        self._ps_replaced: set[int] = set()  # killed for silence, exit not seen yet
         if command == "evaluate":
             self.rounds.queue("evaluate", None)
 
@@ -205,6 +212,8 @@ class Controller:
                 self._end_held = self._tell_held = False
                 if self.rounds is not None:
                     self.rounds.tick()
+            case PSSilent(indices=indices):
+                return self._on_ps_silent(indices)
             case SnapshotTaken() | SnapshotFailed() if self.rounds is not None:
                 return self.rounds.on_snapshot(event)
             case HandoutsFenced(handouts=handouts, marks=marks):
@@ -228,7 +237,21 @@ class Controller:
             exit_.index, exit_.returncode, exit_.log_tail, job_done=self.dispatcher.finished
         ))
 
+    def _on_ps_silent(self, indices: tuple[int, ...]) -> list[Decision]:
+        now = self._clock()
+        self._ps_silent_since = {i: self._ps_silent_since.get(i, now) for i in indices}
+        decisions: list[Decision] = []
+        for index, since in sorted(self._ps_silent_since.items()):
+            if now - since >= PS_SILENT_SECONDS and index not in self._ps_replaced:
+                self._ps_replaced.add(index)
+                reason = f"it answered no probe for {now - since:.0f} s (frozen or hung)"
+                logger.warning("parameter server %d makes no progress: %s; killing it", index, reason)
+                decisions.append(ReplacePS(index, reason))
+        return decisions
+
     def _on_ps_exit(self, exit_: ProcessExit) -> list[Decision]:
+        self._ps_replaced.discard(exit_.index)
+        self._ps_silent_since.pop(exit_.index, None)
         if self.dispatcher.finished:
             return []  # the job is ending: the PS is no longer needed
         self.ps_relaunches += 1

@@ -34,8 +34,10 @@ __all__ = [
     "OpenEpoch",
     "PSRelaunched",
     "PSRollback",
+    "PSSilent",
     "RecordEvaluation",
     "RelaunchPS",
+    "ReplacePS",
     "ReplaceWorker",
     "RoleExited",
     "SaveLedger",
@@ -151,6 +153,14 @@ class SnapshotFailed:
 
 
 @dataclass(frozen=True)
+class PSSilent:
+    """A probe of every PS completed: these did not answer within its deadline (none: all did).
+    A frozen or hung PS is silent; a dead one is not (its exit tells)."""
+
+    indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class PSRelaunched:
     """The job carried out ``RelaunchPS``: the PS restores checkpoint ``restored_version``
     (None: no checkpoint, it starts empty and the workers give it their copy)."""
@@ -164,7 +174,7 @@ class PSRelaunched:
 Event = (
     Tick | RoleExited | TaskReported | VersionReported | ScaleRequested | StopRequested | StoreLost
     | EpochEnded | EpochEndDeferred | LiveWorkersNotTold | PSRelaunched | EpochEndFired | HandoutsFenced
-    | SnapshotTaken | SnapshotFailed
+    | SnapshotTaken | SnapshotFailed | PSSilent
 )
 
 
@@ -183,6 +193,15 @@ class RelaunchPS:
 class ReplaceWorker:
     """Kill a worker that stopped making progress (its task timed out, or it did not leave after
     the job's end); its exit refills its slot, as for a preempted worker."""
+
+    index: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReplacePS:
+    """Kill a PS that stopped answering (silent past ``PS_SILENT_SECONDS``); its exit brings the
+    usual relaunch (``RelaunchPS``), from the latest checkpoint."""
 
     index: int
     reason: str
@@ -286,7 +305,7 @@ class Fail:
 
 
 Decision = (
-    Launch | Stop | RelaunchPS | ReplaceWorker | FenceHandouts | TellLiveWorkers | EndEpoch | FireEpochBegin | FireEpochEnd | VersionChanged
+    Launch | Stop | RelaunchPS | ReplacePS | ReplaceWorker | FenceHandouts | TellLiveWorkers | EndEpoch | FireEpochBegin | FireEpochEnd | VersionChanged
     | RecordEvaluation | TakeSnapshot | DropSnapshot | SaveLedger | Finish | Fail | OpenEpoch
 )
 
