@@ -385,6 +385,27 @@ def test_sync_mode_tells_the_ps_of_fewer_workers_only_once_the_dip_lasted():
     assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == [c.TellLiveWorkers(2)]  # more: at once
 
 
+def test_sync_mode_tells_the_ps_when_nobody_holds_a_task_any_more_so_pending_gradients_apply():
+    """Found by the simulator (seed 601): with grads_to_wait 3, the workers' last pushes waited in
+    the PS's average for pushes that never came; the ledger counted their records done, the
+    model never got them, and the PS were never told that nobody was left."""
+    ctl, dispatcher, _, clock = make(workers=2, sync=True, tasks=4, epochs=1)
+    ctl.start()
+    first, second = take(dispatcher, 0), take(dispatcher, 1)
+    assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == [c.TellLiveWorkers(2)]
+    report(ctl, dispatcher, first, 0)
+    report(ctl, dispatcher, second, 1)
+    clock.now += c.LIVE_WORKERS_SETTLE_SECONDS * 10
+    assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == []  # between tasks: the next pushes complete it
+    # The last tasks: told 0 at once when they are reported, before the epoch's (final) end.
+    third, fourth = take(dispatcher, 0), take(dispatcher, 1)
+    assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == []
+    report(ctl, dispatcher, third, 0)
+    decisions = report(ctl, dispatcher, fourth, 1)
+    assert kinds(decisions).index("TellLiveWorkers") < kinds(decisions).index("EndEpoch")
+    assert of(decisions, c.TellLiveWorkers) == [c.TellLiveWorkers(0)]
+
+
 def test_async_mode_never_tells_live_workers():
     ctl, dispatcher, _, _ = make(workers=1, sync=False)
     ctl.start()

@@ -388,7 +388,15 @@ class Controller:
             count = len(self.dispatcher.active_workers())
             if count >= self._live_workers_told:
                 self._fewer_live_since = None  # a dip that ended does not count towards the next one
-            if count and count != self._live_workers_told and not self._tell_held and self._settled(count):
+            # 0 is told once training is over, at once, before the final model is read: with
+            # nobody left to push, a PS applies the gradients still pending in its average, whose
+            # records the ledger already counts done (the job ended with them in no model).
+            # Between epochs a pending gradient just waits for the next epoch's first pushes.
+            if count == 0 and self.tasks.finished:
+                settled = self._live_workers_told > 0
+            else:
+                settled = count > 0 and self._settled(count)
+            if settled and count != self._live_workers_told and not self._tell_held:
                 self._live_workers_told = count
                 decisions.append(TellLiveWorkers(count))
         return decisions
