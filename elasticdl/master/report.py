@@ -60,6 +60,7 @@ class JobReport:
     ps_relaunches: int = 0
     # Workers killed for making no progress (a task timed out, or still there after the end).
     workers_replaced: list = field(default_factory=list)
+    phases: list = field(default_factory=list)  # the controller's phases, in order (the last: where it ended)
     # Each PS that came back older than the model it held: its updates after to_version are
     # lost (to_version None: it restarted empty and took a worker's copy of its variables).
     ps_rollbacks: list[dict] = field(default_factory=list)
