@@ -26,6 +26,7 @@ from elasticdl.data.sources import (
     resolve_data_files,
 )
 from elasticdl.mode import Mode
+from elasticdl.model.checkpoint_owner import check_owner
 from elasticdl.model.non_trainable import NonTrainableChange
 from elasticdl.model.optimizers import (
     OptimizerSpec,
@@ -79,6 +80,8 @@ def check_inputs(config: JobConfig, command: str = "train") -> list[tuple[str, i
 def check_job(config: JobConfig, command: str = "train", before_tensorflow=None) -> CheckedJob:
     """Every submit-time check. ``before_tensorflow`` runs once the checks that need no
     TensorFlow passed, before the model zoo is imported (the CLI sets TensorFlow up there)."""
+    if command == "train" and config.checkpoints.checkpoint_dir:  # before any process starts
+        check_owner(config.checkpoints.checkpoint_dir, config.job.job_name)
     files = check_inputs(config, command)
     if before_tensorflow is not None:
         before_tensorflow()
