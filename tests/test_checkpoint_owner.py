@@ -15,7 +15,13 @@ from elasticdl.master.cut_recovery import latest_cut
 from elasticdl.master.job_state import JobState
 from elasticdl.master.preflight import check_job
 from elasticdl.model import checkpoint
-from elasticdl.model.checkpoint_owner import OWNER_FILE, CheckpointOwnerError, claim, lineage_floor, read_owner
+from elasticdl.model.checkpoint_owner import (
+    OWNER_FILE,
+    CheckpointOwnerError,
+    claim,
+    lineage_floor,
+    read_owner,
+)
 from tests.test_ps_server import grads, make_ps, model
 
 
