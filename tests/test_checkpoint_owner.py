@@ -66,6 +66,21 @@ def test_a_second_job_on_a_checkpoint_dir_is_refused_at_submit(tmp_path):
     assert f"--checkpoint_dir_for_init {ckpt}" in message and "--job_name job-a" in message
 
 
+def test_a_job_that_continues_the_directory_takes_it_over_and_keeps_the_old_cuts(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    old = open_state("job-a", ckpt)
+    train(ckpt, term=old.term, versions=3)
+    cfg = config("job-b", ckpt)
+    cfg.checkpoints.checkpoint_dir_for_init = str(ckpt)  # "continue from the latest" (docs/getting_started.md)
+    state = JobState(cfg, "train", "fingerprint", on_lost=lambda why: None)
+    state.open(None)
+    assert read_owner(str(ckpt)).job_name == "job-b" and state.term > old.term
+    train(ckpt, term=state.term, versions=5)
+    assert versions_of_term(ckpt, old.term) == [1, 2, 3] and versions_of_term(ckpt, state.term) == [3, 4, 5]
+    with pytest.raises(CheckpointOwnerError, match="belongs to job 'job-b'"):
+        check_job(config("job-a", ckpt))
+
+
 def test_the_owner_file_names_the_job_and_its_lineages(tmp_path):
     ckpt = tmp_path / "ckpt"
     first = claim(str(ckpt), "job-a", resumed=False)

@@ -108,7 +108,9 @@ class JobState:
             return False
         resumed = self._open_ledger(tasks)
         if cfg.checkpoints.checkpoint_dir:  # resumed or not, before any PS writes to it
-            self.lineage = checkpoint_owner.claim(cfg.checkpoints.checkpoint_dir, cfg.job.job_name, resumed)
+            directory = cfg.checkpoints.checkpoint_dir
+            self.lineage = checkpoint_owner.claim(directory, cfg.job.job_name, resumed, checkpoint_owner.continues(
+                directory, cfg.checkpoints.checkpoint_dir_for_init))
         return resumed
 
     def _open_ledger(self, tasks: TaskManager | None) -> bool:

@@ -26,7 +26,7 @@ from elasticdl.data.sources import (
     resolve_data_files,
 )
 from elasticdl.mode import Mode
-from elasticdl.model.checkpoint_owner import check_owner
+from elasticdl.model.checkpoint_owner import check_owner, continues
 from elasticdl.model.non_trainable import NonTrainableChange
 from elasticdl.model.optimizers import (
     OptimizerSpec,
@@ -81,7 +81,8 @@ def check_job(config: JobConfig, command: str = "train", before_tensorflow=None)
     """Every submit-time check. ``before_tensorflow`` runs once the checks that need no
     TensorFlow passed, before the model zoo is imported (the CLI sets TensorFlow up there)."""
     if command == "train" and config.checkpoints.checkpoint_dir:  # before any process starts
-        check_owner(config.checkpoints.checkpoint_dir, config.job.job_name)
+        directory = config.checkpoints.checkpoint_dir
+        check_owner(directory, config.job.job_name, continues(directory, config.checkpoints.checkpoint_dir_for_init))
     files = check_inputs(config, command)
     if before_tensorflow is not None:
         before_tensorflow()
