@@ -116,7 +116,6 @@ class ParameterServer:
         self.position = DataPosition(fence_floor=settings.fence_floor)
         self.term = settings.term  # the newest leadership term heard of
         self._cut_at: int | None = None  # the master asked for a checkpoint at this version
-        self._floor_of_term: tuple[int, int] | None = None  # (term, its lineage's floor), see _lineage_floor
 
     def restore(self) -> None:
         """Load --checkpoint_dir_for_init, if given (call before serving)."""
@@ -185,8 +184,9 @@ class ParameterServer:
         gone; removed so that they never make a cut with the new timeline's files."""
         if not self.settings.checkpoint_dir:
             return
-        for path in checkpoint.discard_after(self.settings.checkpoint_dir, version, self.settings.ps_id, self.term,
-                                             self._lineage_floor()):
+        directory = self.settings.checkpoint_dir  # only this lineage's files (model/checkpoint_owner.py)
+        for path in checkpoint.discard_after(directory, version, self.settings.ps_id, self.term,
+                                             lineage_floor(directory, self.term)):
             logger.info("removed %s: written after the checkpoint the job went back to", path)
 
     def fence(self, handouts: list[int], task_ids: list[int], term: int) -> dict[int, int]:
@@ -474,14 +474,6 @@ class ParameterServer:
             and version != self._last_checkpoint_version
         )
 
-    def _lineage_floor(self) -> int:
-        """This job's lineage's term floor: the PS prune and discard only cuts above it, never
-        another lineage's (elasticdl/model/checkpoint_owner.py). Read once per term."""
-        term = self.term
-        if self._floor_of_term is None or self._floor_of_term[0] != term:
-            self._floor_of_term = term, lineage_floor(self.settings.checkpoint_dir, term)
-        return self._floor_of_term[1]
-
     def _path_for(self, version: int) -> str:
         return f"{self.settings.checkpoint_dir}/version-{version}"
 
@@ -530,7 +522,8 @@ class ParameterServer:
                     self.checkpoint_error = message
                 logger.error("%s; training goes on and the next checkpoint tries again", message, exc_info=not expected)
                 raise
-            checkpoint.prune(self.settings.checkpoint_dir, self.settings.keep_checkpoint_max, self._lineage_floor())
+            directory = self.settings.checkpoint_dir  # only this lineage's cuts (model/checkpoint_owner.py)
+            checkpoint.prune(directory, self.settings.keep_checkpoint_max, lineage_floor(directory, self.term))
             self._last_checkpoint_version = state.version
         logger.info("checkpoint at version %d", state.version)
         return path
