@@ -1,5 +1,6 @@
-"""End to end: a damaged newest checkpoint shard, then a PS SIGKILL. The job falls back to the
-cut before it and finishes with every record applied exactly once (it used to fail)."""
+"""End to end: a damaged newest checkpoint shard, then a PS SIGKILL: the job falls back to the
+cut before it and finishes with every record applied exactly once (it used to fail). A damaged
+cut named explicitly fails at submit, naming the file."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import os
 import signal
 import subprocess
 
+import numpy as np
+
 from elasticdl.model import checkpoint
 from tests.test_e2e_elastic import _master_log, _ps_pids, _start, _wait_for
-from tests.test_e2e_local import digits, report_of  # noqa: F401
+from tests.test_e2e_local import MODEL_ZOO, digits, elasticdl, report_of  # noqa: F401
 
 
 def test_a_damaged_newest_shard_then_a_ps_kill_falls_back_to_the_cut_before(digits, tmp_path):  # noqa: F811
@@ -39,3 +42,18 @@ def test_a_damaged_newest_shard_then_a_ps_kill_falls_back_to_the_cut_before(digi
     assert rollback["to_version"] < newest and rollback["records_possibly_missing"] == 0
     assert report["exactly_once"]["holds"] is True
     assert report["exactly_once"]["records_done"] == 3 * 1437
+
+
+def test_evaluate_of_a_damaged_named_cut_fails_at_submit_naming_the_file(digits, tmp_path):  # noqa: F811
+    ckpt = tmp_path / "ckpt"
+    state = checkpoint.ShardState(8, 8, {"v": np.zeros(2, np.float32)}, {}, term=1)
+    path = checkpoint.save_shard(str(ckpt), 0, 1, state)
+    with open(path, "r+b") as f:
+        f.truncate(100)
+    result = elasticdl(["evaluate", "--model_zoo", MODEL_ZOO, "--model_def", "digits.digits_functional.custom_model",
+                        "--validation_data", str(digits / "test"), "--checkpoint_dir_for_init",
+                        str(ckpt / "version-8")], cwd=tmp_path, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"checkpoint shard {path} is damaged" in result.stderr
+    assert f"Pass the checkpoint directory {ckpt} to use the newest checkpoint that verifies" in result.stderr
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").glob("*/logs/ps-*.log"))  # no PS started

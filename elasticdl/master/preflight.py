@@ -26,6 +26,7 @@ from elasticdl.data.sources import (
     resolve_data_files,
 )
 from elasticdl.mode import Mode
+from elasticdl.model.checkpoint import resolve_checkpoint
 from elasticdl.model.checkpoint_owner import check_owner, continues
 from elasticdl.model.non_trainable import NonTrainableChange
 from elasticdl.model.optimizers import (
@@ -84,6 +85,8 @@ def check_job(config: JobConfig, command: str = "train", before_tensorflow=None)
         directory = config.checkpoints.checkpoint_dir
         check_owner(directory, config.job.job_name, continues(directory, config.checkpoints.checkpoint_dir_for_init))
     files = check_inputs(config, command)
+    if config.checkpoints.checkpoint_dir_for_init:  # damaged or incomplete: exit 2 now, not a PS's death later
+        resolve_checkpoint(config.checkpoints.checkpoint_dir_for_init)
     if before_tensorflow is not None:
         before_tensorflow()
     spec = load_model_spec(config.training.model_zoo, config.training.model_def,
