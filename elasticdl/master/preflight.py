@@ -85,8 +85,6 @@ def check_job(config: JobConfig, command: str = "train", before_tensorflow=None)
         directory = config.checkpoints.checkpoint_dir
         check_owner(directory, config.job.job_name, continues(directory, config.checkpoints.checkpoint_dir_for_init))
     files = check_inputs(config, command)
-    if config.checkpoints.checkpoint_dir_for_init:  # damaged or incomplete: exit 2 now, not a PS's death later
-        resolve_checkpoint(config.checkpoints.checkpoint_dir_for_init)
     if before_tensorflow is not None:
         before_tensorflow()
     spec = load_model_spec(config.training.model_zoo, config.training.model_def,
@@ -115,6 +113,8 @@ def check_job(config: JobConfig, command: str = "train", before_tensorflow=None)
     features, trainer = _check_one_batch(spec, config, files, has_header, metrics, mode)
     if command == "train":
         _check_room_for_the_model(config, optimizer_spec, trainer)
+    if config.checkpoints.checkpoint_dir_for_init:  # damaged or incomplete: exit 2 now, not a PS's death later
+        resolve_checkpoint(config.checkpoints.checkpoint_dir_for_init)
     return CheckedJob(config, spec, optimizer_spec, files, features)
 
 
