@@ -10,6 +10,7 @@ from elasticdl.errors import TrainingDivergedError
 from elasticdl.launch.api import ProcessExit
 from elasticdl.master import controller as c
 from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
+from elasticdl.master.feed import FeedLivelock, feed
 from elasticdl.master.instance_manager import InstanceManager, Launch, Priority, Stop
 from elasticdl.master.task_manager import NoTask, Task, TaskManager, TaskType
 
@@ -23,18 +24,34 @@ class FakeClock:
 
 
 class FakePS:
-    """The snapshot call the job injects: the version it froze, or PSUnavailable while restarting."""
+    """Answers TakeSnapshot as the job does: the version it froze, or a failure while restarting."""
 
     def __init__(self):
         self.version = 0
         self.down = False
         self.snapshots: list[int] = []
 
-    def take_snapshot(self, round_id: int) -> int:
+    def answer(self, decision: c.TakeSnapshot):
         if self.down:
-            raise c.PSUnavailable("connection refused")
-        self.snapshots.append(round_id)
-        return self.version
+            return c.SnapshotFailed(decision.round_id, "connection refused")
+        self.snapshots.append(decision.round_id)
+        return c.SnapshotTaken(decision.round_id, self.version)
+
+
+def answering_snapshots(ctl: c.Controller, ps: FakePS) -> c.Controller:
+    """The controller's step, with each TakeSnapshot answered at once (as the job's feed does);
+    the returned decisions include those the answers led to."""
+    step = ctl.step
+
+    def step_and_answer(event):
+        decisions = step(event)
+        for decision in list(decisions):
+            if isinstance(decision, c.TakeSnapshot):
+                decisions += step_and_answer(ps.answer(decision))
+        return decisions
+
+    ctl.step = step_and_answer
+    return ctl
 
 
 def shards(tasks: int, records: int = 10) -> list[Shard]:
@@ -42,24 +59,25 @@ def shards(tasks: int, records: int = 10) -> list[Shard]:
 
 
 def make(command="train", workers=2, epochs=2, tasks=2, evaluation_steps=0, with_eval=False, sync=False,
-         relaunch_limit=3, max_ps_relaunches=3, max_bad_records=0, max_task_retries=3, waits=False):
+         relaunch_limit=3, max_ps_relaunches=3, max_bad_records=0, max_task_retries=3, waits=False,
+         task_timeout=600.0, fences=False):
     clock = FakeClock()
     ps = FakePS()
     main = None
     if command in ("train", "predict"):
         main = TaskManager(shards(tasks), num_epochs=epochs if command == "train" else 1, clock=clock,
                            shuffle=False, task_type=TaskType.TRAINING if command == "train" else TaskType.PREDICTION,
-                           max_task_retries=max_task_retries, gate_epochs=command == "train")
+                           max_task_retries=max_task_retries, gate_epochs=command == "train",
+                           task_timeout=task_timeout, fences_pushes=fences)
     evaluation = None
     if with_eval or command == "evaluate":
-        evaluation = EvaluationService(shards(1), metrics_fn=dict, snapshot=ps.take_snapshot,
-                                       evaluation_steps=evaluation_steps, clock=clock,
+        evaluation = EvaluationService(shards(1), metrics_fn=dict, evaluation_steps=evaluation_steps, clock=clock,
                                        max_task_retries=max_task_retries)
     dispatcher = TaskDispatcher(main, evaluation)
     ctl = c.Controller(command, dispatcher, InstanceManager(workers, relaunch_limit=relaunch_limit),
                        sync_mode=sync, evaluation_steps=evaluation_steps, max_ps_relaunches=max_ps_relaunches,
                        clock=clock, max_bad_records=max_bad_records, wait_for_epoch_callbacks=waits)
-    return ctl, dispatcher, ps, clock
+    return answering_snapshots(ctl, ps), dispatcher, ps, clock
 
 
 def kinds(decisions) -> list[str]:
@@ -152,6 +170,52 @@ def test_the_job_finishes_when_the_last_epoch_ended_and_every_worker_left():
     assert ctl.instances.relaunches == 0 and ctl.instances.preemptions == 0
 
 
+def test_a_frozen_worker_is_replaced_once_its_task_times_out_even_when_nobody_else_asks():
+    """Issue 25: a SIGSTOPped worker held the job open forever. Its only task timed out, but a
+    timeout was only noticed when another worker asked for a task, and none did."""
+    ctl, dispatcher, _, clock = make(workers=1, epochs=1, tasks=1, task_timeout=5.0)
+    ctl.start()
+    task = take(dispatcher, 0)
+    assert of(ctl.step(c.Tick()), c.ReplaceWorker) == []
+    clock.now += 6.0
+    decisions = ctl.step(c.Tick())
+    assert of(decisions, c.ReplaceWorker) == [c.ReplaceWorker(0, "its task timed out (--task_timeout)")]
+    assert of(ctl.step(c.Tick()), c.ReplaceWorker) == []  # asked once
+    assert of(ctl.step(exit_of(0, code=-9)), Launch) == [Launch(1, Priority.HIGH)]  # its slot refilled
+    again = take(dispatcher, 1)
+    assert (again.task_id, again.shard) == (task.task_id, task.shard)
+    answer(ctl, report(ctl, dispatcher, again, 1))
+    assert ctl.step(exit_of(1)) == [c.Finish()]
+    assert ctl.instances.relaunches == 0  # a replacement is not a crash
+
+
+def test_a_worker_that_does_not_leave_after_the_end_is_killed_instead_of_holding_the_job_open():
+    ctl, dispatcher, _, clock = make(workers=2, epochs=1, tasks=1)
+    ctl.start()
+    answer(ctl, report(ctl, dispatcher, take(dispatcher, 0), 0))
+    assert dispatcher.finished
+    assert of(ctl.step(exit_of(0)), c.Finish) == []  # worker 1 is frozen: it never asks again
+    clock.now += c.WORKERS_LEAVE_SECONDS / 2
+    assert of(ctl.step(c.Tick()), c.ReplaceWorker) == []
+    clock.now += c.WORKERS_LEAVE_SECONDS
+    assert [d.index for d in of(ctl.step(c.Tick()), c.ReplaceWorker)] == [1]
+    assert ctl.step(exit_of(1, code=-9)) == [c.Finish()]  # no refill: the job is over
+
+
+def test_a_dead_workers_hand_out_is_fenced_by_a_decision_and_its_rest_requeued_on_the_answer():
+    """The ledger never calls a PS: a task taken back waits for FenceHandouts' answer."""
+    ctl, dispatcher, _, _ = make(workers=1, epochs=1, tasks=1, fences=True)
+    ctl.start()
+    task = take(dispatcher, 0)
+    decisions = ctl.step(exit_of(0, code=-9))
+    assert of(decisions, c.FenceHandouts) == [c.FenceHandouts((task.handout,), (task.task_id,))]
+    assert of(ctl.step(c.Tick()), c.FenceHandouts) == []  # asked once
+    assert dispatcher.get_task(1) is NoTask.WAIT  # not handed out before it is fenced
+    ctl.step(c.HandoutsFenced((task.handout,), {task.task_id: task.shard.start + 4}))
+    again = take(dispatcher, 1)
+    assert (again.task_id, again.shard.start) == (task.task_id, task.shard.start + 4)
+
+
 def test_a_deferred_epoch_end_is_asked_again_at_the_next_tick():
     """Not at once: the job feeds an event's follow-ups before it polls the roles again, so an
     end asked again at once, deferred again by the PS that is down, kept it from ever seeing
@@ -196,7 +260,41 @@ def test_sync_mode_tells_the_ps_how_many_workers_hold_a_task():
     take(dispatcher, 1)
     assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == [c.TellLiveWorkers(2)]
     assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == []
-    assert of(ctl.step(c.LiveWorkersNotTold()), c.TellLiveWorkers) == [c.TellLiveWorkers(2)]
+    # A PS was away: told again at the next Tick, not at once (that was a livelock, below).
+    assert of(ctl.step(c.LiveWorkersNotTold()), c.TellLiveWorkers) == []
+    assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == [c.TellLiveWorkers(2)]
+
+
+def test_a_feed_settles_while_a_ps_is_away_so_the_job_gets_back_to_polling_exits():
+    """Issue 25's livelock: a worker died while a dead PS's exit was not polled yet. Each tell
+    found the PS away, and the controller told again at once inside the same feed, forever."""
+    ctl, dispatcher, _, clock = make(workers=2, sync=True, tasks=4)
+    ctl.start()
+    take(dispatcher, 0), take(dispatcher, 1)
+    told = []
+
+    def carry_out(decision):  # the PS is dead and its exit not polled: every tell fails
+        if isinstance(decision, c.TellLiveWorkers):
+            told.append(decision.count)
+            return [c.LiveWorkersNotTold()]
+        return []
+
+    assert feed(ctl, c.RoleExited(ProcessExit("worker", 0, -9, "")), carry_out) <= 3
+    assert told == [1]  # one attempt, then the feed ends: the job polls the exits again
+    clock.now += c.LIVE_WORKERS_SETTLE_SECONDS
+    assert feed(ctl, c.Tick(), carry_out) <= 3
+    assert told == [1, 1]  # and one more at every Tick
+
+
+def test_a_controller_that_answers_itself_forever_fails_the_feed_instead_of_spinning():
+    class Echo:  # a controller that decides something at every event, forever
+        outcome = None
+
+        def step(self, event):
+            return [c.SaveLedger()]
+
+    with pytest.raises(FeedLivelock, match="took 50 events without settling"):
+        feed(Echo(), c.Tick(), lambda decision: [c.Tick()], max_steps=50)
 
 
 def test_sync_mode_tells_the_ps_of_fewer_workers_only_once_the_dip_lasted():
@@ -450,14 +548,20 @@ def test_a_ps_restart_during_a_round_runs_it_again_on_a_fresh_snapshot():
     assert ctl.step(exit_of(0, code=-9, role="ps"))[:1] == [c.RelaunchPS(ProcessExit("ps", 0, -9, ""))]
     assert ctl.evaluation.current.suspended
     assert dispatcher.get_task(0).__class__ is not Task  # no tasks of a suspended round
-    assert of(ctl.step(c.Tick()), c.DropSnapshot) == []  # the PS is not serving yet
+    decisions = ctl.step(c.Tick())  # the PS is not serving yet: the snapshot fails
+    failed = of(decisions, c.TakeSnapshot)
+    assert len(failed) == 1 and ctl.evaluation.current.suspended
+    # A PS that did take the failed snapshot frees it; the lost round's stays until the restart.
+    assert of(decisions, c.DropSnapshot) == [c.DropSnapshot(failed[0].round_id, best_effort=True)]
+    assert of(ctl.step(c.VersionReported(1)), c.TakeSnapshot) == []  # not asked again before a Tick
     ps.down = False
     decisions = ctl.step(c.Tick())
     assert of(decisions, c.DropSnapshot) == [c.DropSnapshot(1, best_effort=True)]
-    assert ctl.evaluation.current.round_id == 2
+    again = ctl.evaluation.current.round_id
+    assert again not in (1, failed[0].round_id) and not ctl.evaluation.current.suspended
     assert ctl.evaluation.current.reason == "final, again after a PS restart"
     decisions = run_round(ctl, dispatcher)
-    assert of(decisions, c.FireEpochEnd) == [c.FireEpochEnd(0, {}, snapshot=2)]  # the epoch follows the round
+    assert of(decisions, c.FireEpochEnd) == [c.FireEpochEnd(0, {}, snapshot=again)]  # the epoch follows the round
 
 
 def test_a_round_that_cannot_start_while_a_ps_restarts_starts_later():
@@ -475,10 +579,10 @@ def test_evaluation_start_delay_and_throttle_follow_the_injected_clock():
     clock = FakeClock()
     ps = FakePS()
     main = TaskManager(shards(2), num_epochs=1, clock=clock, shuffle=False)
-    evaluation = EvaluationService(shards(1), metrics_fn=dict, snapshot=ps.take_snapshot, evaluation_steps=10,
+    evaluation = EvaluationService(shards(1), metrics_fn=dict, evaluation_steps=10,
                                    start_delay_secs=30, throttle_secs=60, clock=clock)
     dispatcher = TaskDispatcher(main, evaluation)
-    ctl = c.Controller("train", dispatcher, InstanceManager(1), evaluation_steps=10)
+    ctl = answering_snapshots(c.Controller("train", dispatcher, InstanceManager(1), evaluation_steps=10, clock=clock), ps)
     ctl.start()
     ctl.step(c.VersionReported(10))
     assert not evaluation.busy  # within the start delay

@@ -10,7 +10,7 @@ pure cores (task ledger, instance manager, evaluation scheduler, worker clocks) 
 
 Example::
 
-    controller = Controller(command="train", dispatcher=dispatcher, instances=instances)
+    controller = Controller("train", dispatcher, instances, clock=time.monotonic)
     decisions = controller.start()             # [Launch(0, HIGH), Launch(1, HIGH)]
     decisions = controller.step(TaskReported(task_id=3, worker_id=0, accepted=True))
     decisions = controller.step(EpochEnded(0))  # the job ended epoch 0 as asked
@@ -19,19 +19,46 @@ Example::
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from elasticdl.data.errors import BadRecordError
-from elasticdl.errors import ElasticDLError, TrainingDivergedError
-from elasticdl.launch.api import ProcessExit
+from elasticdl.errors import TrainingDivergedError
+from elasticdl.launch.exits import ProcessExit
 from elasticdl.master.clocks import WorkerClocks
-from elasticdl.master.evaluation_service import (
-    EvaluationResult,
-    EvaluationService,
-    FrozenSnapshot,
-    TaskDispatcher,
+from elasticdl.master.evaluation_rounds import EvaluationRounds
+from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
+from elasticdl.master.events import *  # noqa: F403  (the vocabulary: ``c.Tick``, ``c.EndEpoch``, ...)
+from elasticdl.master.events import (
+    Decision,
+    EndEpoch,
+    EpochEndDeferred,
+    EpochEnded,
+    EpochEndFired,
+    Event,
+    Fail,
+    FenceHandouts,
+    Finish,
+    FireEpochBegin,
+    FireEpochEnd,
+    HandoutsFenced,
+    LiveWorkersNotTold,
+    OpenEpoch,
+    PSRelaunched,
+    PSRollback,
+    RelaunchPS,
+    ReplaceWorker,
+    RoleExited,
+    SaveLedger,
+    ScaleRequested,
+    SnapshotFailed,
+    SnapshotTaken,
+    StopRequested,
+    StoreLost,
+    TellLiveWorkers,
+    Tick,
+    VersionChanged,
+    VersionReported,
+    describe_exit,
 )
 from elasticdl.master.instance_manager import GiveUp, InstanceManager, Launch, Stop
 
@@ -43,228 +70,9 @@ MAX_PS_RELAUNCHES = 3
 # long. A worker between two tasks is not gone; told at once, the PS would apply a version with
 # fewer gradients and refuse that worker's next one as stale.
 LIVE_WORKERS_SETTLE_SECONDS = 1.0
-# Epoch ends whose snapshot is taken at once while rounds queue up behind a slow one; later
-# ones take theirs when they start. With the running round's, that stays below the PS's limit
-# (MAX_SNAPSHOTS in elasticdl/ps/server.py evicts the oldest past 4).
-MAX_FROZEN_ROUNDS = 2
-
-
-class PSUnavailable(Exception):
-    """A parameter server does not answer (it is being relaunched): try again at a later event.
-
-    Raised by the PS calls the job injects into the cores (the evaluation snapshot); it never
-    reaches the user, so it stays outside the error tree on purpose."""
-
-
-# ---------------------------------------------------------------- events
-
-
-@dataclass(frozen=True)
-class Tick:
-    """Time passed (the job's poll interval): re-check what is due."""
-
-
-@dataclass(frozen=True)
-class RoleExited:
-    exit: ProcessExit
-
-
-@dataclass(frozen=True)
-class TaskReported:
-    task_id: int
-    worker_id: int
-    accepted: bool
-
-
-@dataclass(frozen=True)
-class VersionReported:
-    """A worker's progress report or the job's PS poll saw this model version."""
-
-    version: int
-
-
-@dataclass(frozen=True)
-class ScaleRequested:
-    num_workers: int
-
-
-@dataclass(frozen=True)
-class StopRequested:
-    """A callback asked to end training early (``stop_training`` or ``model.stop_training``)."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class StoreLost:
-    """The state store cannot be trusted any more (the leader lock or the ledger is lost)."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class EpochEnded:
-    """The job carried out ``EndEpoch``."""
-
-    epoch: int
-
-
-@dataclass(frozen=True)
-class EpochEndFired:
-    """The job carried out ``FireEpochEnd`` (and what the callbacks asked, e.g. to stop)."""
-
-    epoch: int
-
-
-@dataclass(frozen=True)
-class EpochEndDeferred:
-    """``EndEpoch`` found a PS unreachable (relaunching): nothing was done, ask again later."""
-
-    epoch: int
-
-
-@dataclass(frozen=True)
-class LiveWorkersNotTold:
-    """``TellLiveWorkers`` found a PS unreachable: tell it again later."""
-
-
-@dataclass(frozen=True)
-class PSRelaunched:
-    """The job carried out ``RelaunchPS``: the PS restores checkpoint ``restored_version``
-    (None: no checkpoint, it starts empty and the workers give it their copy)."""
-
-    index: int
-    restored_version: int | None
-    retrained: int = 0  # records the ledger put back to todo (the cut's data position)
-    missing: int = 0  # no checkpoint: records whose updates may be missing on the PS's shard
-
-
-Event = (
-    Tick | RoleExited | TaskReported | VersionReported | ScaleRequested | StopRequested | StoreLost
-    | EpochEnded | EpochEndDeferred | LiveWorkersNotTold | PSRelaunched | EpochEndFired
-)
-
-
-# ---------------------------------------------------------------- decisions
-# Launch(index, priority) and Stop(index) come from the instance manager as they are.
-
-
-@dataclass(frozen=True)
-class RelaunchPS:
-    """Start the PS that exited again, on its address (from the latest checkpoint, if any)."""
-
-    exit: ProcessExit
-
-
-@dataclass(frozen=True)
-class TellLiveWorkers:
-    """Sync mode: the PS average over the workers holding a task, never wait for absent ones."""
-
-    count: int
-
-
-@dataclass(frozen=True)
-class EndEpoch:
-    """Log the epoch's consistency telemetry; with ``sync_model``, pull the model for the callbacks.
-
-    Answered by ``EpochEnded`` or ``EpochEndDeferred``."""
-
-    epoch: int
-    final: bool
-    sync_model: bool
-
-
-@dataclass(frozen=True)
-class FireEpochBegin:
-    epoch: int
-
-
-@dataclass(frozen=True)
-class FireEpochEnd:
-    """``callbacks.on_epoch_end`` with the epoch's loss and ``metrics``, on the parameters of
-    evaluation round ``snapshot`` (0: the model as pulled by ``EndEpoch``)."""
-
-    epoch: int
-    metrics: dict[str, float] = field(default_factory=dict)
-    snapshot: int = 0
-
-
-@dataclass(frozen=True)
-class OpenEpoch:
-    """Hand out the epoch's training tasks (after ``FireEpochBegin``: a learning rate set by
-    epoch applies to all of them)."""
-
-    epoch: int
-
-
-@dataclass(frozen=True)
-class VersionChanged:
-    """Tell callbacks (``on_model_version``) and TensorBoard about a new model version."""
-
-    version: int
-
-
-@dataclass(frozen=True)
-class RecordEvaluation:
-    """An evaluation round finished: TensorBoard scalars."""
-
-    result: EvaluationResult
-
-
-@dataclass(frozen=True)
-class DropSnapshot:
-    """Free an evaluation round's snapshot on the PS (``best_effort``: one may be gone already)."""
-
-    round_id: int
-    best_effort: bool = False
-
-
-@dataclass(frozen=True)
-class SaveLedger:
-    """The task ledger moved: write it to the state store."""
-
-
-@dataclass(frozen=True)
-class Finish:
-    """Every task and evaluation is done and every worker has left."""
-
-
-@dataclass(frozen=True)
-class Fail:
-    error: str
-    # The error the job raises (its class gives the exit code); None: JobFailedError(error).
-    cause: ElasticDLError | None = field(default=None, compare=False)
-
-
-Decision = (
-    Launch | Stop | RelaunchPS | TellLiveWorkers | EndEpoch | FireEpochBegin | FireEpochEnd | VersionChanged
-    | RecordEvaluation | DropSnapshot | SaveLedger | Finish | Fail | OpenEpoch
-)
-
-
-@dataclass(frozen=True)
-class PSRollback:
-    """PS ``ps`` died at ``from_version``. With a checkpoint, every PS went back to the cut at
-    ``to_version`` and the ledger to its data position: ``records_retrained`` records are
-    trained again and none is lost. Without (``to_version`` None), the PS restarted empty and
-    was refilled from a worker's copy: up to ``records_possibly_missing`` records' updates on
-    its shard are not in the model."""
-
-    ps: int
-    from_version: int
-    to_version: int | None
-    records_retrained: int = 0
-    records_possibly_missing: int = 0
-
-    def to_dict(self) -> dict:
-        return {"ps": self.ps, "from_version": self.from_version, "to_version": self.to_version,
-                "records_retrained": self.records_retrained,
-                "records_possibly_missing": self.records_possibly_missing}
-
-
-def describe_exit(exit_: ProcessExit, what: str) -> str:
-    tail = "\n".join("    " + line for line in exit_.log_tail.rstrip().splitlines()[-12:])
-    return f"{exit_.role}-{exit_.index} {what} (exit code {exit_.returncode}); its last lines:\n{tail}"
+# Once every task and evaluation is done, workers leave at their next request for a task; one
+# still there this long later is frozen or hung, and is killed rather than holding the job open.
+WORKERS_LEAVE_SECONDS = 10.0
 
 
 class Controller:
@@ -281,11 +89,12 @@ class Controller:
         dispatcher: TaskDispatcher,
         instances: InstanceManager,
         clocks: WorkerClocks | None = None,
+        *,
+        clock: Callable[[], float],
         sync_mode: bool = False,
         evaluation_steps: int = 0,
         max_ps_relaunches: int = MAX_PS_RELAUNCHES,
         keeps_ledger: bool = True,
-        clock: Callable[[], float] = time.monotonic,
         max_bad_records: int = 0,
         wait_for_epoch_callbacks: bool = False,
     ):
@@ -318,15 +127,20 @@ class Controller:
         self._ending: EndEpoch | None = None  # issued, its outcome not back yet
         self._end_held = False  # an end found a PS away: not asked again before the next Tick
         self._deferred_epoch: int | None = None  # the last epoch whose end was deferred (logged once)
-        # (reason, epoch, snapshot taken at the epoch's end) waiting to start
-        self._eval_queue: list[tuple[str, int | None, FrozenSnapshot | None]] = []
-        self._round_epochs: dict[int, int | None] = {}
+        self.rounds = (EvaluationRounds(self.evaluation, evaluation_steps, fires_epoch_ends=command == "train")
+                       if self.evaluation is not None else None)
         self._live_workers_told = -1
+        # A tell found a PS away: not told again before the next Tick. Told again at once, the
+        # job's feed would alternate TellLiveWorkers and LiveWorkersNotTold forever and never
+        # get back to polling the exits that bring the PS back (a livelock).
+        self._tell_held = False
         self._fewer_live_since: float | None = None
         self._saved_seq = -1
         self.outcome: Finish | Fail | None = None
+        self.replaced: list[ReplaceWorker] = []  # workers killed for making no progress
+        self._done_since: float | None = None  # when all_done first held with workers still there
         if command == "evaluate":
-            self._eval_queue.append(("evaluate", None, None))
+            self.rounds.queue("evaluate", None)
 
     # ------------------------------------------------------------ entry points
 
@@ -357,7 +171,7 @@ class Controller:
             return False
         if self.command == "train" and self.epoch_done < self.tasks.epoch:
             return False
-        return not self._eval_queue and not (self.evaluation is not None and self.evaluation.busy)
+        return self.rounds is None or self.rounds.idle
 
     # ------------------------------------------------------------ events
 
@@ -388,15 +202,23 @@ class Controller:
             case Tick():
                 # Asked again once per poll, after the job looked at which roles exited: asked at
                 # once, a PS whose exit was not seen yet kept the job from ever seeing it.
-                self._end_held = False
+                self._end_held = self._tell_held = False
+                if self.rounds is not None:
+                    self.rounds.tick()
+            case SnapshotTaken() | SnapshotFailed() if self.rounds is not None:
+                return self.rounds.on_snapshot(event)
+            case HandoutsFenced(handouts=handouts, marks=marks):
+                self.tasks.fenced(list(handouts), marks)
             case LiveWorkersNotTold():
-                self._live_workers_told = -1
+                self._live_workers_told, self._tell_held = -1, True
             case PSRelaunched(index=index, restored_version=restored, retrained=retrained, missing=missing):
                 self.rollbacks.append(PSRollback(index, self.model_version, restored, retrained, missing))
         return []
 
     def _on_worker_exit(self, exit_: ProcessExit) -> list[Decision]:
         self.workers.discard(exit_.index)
+        if any(r.index == exit_.index for r in self.replaced):
+            exit_ = ProcessExit(exit_.role, exit_.index, -9 if exit_.returncode else 0, exit_.log_tail)
         if exit_.returncode != 0:
             self.failures.append(exit_)
             logger.error(describe_exit(exit_, "exited"))
@@ -412,15 +234,8 @@ class Controller:
         self.ps_relaunches += 1
         if self.ps_relaunches > self.max_ps_relaunches or self.command != "train":
             return [Fail(describe_exit(exit_, "died"))]
-        if self.evaluation is not None and self.evaluation.busy:
-            self.evaluation.suspend()  # its snapshot died with the PS: run the round again once it is back
         self._live_workers_told = -1  # the new PS knows nothing yet
-        decisions: list[Decision] = [RelaunchPS(exit_)]
-        for i, (reason, epoch, frozen) in enumerate(self._eval_queue):
-            if frozen is not None:  # it died with the PS too: such a round takes its snapshot when it starts
-                self._eval_queue[i] = (reason, epoch, None)
-                decisions.append(DropSnapshot(frozen.round_id, best_effort=True))
-        return decisions
+        return [RelaunchPS(exit_)] + (self.rounds.ps_died() if self.rounds is not None else [])
 
     def _on_version(self, version: int) -> list[Decision]:
         # Monotone: worker reports and PS polls arrive out of order; a PS restored from a
@@ -436,14 +251,8 @@ class Controller:
             return []  # not the end this controller asked for
         self.epoch_done = epoch
         decisions: list[Decision] = []
-        if self.evaluation is not None:
-            frozen = None
-            try:  # the model as this epoch left it, even when a round is still running
-                if sum(f is not None for _, _, f in self._eval_queue) < MAX_FROZEN_ROUNDS:
-                    frozen = self.evaluation.freeze()
-            except PSUnavailable:
-                pass  # a PS is restarting: the round takes its snapshot when it starts
-            self._eval_queue.append(("final" if ending.final else f"epoch {epoch + 1}", epoch, frozen))
+        if self.rounds is not None:  # evaluated on the model as this epoch left it
+            decisions += self.rounds.queue("final" if ending.final else f"epoch {epoch + 1}", epoch)
         else:
             decisions.append(FireEpochEnd(epoch))
         if not self.wait_for_epoch_callbacks:
@@ -471,7 +280,7 @@ class Controller:
         failed = self._task_faults()
         if failed is not None:
             return [failed]
-        decisions: list[Decision] = []
+        decisions: list[Decision] = self._replace_stalled()
         if self.command == "train":
             decisions += self._ledger_and_live_workers()
             end = self._next_epoch_end()
@@ -479,10 +288,12 @@ class Controller:
                 return decisions + [end]  # its outcome comes back as an event before anything else
             if self._ending is not None:
                 return decisions
-        if self.evaluation is not None:
-            decisions += self._advance_evaluation()
+        if self.rounds is not None:
+            decisions += self.rounds.advance(self.model_version)
         if self.all_done:
             self.dispatcher.finish()  # workers get END and exit
+        if self.workers and self.all_done:
+            decisions += self._replace_lingering()
         if not self.workers:
             if self.all_done:
                 decisions.append(Finish())
@@ -519,8 +330,34 @@ class Controller:
             )
         return None
 
+    def _replace_stalled(self) -> list[Decision]:
+        """Gray failures: a worker whose task timed out (it is frozen, or hung in a call) is
+        killed; its task is back in todo already, and its slot is refilled like a preempted one's."""
+        return self._replace(self.dispatcher.stalled_workers(), "its task timed out (--task_timeout)")
+
+    def _replace_lingering(self) -> list[Decision]:
+        now = self._clock()
+        if self._done_since is None:
+            self._done_since = now
+        if now - self._done_since < WORKERS_LEAVE_SECONDS:
+            return []
+        return self._replace(sorted(self.workers), f"it did not leave within {WORKERS_LEAVE_SECONDS:g} s of the job's end")
+
+    def _replace(self, indices, reason: str) -> list[Decision]:
+        decisions: list[Decision] = []
+        for index in indices:
+            if index in self.workers and not any(r.index == index for r in self.replaced):
+                decision = ReplaceWorker(index, reason)
+                logger.warning("worker %d makes no progress: %s; killing it", index, reason)
+                self.replaced.append(decision)
+                decisions.append(decision)
+        return decisions
+
     def _ledger_and_live_workers(self) -> list[Decision]:
         decisions: list[Decision] = []
+        handouts, task_ids = self.tasks.pending_fences()
+        if handouts:
+            decisions.append(FenceHandouts(tuple(handouts), tuple(task_ids)))
         if self.keeps_ledger and self.tasks.seq != self._saved_seq:
             self._saved_seq = self.tasks.seq
             decisions.append(SaveLedger())
@@ -528,7 +365,7 @@ class Controller:
             count = len(self.dispatcher.active_workers())
             if count >= self._live_workers_told:
                 self._fewer_live_since = None  # a dip that ended does not count towards the next one
-            if count and count != self._live_workers_told and self._settled(count):
+            if count and count != self._live_workers_told and not self._tell_held and self._settled(count):
                 self._live_workers_told = count
                 decisions.append(TellLiveWorkers(count))
         return decisions
@@ -556,36 +393,6 @@ class Controller:
         self._ending = EndEpoch(epoch, final=finished and epoch == self.tasks.epoch,
                                 sync_model=self.evaluation is None)
         return self._ending
-
-    def _advance_evaluation(self) -> list[Decision]:
-        evaluation = self.evaluation
-        decisions: list[Decision] = []
-        if evaluation.busy and evaluation.current.suspended:
-            try:
-                lost = evaluation.restart()
-            except PSUnavailable:
-                return decisions  # the relaunched PS is not serving yet
-            self._round_epochs[evaluation.current.round_id] = self._round_epochs.pop(lost, None)
-            logger.warning("a PS restarted during evaluation round %d: evaluating again", lost)
-            decisions.append(DropSnapshot(lost, best_effort=True))  # still held by the PS that did not restart
-        result = evaluation.poll()
-        if result is not None:
-            decisions.append(RecordEvaluation(result))
-            epoch = self._round_epochs.pop(result.round_id, None)
-            if epoch is not None and self.command == "train":
-                # The callbacks see the parameters that were evaluated, not newer ones.
-                decisions.append(FireEpochEnd(epoch, dict(result.metrics), snapshot=result.round_id))
-            decisions.append(DropSnapshot(result.round_id))
-        try:
-            if not evaluation.busy and self._eval_queue:
-                reason, epoch, frozen = self._eval_queue[0]
-                self._round_epochs[evaluation.start(reason, frozen).round_id] = epoch
-                self._eval_queue.pop(0)
-            elif evaluation.due(self.model_version):
-                self._round_epochs[evaluation.start(f"every {self.evaluation_steps} versions").round_id] = None
-        except PSUnavailable:
-            pass  # a PS is restarting: start the round at a later event
-        return decisions
 
     # ------------------------------------------------------------ helpers
 

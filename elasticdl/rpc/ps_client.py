@@ -233,7 +233,7 @@ class PSClient:
         self,
         grads_by_ps: dict[int, dict[str, np.ndarray]],
         versions: list[int],
-        learning_rate: float,
+        learning_rate: float | None,
         worker_id: int,
         want_parameters: bool = False,
         batch: BatchPosition | None = None,
@@ -250,7 +250,7 @@ class PSClient:
         return dict(zip(grads_by_ps, answers))
 
     def _push_one(
-        self, ps: int, part: dict, version: int, learning_rate: float, worker_id: int, want_parameters: bool,
+        self, ps: int, part: dict, version: int, learning_rate: float | None, worker_id: int, want_parameters: bool,
         batch: BatchPosition | None = None,
     ) -> PushAnswer:
         """Dense gradients larger than STREAM_ABOVE_BYTES stream in 1 MB messages (the non-trainable
@@ -471,8 +471,9 @@ class PSClient:
         for future in futures:
             future.result()
 
-    def set_learning_rate(self, learning_rate: float) -> None:
-        request = elasticdl_pb2.LearningRate(value=learning_rate, term=self.term)
+    def set_learning_rate(self, learning_rate: float | None) -> None:
+        """Every PS's rate for pushes that bring none; None: back to the optimizer's own."""
+        request = elasticdl_pb2.LearningRate(value=learning_rate, term=self.term)  # None: no value
         futures = [s.set_learning_rate.future(request) for s in self._stubs]
         for future in futures:
             future.result()
