@@ -118,6 +118,10 @@ class ConsistencyPolicy:
         self._fresh_from_push = False
         # A PS refused our gradient as stale: pull before computing it again.
         self._stale = False
+        # A PS reconnected (or the model was rolled back): what is held may be newer than the PS,
+        # and the versions are forgotten (-1, which every PS refuses): pull before the next
+        # compute or push, in every mode, whatever is accumulated or in flight.
+        self._refresh = False
         self.steps_since_pull = 0  # batches pushed since the last pull (async)
         self.clock = 0  # batches pushed (stale-synchronous parallel)
         self.unpushed = 0  # batches trained and applied locally, their gradients not pushed yet
@@ -189,11 +193,16 @@ class ConsistencyPolicy:
 
     def must_pull(self) -> bool:
         """Before computing a batch's gradients: pull first?"""
-        if self._stale:
+        if self._stale or self._refresh:
             return True
         if self._fresh_from_push or self.unpushed or self.in_flight:
             return False  # an exchange in flight pulls if one is due: the batch computes on what is held
         return not self.use_async or self.steps_since_pull >= self.get_model_steps
+
+    def must_pull_before_push(self) -> bool:
+        """Before pushing gradients already computed (accumulated, or retried after a PS came
+        back): pull first? Only after a reconnect, when the versions held are forgotten."""
+        return self._refresh
 
     def pulls_after_push(self) -> bool:
         """Overlap: should the exchange about to start pull after its push? As often as the
@@ -227,6 +236,7 @@ class ConsistencyPolicy:
         self._awaiting_update = [False] * self.num_ps
         self._fresh_from_push = False
         self._stale = False
+        self._refresh = False
         self.steps_since_pull = 0
         return stalled
 
@@ -318,12 +328,16 @@ class ConsistencyPolicy:
         """An evaluation loaded a snapshot's parameters: the next training batch pulls first."""
         self._versions = [-1] * self.num_ps
         self._fresh_from_push = False
+        self._refresh = True  # whatever is accumulated or in flight: versions -1 are refused
         self.steps_since_pull = self.get_model_steps
 
     def ps_reconnected(self) -> None:
         """A PS was unreachable and came back, maybe older (from a checkpoint) or empty:
-        the next pull asks every PS for everything, and waits for none."""
+        the next pull asks every PS for everything, and waits for none. ``must_pull`` is True
+        until then in every mode: a gradient pushed before that pull would carry version -1,
+        which every PS refuses (async and SSP jobs failed on a PS kill that way)."""
         self._versions = [-1] * self.num_ps
         self._awaiting_update = [False] * self.num_ps
         self._fresh_from_push = False
         self._stale = False
+        self._refresh = True

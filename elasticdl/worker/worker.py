@@ -607,6 +607,8 @@ class Worker:
         # Kept until every PS took them: a retry (PS restart) pushes the same mean again.
         grads, position = self._accumulator.means()
         parts = self.ps.split(grads)
+        if policy.must_pull_before_push():  # a PS came back (retry): the versions held are forgotten
+            self._pull()
         pending = set(range(self.ps.num_ps))
         for _ in range(MAX_PUSH_TRIES):
             answers = self.ps.push_gradients(
