@@ -101,8 +101,7 @@ def test_after_a_ps_reconnect_the_worker_pulls_before_it_pushes(mode, down_at, m
     for batch in range(6):
         worker._batch_position = BatchPosition(1, 1, 2 * (batch + 1), 2)
         worker.train_batch(None, None)
-    worker._with_ps_retries(worker._settle_exchange)
-    worker._with_ps_retries(worker._push_accumulated)
+    worker._finish_task_pushes()  # as before a task's report: the exchange settled, the accumulated pushed
     assert ps.pushed_versions and min(ps.pushed_versions) >= 0
     assert worker.pushes == (3 if mode == "push-steps" else 6)
     assert ps.pulls >= 2  # the first, and the one after the reconnect

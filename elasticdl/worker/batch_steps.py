@@ -137,6 +137,7 @@ class BatchSteps:
         self._held_back = wait
         if wait and not self.in_flight:
             self.held_back()
+            self._batch_pulled = False  # what the settled exchange pulled may miss what was pushed meanwhile
         return wait
 
     def computed(self, finite: bool) -> None:
