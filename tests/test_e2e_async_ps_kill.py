@@ -12,6 +12,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.chaos.test_exactly_once import _check_lineages, _complete_cut
 from tests.test_e2e_elastic import _report_after_ps_kill
 from tests.test_e2e_local import digits, train_args  # noqa: F401
@@ -22,11 +24,12 @@ from tests.test_e2e_local import digits, train_args  # noqa: F401
 EPOCHS, BATCH, STEPS = 2, 8, 40
 
 
-def test_an_async_job_survives_a_ps_sigkill_with_exactly_once_holding(digits, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("flags", [{}, {"staleness_bound": 2}], ids=["async", "ssp"])
+def test_an_async_job_survives_a_ps_sigkill_with_exactly_once_holding(digits, tmp_path, flags):  # noqa: F811
     command = [sys.executable, "-m", "elasticdl", *train_args(
         digits, "digits.digits_functional.custom_model", job_name="async-ps-kill", num_workers=1, num_ps=2,
         num_epochs=EPOCHS, minibatch_size=BATCH, records_per_task=128, checkpoint_dir=tmp_path / "ckpt",
-        checkpoint_steps=STEPS, use_async="true",
+        checkpoint_steps=STEPS, use_async="true", **flags,
     )]
     proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     report = _report_after_ps_kill(proc, tmp_path, lambda: _complete_cut(tmp_path, STEPS), "the first complete cut",
