@@ -190,6 +190,8 @@ class BatchLoop:
         if policy.dropped != dropped:
             logger.warning("dropped gradients (%s): PS refused them as stale %d times in a row",
                            step.gradients.value, policy.max_push_tries)
+        if taken is not None or policy.dropped != dropped:
+            self._outbox = None  # taken or given up: its arrays need not outlive the push
         if taken is not None:
             self._pushed(batch=taken is Gradients.BATCH)
             if taken is Gradients.BATCH and step.apply_locally:
@@ -239,6 +241,7 @@ class BatchLoop:
         self._exchange = None
         if not self.consistency.settled(answers):  # raises TaskTakenBackError, PushRejectedError
             return  # some PS refused it as stale: the next step pushes it again
+        self._outbox = None
         self._pushed(batch=True)
         if results is None:
             return
