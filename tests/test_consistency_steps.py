@@ -144,7 +144,7 @@ def test_an_exchange_refused_as_stale_is_pushed_again_as_it_is():
     d = Driver(ConsistencyPolicy(use_async=True, overlap=True))
     d.batch()
     d.answers = [{0: PushOutcome.REJECTED_STALE}]
-    assert d.batch() == ["compute", "settle", "push-again", "push-bg+pull"]
+    assert d.batch() == ["compute", "settle", "pull", "push-again", "push-bg+pull"]
 
 
 @pytest.mark.parametrize("mode, expected", [

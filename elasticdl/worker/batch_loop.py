@@ -179,7 +179,7 @@ class BatchLoop:
             self.trainer.apply_locally(grads, outbox.learning_rate or None)  # the next batch computes on it
             self._start_exchange(outbox, step)
             return
-        answers = self._send(outbox, step.to_ps, step.want_parameters)
+        answers = self._send(outbox, step.to_ps, step.versions, step.want_parameters)
         for answer in answers.values():
             if answer.params is not None:
                 self.trainer.set_params(answer.params)
@@ -197,9 +197,9 @@ class BatchLoop:
             if taken is Gradients.BATCH and step.apply_locally:
                 self.trainer.apply_locally(grads, outbox.learning_rate or None)
 
-    def _send(self, outbox: _Outbox, to_ps, want_parameters: bool = False) -> dict:
+    def _send(self, outbox: _Outbox, to_ps, versions: tuple[int, ...], want_parameters: bool = False) -> dict:
         """The one push path (on the worker's thread, or the exchange's)."""
-        return self.ps.push_gradients({ps: outbox.parts[ps] for ps in to_ps}, list(outbox.versions),
+        return self.ps.push_gradients({ps: outbox.parts[ps] for ps in to_ps}, list(versions),
                                       outbox.learning_rate, self.worker_id, want_parameters=want_parameters,
                                       batch=outbox.position)
 
@@ -226,7 +226,7 @@ class BatchLoop:
 
     def _exchange_once(self, outbox: _Outbox, request: PullRequest | None):
         """The background half: only calls to the PS (their answers are taken by SETTLE)."""
-        answers = self._send(outbox, range(self.ps.num_ps))
+        answers = self._send(outbox, range(self.ps.num_ps), outbox.versions)
         results = None
         if request is not None and all(answer.outcome.accepted for answer in answers.values()):
             results = self.ps.pull(list(request.versions), list(request.wait_for_newer), SYNC_WAIT_SECONDS)

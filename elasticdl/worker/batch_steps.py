@@ -14,7 +14,8 @@ A task's end (``task_ending``) flushes: SETTLE the exchange in flight, PUSH what
 accumulated. After a PS reconnect (``ps_reconnected``) the next step is a PULL of everything
 before any COMPUTE or PUSH; a plain batch's gradients not yet taken are computed again, while
 gradients already applied to the local copy (accumulated, in an exchange) are pushed again as
-they are: the PS takes a batch position once (ps/data_position.py). Each push's gradients are
+they are: the PS takes a batch position once (ps/data_position.py). Refused as stale, those
+are pushed again after a pull, named by the versions it brought. Each push's gradients are
 tried ``max_push_tries`` times at most, then dropped (``dropped`` counts them).
 """
 
@@ -37,7 +38,7 @@ class _Outbox:
     """The gradients of the last push that some PS did not take yet."""
 
     to_ps: set[int]
-    versions: tuple[int, ...]
+    versions: tuple[int, ...]  # (): those held when pushed again (refused as stale: pull first)
     applied_locally: bool  # accumulated or overlapped: never computed again, pushed again as they are
     accumulated: bool
     ends_batch: bool  # the current batch's (plain, or its accumulated push), not an earlier exchange's
@@ -60,7 +61,6 @@ class BatchSteps:
         self._accumulated_due = False
         self._flushing = False
         self._batch_pulled = False  # a PULL was made for the current batch (ConsistencyPolicy.pulled)
-        self._exchange_versions: tuple[int, ...] = ()
 
     # ------------------------------------------------------------ the step
 
@@ -114,8 +114,11 @@ class BatchSteps:
             self._has_grads = False
             self._outbox = None
             return None
-        return self._pull_first() or Step(
-            StepKind.PUSH, to_ps=tuple(sorted(outbox.to_ps)), versions=outbox.versions, gradients=Gradients.AGAIN)
+        if self._refresh or self._stale:  # learn where the PS are first (a reconnect: everything)
+            return Step(StepKind.PULL, pull=self.pull_request(everything=self._refresh))
+        # Refused as stale: named by the versions just pulled (the same ones would be refused again).
+        versions = outbox.versions or tuple(self.versions)
+        return Step(StepKind.PUSH, to_ps=tuple(sorted(outbox.to_ps)), versions=versions, gradients=Gradients.AGAIN)
 
     # ------------------------------------------------------------ what happened
 
@@ -164,6 +167,7 @@ class BatchSteps:
                                    step.gradients is Gradients.ACCUMULATED, self._in_batch)
         outbox = self._outbox
         outbox.to_ps = retry
+        outbox.versions = ()  # if pushed again: after a pull, named by the versions then held
         self._tries += 1
         if retry and self._tries < self.max_push_tries:
             return None
@@ -184,7 +188,6 @@ class BatchSteps:
     def started_in_background(self, step: Step) -> None:
         """A background PUSH began (overlap): its batch's steps are over; SETTLE takes its answers."""
         self.exchange_started()
-        self._exchange_versions = step.versions
         self._end_batch()
 
     def settled(self, answers: Mapping[int, PushAnswer]) -> bool:
@@ -197,7 +200,7 @@ class BatchSteps:
             raise
         self.exchange_settled()
         if retry:
-            self._outbox = _Outbox(retry, self._exchange_versions, True, False, False)
+            self._outbox = _Outbox(retry, (), True, False, False)  # pulled first, then pushed again
             self._tries = 1
             return False
         self.batch_pushed()
