@@ -105,3 +105,33 @@ def test_after_a_ps_reconnect_the_worker_pulls_before_it_pushes(mode, down_at, m
     assert ps.pushed_versions and min(ps.pushed_versions) >= 0
     assert worker.pushes == (3 if mode == "push-steps" else 6)
     assert ps.pulls >= 2  # the first, and the one after the reconnect
+
+
+def test_a_ps_that_came_back_empty_is_refilled_at_the_version_the_others_are_at():
+    """Found by the simulator (seed 191): a PS relaunched without a checkpoint was refilled at
+    version 0 and stayed behind the other shards of a sync job for the rest of the job."""
+
+    class TwoPS:
+        num_ps = 2
+
+        def __init__(self):
+            self.empty, self.refilled_at = True, None
+
+        def pull(self, versions, wait_for_newer=None, timeout=30.0):
+            other = PullResult(True, 12, {"w": np.zeros(2, np.float32)})
+            mine = PullResult(not self.empty, self.refilled_at or 0, {} if self.empty else {"b": np.zeros(1, np.float32)})
+            return [other, mine]
+
+        def push_model(self, params, version=0, non_trainable=()):
+            self.empty, self.refilled_at = False, version
+            return [False, True]
+
+    ps = TwoPS()
+    spec = type("Spec", (), {"learning_rate_scheduler": None})()
+    trainer = _Trainer()
+    trainer.get_params = lambda: {"w": np.zeros(2, np.float32), "b": np.zeros(1, np.float32)}
+    trainer.non_trainable = set()
+    worker = Worker(0, spec=spec, trainer=trainer, master=_Master(), ps=ps, minibatch_size=2,
+                    consistency=MODES["sync"](2))
+    worker._pull(everything=True)
+    assert ps.refilled_at == 12

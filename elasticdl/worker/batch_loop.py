@@ -296,8 +296,12 @@ class BatchLoop:
         empty = [ps for ps, r in enumerate(results) if not r.initialized]
         if empty and self.may_initialize_ps and self.trainer.built:
             # A PS relaunched without a checkpoint: give it our copy of its variables.
-            logger.warning("PS %s came back empty; re-initializing it with this worker's parameters", empty)
-            self.ps.push_model(self.trainer.get_params(), non_trainable=self.trainer.non_trainable)
+            # It starts at the version the others are at, so that every shard of a sync job keeps
+            # one version (found by the simulator: a refilled PS restarted at 0 stayed behind).
+            version = max((r.version for r in results if r.initialized), default=0)
+            logger.warning("PS %s came back empty; re-initializing it with this worker's parameters at version %d",
+                           empty, version)
+            self.ps.push_model(self.trainer.get_params(), version=version, non_trainable=self.trainer.non_trainable)
             if self.trainer.embeddings.infos:  # its tables too; their rows start over (docs/embeddings.md)
                 self.ps.push_embedding_table_infos(list(self.trainer.embeddings.infos.values()))
             results = self.ps.pull(list(request.versions))
