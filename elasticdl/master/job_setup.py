@@ -55,7 +55,8 @@ class JobSetup:
         self._token = self.backend.token()
         self._server = make_server(token=self._token)
         servicer = MasterServicer(self.dispatcher, self.progress, self.clocks,
-                                  scale=self.request_scale, notify=self._events.put)
+                                  scale=self.request_scale, notify=self._events.put,
+                                  job_key=self.backend.job_key())  # worker credentials, tickets (rpc/trust.py)
         elasticdl_pb2_grpc.add_MasterServicer_to_server(servicer, self._server)
         self.master_address = self.backend.bind_master(self._server)
         self._server.start()

@@ -21,6 +21,7 @@ from elasticdl.model.checkpoint_owner import lineage_floor
 from elasticdl.model.embedding.table import EmbeddingError, FrozenTable, TableInfo, check_ids
 from elasticdl.model.optimizers import Optimizer, learning_rate_problem
 from elasticdl.ps.data_position import DataPosition
+from elasticdl.ps.gradient_guard import DEFAULT_MAX_NORM_RATIO, GradientGuard
 from elasticdl.ps.parameters import GradientError, ParameterShard
 from elasticdl.ps.strategies import (
     AverageUpdatingStrategy,
@@ -31,6 +32,7 @@ from elasticdl.ps.strategies import (
 )
 from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.rpc.push_outcome import PushOutcome
+from elasticdl.rpc.trust import TicketVerifier
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +75,9 @@ class PSSettings:
     # Restore the checkpoint's data position too: only within the run that made it (a relaunch,
     # a resumed job). A new job started from a checkpoint numbers its tasks afresh.
     restore_position: bool = False
+    # A gradient whose norm is more than this many times the running norm is refused (0: never;
+    # one beyond float32 always is): ps/gradient_guard.py.
+    max_gradient_norm_ratio: float = DEFAULT_MAX_NORM_RATIO
 
 
 class StaleTermError(ValueError):
@@ -94,8 +99,13 @@ class ParameterServer:
         optimizer: Optimizer,
         max_waiting_pulls: int = MAX_WAITING_PULLS,
         wait_slice: float = WAIT_SLICE_SECONDS,
+        verifier: TicketVerifier | None = None,
     ):
+        """``verifier``: the job key's (ps/main.py always gives one); with it, a push is taken
+        only under a ticket the master signed for its task, hand-out, worker and records."""
         self.settings = settings
+        self.verifier = verifier
+        self.guard = GradientGuard(settings.max_gradient_norm_ratio)
         self.shard = ParameterShard(optimizer, ps_id=settings.ps_id, num_ps=settings.num_ps)
         self.strategy = make_updating_strategy(settings)
         self._lock = threading.Lock()
@@ -352,11 +362,12 @@ class ParameterServer:
 
     def push_gradients(
         self, grads: dict[str, np.ndarray], version: int, learning_rate: float | None, encode=None,
-        batch: BatchPosition | None = None,
+        batch: BatchPosition | None = None, worker_id: int = 0,
     ):
         """The PushResult; with ``encode``, ``encode(result, params)`` called under the lock, where
         ``params`` are the live parameters when this push made a new version, else None.
-        ``batch``: where the gradient's records are (a training task's push)."""
+        ``batch``: where the gradient's records are (a training task's push), and ``worker_id``
+        the worker that names it (its ticket must be for that worker)."""
         due = None
         with self._lock:
             try:
@@ -364,6 +375,7 @@ class ParameterServer:
                 _check_push_fields(version, learning_rate)
                 if batch is not None:
                     _check_batch(batch)
+                self._check_ticket(batch, worker_id)
             except EmbeddingError as err:  # bad ids or rows: the servicer answers INVALID_ARGUMENT
                 logger.warning("rejected push: %s", err)
                 self.strategy.telemetry.pushes_rejected_invalid += 1
@@ -380,11 +392,28 @@ class ParameterServer:
                 elif batch is not None and self.position.already_taken(batch):
                     # A retry of a push whose answer was lost: taken once already.
                     result = PushResult(PushOutcome.APPLIED, self.shard.version, "already applied")
+                elif refusal := self.guard.problem(grads):
+                    logger.warning("rejected push of worker %d: %s", worker_id, refusal)
+                    self.strategy.telemetry.pushes_rejected_invalid += 1
+                    result = PushResult(PushOutcome.REJECTED_INVALID, self.shard.version, refusal)
                 else:
                     result, due = self._push_locked(grads, version, learning_rate, batch)
+                    if result.accepted:
+                        self.guard.passed()
             reply = result if encode is None else encode(result, self.shard.params if result.applied else None)
         self._write_due_checkpoint(due)  # off the lock; never fails the push, which was applied
         return reply
+
+    def _check_ticket(self, batch: BatchPosition | None, worker_id: int) -> None:
+        """GradientError unless the master signed a ticket covering this push (with a verifier)."""
+        # A push naming no task (a tool's, a benchmark's) moves no data position, so it cannot
+        # forge the exactly-once evidence; the gradient guard bounds what it does to the model.
+        if self.verifier is None or batch is None:
+            return
+        problem = self.verifier.problem(batch.ticket, batch.task_id, batch.handout, worker_id, batch.records_end,
+                                        batch.records)
+        if problem:
+            raise GradientError(problem)
 
     def _push_locked(self, grads, version, learning_rate, batch):
         before = self.shard.version

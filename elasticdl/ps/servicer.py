@@ -131,10 +131,10 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         encode = (functools.partial(_encode_push_reply, wire_dtype=head.wire_dtype or "float32")
                   if head.return_parameters else None)
         batch = None
-        if head.task_id or head.handout or head.records_end or head.records:
-            batch = BatchPosition(head.task_id, head.handout, head.records_end, head.records)
+        if head.task_id or head.handout or head.records_end or head.records or head.ticket:
+            batch = BatchPosition(head.task_id, head.handout, head.records_end, head.records, head.ticket)
         try:
-            result = self._server.push_gradients(grads, head.version, lr, encode, batch)
+            result = self._server.push_gradients(grads, head.version, lr, encode, batch, head.worker_id)
         except EmbeddingError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         return result if encode is not None else _push_reply(result)
@@ -270,6 +270,7 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
             term=self._server.term,
             bulk_port=self.bulk_port,
             bulk_host=self.bulk_host,
+            gradients_refused=self._server.guard.refused,
         )
 
 

@@ -268,6 +268,7 @@ class PSClient:
         if batch is not None:
             head.task_id, head.handout = batch.task_id, batch.handout
             head.records_end, head.records = batch.records_end, batch.records
+            head.ticket = batch.ticket  # the master's signature of the hand-out: the PS checks it
         stub = self._stubs[ps]
         wire = self.wire_dtype
         large = sum(np.asarray(v).nbytes for v in dense.values()) > STREAM_ABOVE_BYTES
