@@ -87,6 +87,7 @@ class PSStats:
     checkpoint_error: str = ""  # the last failure's message
     records_applied: int = 0  # records whose gradients the shard applied (ps/data_position.py)
     term: int = 0  # the newest leadership term the PS heard of
+    gradients_refused: int = 0  # by the PS's gradient guard (ps/gradient_guard.py), never applied
 
 
 # The master's fence and restore calls wait at most this long for a PS: one that does not answer
@@ -510,6 +511,7 @@ def stats_of(r) -> PSStats:
         checkpoint_error=r.checkpoint_error,
         records_applied=r.records_applied,
         term=r.term,
+        gradients_refused=r.gradients_refused,
     )
 
 
