@@ -256,3 +256,48 @@ def test_the_local_backend_gives_the_key_to_the_ps_and_each_worker_only_its_cred
     assert trust.JOB_KEY_FILE_ENV not in worker_env  # not even the master's own
     assert worker_env[trust.WORKER_CREDENTIAL_ENV] == trust.worker_credential(KEY, 2)
     assert KEY not in "".join(worker_env.values())
+
+
+# ---------------------------------------------------------------- a real PS process
+
+
+def test_a_real_ps_process_refuses_forged_pushes_and_a_1e38_gradient(tmp_path, monkeypatch):
+    """The PS process the local backend starts holds the job key (and no worker does): a forged
+    ticket and a 1e38 gradient both leave its model as it was, and its stats count the refusal."""
+    import json
+
+    from elasticdl.config import JobConfig
+    from elasticdl.launch.local import LocalBackend
+    from elasticdl.rpc import auth
+    from elasticdl.rpc.ps_client import PSClient
+
+    monkeypatch.delenv(auth.TOKEN_FILE_ENV, raising=False)
+    monkeypatch.delenv(trust.JOB_KEY_FILE_ENV, raising=False)
+    backend = LocalBackend(str(tmp_path / "logs"), spares=0)
+    monkeypatch.setenv(auth.TOKEN_FILE_ENV, backend._child_token_file())  # this test is the master
+    config, optimizer = tmp_path / "job_config.json", tmp_path / "optimizer.json"
+    config.write_text(JobConfig.from_flags(job_name="trust", log_level="WARNING").to_json())
+    optimizer.write_text(json.dumps({"name": "Adam", "config": {"learning_rate": 0.01}}))
+    backend.start("ps", 0, ["--job_config", str(config), "--optimizer_spec", str(optimizer), "--ps_id", "0"])
+    try:
+        [address] = backend.ps_addresses(1, 120)
+        client = PSClient([address])
+        assert client.push_model(PARAMS) == [True]
+        key = backend.job_key()
+        own = trust.mint_ticket(key, ISSUED)
+        forged = client.push_gradients({0: GRADS}, [0], 0.0, 1, batch=BatchPosition(7, 3, 164, 64, ticket()))
+        assert forged[0].outcome is PushOutcome.REJECTED_INVALID and "does not verify" in forged[0].reason
+        huge = {name: np.full_like(value, 1e38) for name, value in GRADS.items()}
+        refused = client.push_gradients({0: huge}, [0], 0.0, 1, batch=BatchPosition(7, 3, 132, 32, own))
+        assert refused[0].outcome is PushOutcome.REJECTED_INVALID and "float32" in refused[0].reason
+        pulled = client.pull([-1])[0]
+        assert pulled.version == 0
+        for name, value in PARAMS.items():
+            np.testing.assert_array_equal(pulled.params[name], value)
+        [stats] = client.stats()
+        assert stats.gradients_refused == 1 and stats.pushes_rejected_invalid == 2
+        applied = client.push_gradients({0: GRADS}, [0], 0.0, 1, batch=BatchPosition(7, 3, 132, 32, own))
+        assert applied[0].outcome is PushOutcome.APPLIED
+        client.close()
+    finally:
+        backend.stop_all(5)

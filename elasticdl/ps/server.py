@@ -23,6 +23,7 @@ from elasticdl.model.optimizers import Optimizer, learning_rate_problem
 from elasticdl.ps.data_position import DataPosition
 from elasticdl.ps.gradient_guard import DEFAULT_MAX_NORM_RATIO, GradientGuard
 from elasticdl.ps.parameters import GradientError, ParameterShard
+from elasticdl.ps.push_checks import check_push
 from elasticdl.ps.strategies import (
     AverageUpdatingStrategy,
     DirectUpdatingStrategy,
@@ -372,10 +373,7 @@ class ParameterServer:
         with self._lock:
             try:
                 self.shard.check_gradients(grads)
-                _check_push_fields(version, learning_rate)
-                if batch is not None:
-                    _check_batch(batch)
-                self._check_ticket(batch, worker_id)
+                check_push(version, learning_rate, batch, worker_id, self.verifier)
             except EmbeddingError as err:  # bad ids or rows: the servicer answers INVALID_ARGUMENT
                 logger.warning("rejected push: %s", err)
                 self.strategy.telemetry.pushes_rejected_invalid += 1
@@ -403,17 +401,6 @@ class ParameterServer:
             reply = result if encode is None else encode(result, self.shard.params if result.applied else None)
         self._write_due_checkpoint(due)  # off the lock; never fails the push, which was applied
         return reply
-
-    def _check_ticket(self, batch: BatchPosition | None, worker_id: int) -> None:
-        """GradientError unless the master signed a ticket covering this push (with a verifier)."""
-        # A push naming no task (a tool's, a benchmark's) moves no data position, so it cannot
-        # forge the exactly-once evidence; the gradient guard bounds what it does to the model.
-        if self.verifier is None or batch is None:
-            return
-        problem = self.verifier.problem(batch.ticket, batch.task_id, batch.handout, worker_id, batch.records_end,
-                                        batch.records)
-        if problem:
-            raise GradientError(problem)
 
     def _push_locked(self, grads, version, learning_rate, batch):
         before = self.shard.version
@@ -566,26 +553,6 @@ def _under(path: str, root: str) -> bool:
         parts = path.split("/")
         return path.startswith(root.rstrip("/") + "/") and ".." not in parts
     return os.path.realpath(path).startswith(os.path.realpath(root) + os.sep)
-
-
-def _check_batch(batch: BatchPosition) -> None:
-    """GradientError for a batch position no worker sends."""
-    if min(batch.task_id, batch.handout, batch.records_end, batch.records) < 0 or batch.records > batch.records_end:
-        raise GradientError(
-            f"batch position {batch}: task, hand-out, end and records are never negative, and a batch "
-            "never holds more records than end at"
-        )
-
-
-def _check_push_fields(version: int, learning_rate: float | None) -> None:
-    """GradientError for a push's version or learning rate that no worker sends."""
-    if version < 0:
-        raise GradientError(
-            f"gradient computed on version {version}: a version is never negative (pull before pushing)"
-        )
-    problem = learning_rate_problem(learning_rate) if learning_rate is not None else ""
-    if problem:
-        raise GradientError(problem)
 
 
 def _rate(learning_rate: float | None) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -16,4 +16,4 @@ class BatchPosition:
     handout: int
     records_end: int
     records: int
-    ticket: bytes = b""
+    ticket: bytes = field(default=b"", repr=False)  # 72 bytes of no use in a log line
