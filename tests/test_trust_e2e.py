@@ -21,9 +21,7 @@ import pytest
 
 from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.rpc.push_outcome import PushOutcome
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODEL_ZOO = os.path.join(REPO, "model_zoo")
+from tests.test_e2e_local import MODEL_ZOO, digits  # noqa: F401  (digits: the prepared data, a fixture)
 
 
 def _wait(predicate, timeout: float, what: str):
@@ -44,10 +42,8 @@ def _ps_address(log: str) -> str | None:
     return found.group(1).rstrip(",") if found else None
 
 
-def test_a_token_holder_can_neither_wreck_the_model_nor_forge_the_evidence(tmp_path, monkeypatch):
-    data = tmp_path / "digits"
-    subprocess.run([sys.executable, os.path.join(MODEL_ZOO, "digits", "prepare_data.py"), "--output", str(data)],
-                   check=True, capture_output=True)
+def test_a_token_holder_can_neither_wreck_the_model_nor_forge_the_evidence(digits, tmp_path, monkeypatch):  # noqa: F811
+    data = digits
     job = subprocess.Popen(
         [sys.executable, "-m", "elasticdl", "train", "--model_zoo", MODEL_ZOO,
          "--model_def", "digits.digits_functional.custom_model", "--training_data", str(data / "train"),
