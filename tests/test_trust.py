@@ -301,3 +301,27 @@ def test_a_real_ps_process_refuses_forged_pushes_and_a_1e38_gradient(tmp_path, m
         client.close()
     finally:
         backend.stop_all(5)
+
+
+def test_a_ps_started_with_the_token_but_without_the_job_key_exits_with_a_clear_error(tmp_path):
+    import subprocess
+    import sys
+
+    from elasticdl.config import JobConfig
+    from elasticdl.rpc import auth
+
+    config, optimizer = tmp_path / "job_config.json", tmp_path / "optimizer.json"
+    config.write_text(JobConfig.from_flags(model_zoo="zoo", model_def="a.b.c", training_data="d").to_json())
+    optimizer.write_text('{"name": "SGD", "config": {"learning_rate": 0.1}}')
+    token = tmp_path / "token"
+    auth.write_private(str(token), "t\n")
+    env = {k: v for k, v in os.environ.items() if k != trust.JOB_KEY_FILE_ENV}
+    result = subprocess.run(
+        [sys.executable, "-m", "elasticdl.ps.main", "--job_config", str(config), "--optimizer_spec", str(optimizer),
+         "--ps_id", "0", "--ready_file", str(tmp_path / "ready")],
+        env={**env, auth.TOKEN_FILE_ENV: str(token)}, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 1
+    assert ("parameter server 0 refuses to start without the job key: $ELASTICDL_JOB_KEY_FILE is not set"
+            in result.stderr)
+    assert not (tmp_path / "ready").exists()  # it never served
