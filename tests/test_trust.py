@@ -125,29 +125,66 @@ def test_accumulated_pushes_keep_their_ticket():
     assert push(make_ps(), position).outcome is PushOutcome.APPLIED
 
 
-def test_the_ticket_travels_over_grpc_and_the_ps_checks_it(tmp_path, monkeypatch):
+@pytest.fixture
+def served_ps(tmp_path):
+    """A sync PS (grads_to_wait 2) holding the job key, behind a real gRPC server: (core, address)."""
     from elasticdl.ps.servicer import PServerServicer
     from elasticdl.rpc import auth
     from elasticdl.rpc import channel as grpc_utils
-    from elasticdl.rpc.ps_client import PSClient
 
     auth.ensure_process_token(str(tmp_path))
-    ps = ParameterServer(PSSettings(), make_optimizer(OptimizerSpec("SGD", {"learning_rate": 0.1})),
+    ps = ParameterServer(PSSettings(grads_to_wait=2), make_optimizer(OptimizerSpec("SGD", {"learning_rate": 0.1})),
                          verifier=trust.TicketVerifier(KEY))
     server = grpc_utils.make_server()
     grpc_utils.add_service(server, "PServer", PServerServicer(ps))
     port = grpc_utils.bind_local(server)
     server.start()
-    client = PSClient([f"127.0.0.1:{port}"])
+    yield ps, f"127.0.0.1:{port}"
+    server.stop(None)
+
+
+def test_the_ticket_travels_over_grpc_and_the_ps_checks_it(served_ps):
+    from elasticdl.rpc.ps_client import PSClient
+
+    ps, address = served_ps
+    client = PSClient([address])
     try:
         assert client.push_model(PARAMS) == [True]
         forged = client.push_gradients({0: GRADS}, [0], 0.0, 1, batch=BatchPosition(7, 3, 164, 64, b"forged"))
         assert forged[0].outcome is PushOutcome.REJECTED_INVALID and "does not verify" in forged[0].reason
         real = client.push_gradients({0: GRADS}, [0], 0.0, 1, batch=BatchPosition(7, 3, 132, 32, ticket()))
-        assert real[0].outcome is PushOutcome.APPLIED and ps.position.marks == {7: 132}
+        assert real[0].outcome is PushOutcome.ACCEPTED_PENDING and ps.position.accepted_mark(7) == 132
     finally:
         client.close()
-        server.stop(None)
+
+
+def test_only_the_master_may_fence_roll_back_or_steer_a_ps(served_ps, tmp_path):
+    """A token holder without the master's credential cannot fence another worker's hand-out,
+    set the learning rate, the live workers, snapshots or checkpoints: PERMISSION_DENIED."""
+    from elasticdl.rpc.ps_client import PSClient
+
+    ps, address = served_ps
+    intruder = PSClient([address])
+    master = PSClient([address], master_credential=trust.master_credential(KEY))
+    try:
+        assert intruder.push_model(PARAMS) == [True]  # the first worker's model: not a master command
+        commands = [lambda: intruder.fence([3], [7]), lambda: intruder.set_learning_rate(100.0),
+                    lambda: intruder.set_live_workers(0), lambda: intruder.take_snapshot(1),
+                    lambda: intruder.drop_snapshot(1), lambda: intruder.save_checkpoint(),
+                    lambda: intruder.restore(str(tmp_path / "version-1"), 0)]
+        for command in commands:
+            with pytest.raises(grpc.RpcError) as err:
+                command()
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "master's credential" in err.value.details()
+        assert ps.position.fenced == set() and ps._learning_rate is None and ps.strategy.grads_to_wait == 2
+        assert not ps._snapshots
+        assert master.fence([3], [7]) == [{7: 0}] and ps.position.fenced == {3}  # the master's is taken
+        master.set_live_workers(1)
+        assert ps.strategy.grads_to_wait == 1
+    finally:
+        intruder.close()
+        master.close()
 
 
 # ---------------------------------------------------------------- the master

@@ -20,10 +20,11 @@ from elasticdl.model.sharding import partition_ids, ps_for_variable
 from elasticdl.proto import elasticdl_pb2
 from elasticdl.rpc import bulk
 from elasticdl.rpc import codec as tensor_codec
-from elasticdl.rpc.auth import job_token
+from elasticdl.rpc.auth import HeaderCallInterceptor, job_token
 from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.rpc.channel import ServiceStub, make_channel, wait_for_channel
 from elasticdl.rpc.push_outcome import PushOutcome
+from elasticdl.rpc.trust import MASTER_CREDENTIAL_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ COMMAND_TIMEOUT_SECONDS = 10.0
 class PSClient:
     def __init__(
         self, addresses: list[str], connect_timeout: float = 60.0, token: str | None = None,
-        wire_dtype: str = "float32", tensor_transport: str = "grpc",
+        wire_dtype: str = "float32", tensor_transport: str = "grpc", master_credential: str = "",
     ):
         """``token``: the job's (default: the one in ``$ELASTICDL_TOKEN_FILE``). ``wire_dtype``
         (--wire_dtype): what dense float32 gradients and parameters travel as; the PS keeps
@@ -106,7 +107,8 @@ class PSClient:
         pushed at the start, embedding rows and non-trainable changes always travel as float32.
         ``tensor_transport`` (--tensor_transport): "tcp" sends the streamed pulls and pushes
         (parts above STREAM_ABOVE_BYTES) as raw frames (elasticdl/rpc/bulk.py) to each PS that
-        serves them; "grpc", or a PS without such a port, streams them over gRPC."""
+        serves them; "grpc", or a PS without such a port, streams them over gRPC.
+        ``master_credential``: the master's (elasticdl/rpc/trust.py), which its commands need."""
         problem = tensor_codec.wire_dtype_problem(wire_dtype)
         if problem:
             raise ValueError(f"--{problem}")
@@ -120,6 +122,9 @@ class PSClient:
                         self.wire_dtype, self.wire_dtype)
         self.addresses = addresses
         self._channels = [make_channel(a, token) for a in addresses]
+        if master_credential:
+            header = HeaderCallInterceptor(MASTER_CREDENTIAL_HEADER, master_credential)
+            self._channels = [grpc.intercept_channel(c, header) for c in self._channels]
         for channel, address in zip(self._channels, addresses):
             wait_for_channel(channel, address, connect_timeout)
         # Streamed pulls answer in bytes: their tensors are read as views, not copied twice.

@@ -13,7 +13,12 @@ is held by the master and the PS only (never by a worker, never in the job's tok
   training task; the worker sends it back with each push; the PS checks it, so a push's task,
   hand-out and records can only be ones the master handed out (``TicketVerifier``).
 
-Domain separation ("worker:" / "ticket:") keeps a credential from passing for a ticket.
+- the **master's credential** is ``HMAC(key, "master")``: the PS take the commands only the
+  master gives (checkpoint, restore, fence, live workers, snapshots, learning rate) only with it
+  (``MASTER_CREDENTIAL_HEADER``), so a worker cannot fence another's hand-out or roll the
+  model back.
+
+Domain separation ("worker:" / "ticket:" / "master") keeps one from passing for another.
 
 Where the key comes from: ``$ELASTICDL_JOB_KEY_FILE`` names a 0600 file holding it (locally a
 file of the backend's private directory, given to the master and the PS processes only; on
@@ -41,6 +46,7 @@ JOB_KEY_FILE_ENV = "ELASTICDL_JOB_KEY_FILE"
 JOB_KEY_FILE_NAME = "job-key"  # locally, in the backend's private (0700) directory
 WORKER_CREDENTIAL_ENV = "ELASTICDL_WORKER_CREDENTIAL"
 WORKER_CREDENTIAL_HEADER = "elasticdl-worker-credential"  # gRPC metadata keys are lower case
+MASTER_CREDENTIAL_HEADER = "elasticdl-master-credential"
 
 _FIELDS = struct.Struct(">qqqqq")  # task_id, handout, worker_id, start, end
 _MAC_BYTES = 32
@@ -90,6 +96,11 @@ def credential_problem(key: str, worker_id: int, credential: str) -> str:
     return ""
 
 
+def master_credential(key: str) -> str:
+    """The master's credential (hex): the PS take the master's commands only with it."""
+    return _mac(key, b"master", b"").hex()
+
+
 @dataclass(frozen=True)
 class TicketFields:
     """One training hand-out, as the master issued it."""
@@ -114,6 +125,13 @@ class TicketVerifier:
         if not key:
             raise TokenError("a ticket verifier needs the job key")
         self._key = key
+
+    def master_problem(self, credential: str) -> str:
+        """Why ``credential`` is not the master's ('' when it is)."""
+        if hmac.compare_digest(credential.encode(), master_credential(self._key).encode()):
+            return ""
+        return (f"only the master gives this command, and the call did not carry the master's credential "
+                f"(metadata {MASTER_CREDENTIAL_HEADER!r}): a worker or a tool holds the job's token, not its key")
 
     def read(self, ticket: bytes) -> TicketFields | None:
         """The fields of a ticket the master signed; None for any other bytes."""
