@@ -86,13 +86,15 @@ def test_refusals_reach_the_stats_and_the_report_summary():
 
 
 def test_the_flag_is_validated_at_submit():
-    from elasticdl.config import ConfigError
-    from elasticdl.config.sections import ConsistencySection
+    from elasticdl.config import ConfigError, JobConfig
 
     for bad in (-1.0, float("nan"), float("inf")):
-        with pytest.raises(ConfigError, match="--max_gradient_norm_ratio must be a finite number"):
-            ConsistencySection(max_gradient_norm_ratio=bad).validate()
-    ConsistencySection(max_gradient_norm_ratio=0.0).validate()
+        with pytest.raises(ConfigError, match="--max_gradient_norm_ratio must be 0 or more"):
+            JobConfig.from_flags(model_zoo="z", model_def="a.b.c", training_data="d",
+                                 max_gradient_norm_ratio=bad).validate(check_paths=False)
+    config = JobConfig.from_flags(model_zoo="z", model_def="a.b.c", training_data="d", max_gradient_norm_ratio=0.0)
+    config.validate(check_paths=False)
+    assert config.consistency.max_gradient_norm_ratio == 0.0
 
 
 def test_the_report_names_the_refusals_with_a_warning(caplog):
