@@ -356,7 +356,7 @@ class Worker(BatchLoop):
             batch_index += 1
             # The PS keep how far each task's records were applied (a checkpoint's data position).
             self._batch_position = BatchPosition(order.task_id, order.handout, order.start + done,
-                                                 done - self._task_progress)
+                                                 done - self._task_progress, order.ticket)
             loss = self.train_batch(features, labels)
             if math.isfinite(loss):  # a non-finite batch was not pushed
                 result.loss_sum += loss
