@@ -14,7 +14,8 @@ from collections.abc import Callable
 import grpc
 
 from elasticdl.master.events import PSSilent, VersionReported
-from elasticdl.rpc.ps_client import PSClient, PSStats, stats_of
+from elasticdl.rpc.ps_client import PSClient
+from elasticdl.rpc.ps_commands import PSStats, stats_of
 
 # How long one probe waits for a PS: far above a busy PS's answer, far below the silence that
 # gets it replaced (controller.PS_SILENT_SECONDS).

@@ -23,6 +23,7 @@ from elasticdl.rpc import codec as tensor_codec
 from elasticdl.rpc.auth import HeaderCallInterceptor, job_token
 from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.rpc.channel import ServiceStub, make_channel, wait_for_channel
+from elasticdl.rpc.ps_commands import MasterCommands, PSStats  # noqa: F401 (PSStats re-exported)
 from elasticdl.rpc.push_outcome import PushOutcome
 from elasticdl.rpc.trust import MASTER_CREDENTIAL_HEADER
 
@@ -74,29 +75,9 @@ class PushAnswer:
         return self.outcome.applied
 
 
-@dataclass(frozen=True)
-class PSStats:
-    """One PS's update counters since it started."""
-
-    version: int
-    pushes_accepted: int
-    pushes_rejected_stale: int
-    pushes_rejected_invalid: int
-    staleness: dict[int, int]  # staleness of applied gradients -> count
-    grads_to_wait: int
-    checkpoint_failures: int = 0  # checkpoint writes that failed (the next one tries again)
-    checkpoint_error: str = ""  # the last failure's message
-    records_applied: int = 0  # records whose gradients the shard applied (ps/data_position.py)
-    term: int = 0  # the newest leadership term the PS heard of
-    gradients_refused: int = 0  # by the PS's gradient guard (ps/gradient_guard.py), never applied
 
 
-# The master's fence and restore calls wait at most this long for a PS: one that does not answer
-# is down, and its own relaunch restores it.
-COMMAND_TIMEOUT_SECONDS = 10.0
-
-
-class PSClient:
+class PSClient(MasterCommands):
     def __init__(
         self, addresses: list[str], connect_timeout: float = 60.0, token: str | None = None,
         wire_dtype: str = "float32", tensor_transport: str = "grpc", master_credential: str = "",
@@ -439,27 +420,6 @@ class PSClient:
                 raise _translate(err) from None
         return np.concatenate(ids), np.concatenate(rows)
 
-    def save_checkpoint(self, at_version: int = 0) -> list[str]:
-        """Every PS saves its shard now, or (``at_version``) when it reaches that version: one cut.
-        Paths ('' for a save armed for later)."""
-        request = elasticdl_pb2.SaveCheckpointRequest(term=self.term, at_version=at_version)
-        futures = [s.save_checkpoint.future(request) for s in self._stubs]
-        return [f.result().path for f in futures]
-
-    def restore(self, path: str, fence: int, only: list[int] | None = None) -> list[int]:
-        """PS ``only`` (default: all) go back to the checkpoint at ``path``; pushes of hand-outs
-        below ``fence`` are refused from then on. Their restored versions."""
-        request = elasticdl_pb2.RestoreRequest(path=path, term=self.term, fence=fence)
-        stubs = [self._stubs[i] for i in (range(self.num_ps) if only is None else only)]
-        futures = [s.restore.future(request, timeout=COMMAND_TIMEOUT_SECONDS) for s in stubs]
-        return [f.result().version for f in futures]
-
-    def fence(self, handouts: list[int], task_ids: list[int]) -> list[dict[int, int]]:
-        """Every PS refuses pushes of ``handouts`` from now on; per PS, how far each task was taken."""
-        request = elasticdl_pb2.FenceRequest(handouts=handouts, task_ids=task_ids, term=self.term)
-        futures = [s.fence.future(request, timeout=COMMAND_TIMEOUT_SECONDS) for s in self._stubs]
-        return [{m.task_id: m.records_end for m in f.result().marks} for f in futures]
-
     def close(self) -> None:
         for ps in range(self.num_ps):
             self._drop_bulk(ps)
@@ -467,58 +427,6 @@ class PSClient:
             self._pool.shutdown(wait=False)
         for channel in self._channels:
             channel.close()
-
-    def take_snapshot(self, snapshot_id: int) -> int:
-        """Freeze the parameters on every PS; returns the (lowest) version frozen."""
-        request = elasticdl_pb2.Snapshot(snapshot_id=snapshot_id)
-        futures = [s.take_snapshot.future(request, timeout=COMMAND_TIMEOUT_SECONDS) for s in self._stubs]
-        return min(f.result().version for f in futures)
-
-    def drop_snapshot(self, snapshot_id: int) -> None:
-        request = elasticdl_pb2.Snapshot(snapshot_id=snapshot_id)
-        futures = [s.drop_snapshot.future(request, timeout=COMMAND_TIMEOUT_SECONDS) for s in self._stubs]
-        for future in futures:
-            future.result()
-
-    def set_learning_rate(self, learning_rate: float | None) -> None:
-        """Every PS's rate for pushes that bring none; None: back to the optimizer's own."""
-        request = elasticdl_pb2.LearningRate(value=learning_rate, term=self.term)  # None: no value
-        futures = [s.set_learning_rate.future(request, timeout=COMMAND_TIMEOUT_SECONDS) for s in self._stubs]
-        for future in futures:
-            future.result()
-
-    def set_live_workers(self, count: int) -> None:
-        request = elasticdl_pb2.LiveWorkers(count=count)
-        futures = [s.set_live_workers.future(request, timeout=COMMAND_TIMEOUT_SECONDS) for s in self._stubs]
-        for future in futures:
-            future.result()
-
-    def stats(self) -> list[PSStats]:
-        """Every PS's stats (a PS that does not answer within the command deadline raises:
-        a frozen PS must not freeze the master with it)."""
-        return [stats_of(f.result()) for f in self.stats_futures(COMMAND_TIMEOUT_SECONDS)]
-
-    def stats_futures(self, timeout: float) -> list[grpc.Future]:
-        """One ``get_stats`` call per PS, in flight: the master probes its PS without waiting."""
-        return [s.get_stats.future(elasticdl_pb2.Empty(), timeout=timeout) for s in self._stubs]
-
-
-def stats_of(r) -> PSStats:
-    """A ``get_stats`` answer as ``PSStats``."""
-    return PSStats(
-        version=r.version,
-        pushes_accepted=r.pushes_accepted,
-        pushes_rejected_stale=r.pushes_rejected_stale,
-        pushes_rejected_invalid=r.pushes_rejected_invalid,
-        staleness={c.staleness: c.count for c in r.staleness},
-        grads_to_wait=r.grads_to_wait,
-        checkpoint_failures=r.checkpoint_failures,
-        checkpoint_error=r.checkpoint_error,
-        records_applied=r.records_applied,
-        term=r.term,
-        gradients_refused=r.gradients_refused,
-    )
-
 
 def _encode_rows(name: str, rows: IndexedRows) -> elasticdl_pb2.IndexedRows:
     return elasticdl_pb2.IndexedRows(
