@@ -1,0 +1,112 @@
+"""The nemesis: a seeded schedule of faults, all within the first seconds of a job.
+
+Kill, restart (a killed role is relaunched by the master), freeze and thaw any role; lose,
+duplicate and delay messages; cut the state store; corrupt or truncate the newest checkpoint.
+After ``end`` no fault happens, so the job must make progress and end.
+"""
+
+from __future__ import annotations
+
+from elasticdl.sim import ps as sim_ps
+
+KINDS = ("kill-worker", "kill-ps", "freeze-worker", "freeze-ps", "kill-master", "freeze-master", "cut-store",
+         "damage-checkpoint", "network")
+MAX_PS_KILLS = 2  # the controller relaunches a PS at most 3 times (MAX_PS_RELAUNCHES)
+
+
+class Nemesis:
+    def __init__(self, world, enabled: bool = True) -> None:
+        self.world = world
+        self.enabled = enabled
+        self.end = 0.0
+        self.ps_kills = 0
+        self.kinds = KINDS
+
+    def schedule(self) -> None:
+        if not self.enabled:
+            return
+        rng = self.world.rng
+        count = rng.randint(0, 5)
+        times = sorted(rng.uniform(0.05, 2.5) for _ in range(count))
+        for when in times:
+            kind = rng.choice(self.kinds)
+            self.world.scheduler.at(when, lambda k=kind: self._inject(k))
+        self.end = times[-1] + 3.0 if times else 0.0
+
+    def _note(self, what: str) -> None:
+        self.world.result.faults.append(f"t={self.world.clock():.3f}s {what}")
+
+    def _inject(self, kind: str) -> None:
+        world, rng = self.world, self.world.rng
+        if world.outcome is not None:
+            return
+        mode = world.mode
+        if kind == "kill-worker" and world.workers:
+            index = rng.choice(sorted(world.workers))
+            world.kill_worker(index)
+            self._note(f"kill worker {index}")
+        elif kind == "kill-ps" and self.ps_kills < MAX_PS_KILLS:
+            ps_id = rng.randrange(mode.num_ps)
+            if world.ps[ps_id].alive:
+                self.ps_kills += 1
+                world.kill_ps(ps_id)
+                self._note(f"kill ps {ps_id}")
+        elif kind == "freeze-worker" and world.workers:
+            index = rng.choice(sorted(world.workers))
+            process = world.workers[index][1]
+            seconds = rng.uniform(0.1, 2.0)
+            process.freeze()
+            world.scheduler.at(seconds, process.thaw)
+            self._note(f"freeze worker {index} for {seconds:.2f}s")
+        elif kind == "freeze-ps":
+            ps_id = rng.randrange(mode.num_ps)
+            ps = world.ps[ps_id]
+            seconds = rng.uniform(0.1, 2.0)
+            ps.frozen = True
+            world.scheduler.at(seconds, lambda: self._thaw_ps(ps))
+            self._note(f"freeze ps {ps_id} for {seconds:.2f}s")
+        elif kind == "kill-master" and mode.store == "etcd" and world.master.alive:
+            world.kill_master()
+            self._note("kill the master (a new one resumes from the store)")
+        elif kind == "freeze-master":
+            master, process = world.master, world.master_process
+            seconds = rng.uniform(0.1, 1.5)
+            master.frozen = True
+            process.freeze()
+            world.scheduler.at(seconds, lambda: self._thaw_master(master, process))
+            self._note(f"freeze the master for {seconds:.2f}s")
+        elif kind == "cut-store" and world.store is not None:
+            seconds = rng.uniform(0.1, 2.0)
+            world.store_backend.available, world.store_cut = False, True
+            world.scheduler.at(seconds, self._restore_store)
+            self._note(f"cut the state store for {seconds:.2f}s")
+        elif kind == "damage-checkpoint" and world.checkpoint_dir:
+            truncate = rng.random() < 0.5
+            path = sim_ps.damage(world.checkpoint_dir, rng, truncate)
+            if path:
+                self._note(f"{'truncate' if truncate else 'corrupt'} {path.rsplit('/', 2)[-2]}")
+        elif kind == "network":
+            faults = world.network.faults
+            faults.drop, faults.duplicate = rng.choice((0.0, 0.02, 0.1)), rng.choice((0.0, 0.05, 0.2))
+            faults.max_delay = rng.choice((0.002, 0.02, 0.2))
+            seconds = rng.uniform(0.2, 2.0)
+            world.scheduler.at(seconds, self._calm_network)
+            self._note(f"network drop={faults.drop} duplicate={faults.duplicate} delay<={faults.max_delay}s "
+                       f"for {seconds:.2f}s")
+
+    def _thaw_ps(self, ps) -> None:
+        ps.frozen = False
+        if self.world.ps[ps.ps_id] is ps:
+            self.world.network.thawed(f"ps-{ps.ps_id}")
+
+    def _thaw_master(self, master, process) -> None:
+        master.frozen = False
+        process.thaw()
+        self.world.network.thawed("master")
+
+    def _restore_store(self) -> None:
+        self.world.store_backend.available, self.world.store_cut = True, False
+
+    def _calm_network(self) -> None:
+        faults = self.world.network.faults
+        faults.drop, faults.duplicate, faults.max_delay = 0.0, 0.0, 0.002

@@ -1,0 +1,233 @@
+"""The simulated master: the real Controller, task ledger and instance manager, run by an
+executor that mirrors elasticdl/master/job.py.
+
+``SimMaster.run`` is Job._loop (events that arrived, exits polled, the version polled, a Tick,
+each through ``elasticdl.master.feed.feed``), and ``carry_out`` is Job._carry_out against the
+simulated roles: start and stop workers, relaunch a PS from the latest cut (the survivors roll
+back, every hand-out is fenced, the ledger rewinds), tell the PS the live workers, end epochs
+(arming the epoch's cut), save the ledger to the state store. The workers' calls
+(``rpc_*``) are the master servicer's: they go to the task dispatcher and enqueue events.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from elasticdl.data.sources import Shard
+from elasticdl.master import controller as c
+from elasticdl.master.clocks import WorkerClocks
+from elasticdl.master.evaluation_service import TaskDispatcher
+from elasticdl.master.feed import FeedLivelock, feed
+from elasticdl.master.instance_manager import InstanceManager, Launch, Stop
+from elasticdl.master.task_manager import Task, TaskManager
+from elasticdl.model import checkpoint
+from elasticdl.sim.scheduler import Sleep
+from elasticdl.sim.transport import Unavailable
+from elasticdl.store.errors import StateStoreError
+
+logger = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.2  # Job's poll_seconds
+VERSION_POLL_SECONDS = 0.5
+TASK_TIMEOUT = 20.0
+RECORDS_PER_TASK = 4
+FINGERPRINT = "sim"
+
+
+class SimMaster:
+    """One master process (a restart makes a new one, of a higher term)."""
+
+    def __init__(self, world, term: int) -> None:
+        self.world = world
+        self.term = term
+        self.alive = True
+        self.frozen = False
+        mode = world.mode
+        shards = [Shard(world.data.path, s, min(s + RECORDS_PER_TASK, world.records))
+                  for s in range(0, world.records, RECORDS_PER_TASK)]
+        self.tasks = TaskManager(shards, num_epochs=world.epochs, task_timeout=TASK_TIMEOUT, max_task_retries=3,
+                                 seed=world.seed, clock=world.clock, gate_epochs=True)
+        self.instances = InstanceManager(mode.num_workers)
+        self.dispatcher = TaskDispatcher(self.tasks, None)
+        self.clocks = WorkerClocks()
+        self.events: list = []
+        self.controller: c.Controller | None = None
+        self.revision = 0  # the ledger's revision in the store (compare-and-set)
+        self.unsaved = False  # a ledger write waits for the store to come back
+        self.resumed = False
+
+    # ------------------------------------------------------------ start (Job.run, _start)
+
+    def open(self) -> None:
+        """Resume the ledger from the store (etcd-like), then the PS from the latest cut."""
+        world = self.world
+        if world.store is not None:
+            snapshot, self.revision = world.store.load_ledger()
+            if snapshot is not None:
+                self.tasks.restore(snapshot)
+                self.resumed = True
+        self.tasks.start_term(self.term)
+        cut = self._latest_cut() if self.resumed else ""
+        for ps_id in range(world.mode.num_ps):
+            world.start_ps(ps_id, restore_from=cut, fence=0, delay=0.0)
+        if self.resumed:
+            if cut:
+                _, marks, _ = checkpoint.cut_position(cut)
+                self.tasks.rewind(marks, cause="master restart")
+            else:
+                world.oracle_emptied_all()
+        self.tasks.fencer = self._fence
+        self.controller = c.Controller("train", self.dispatcher, self.instances, self.clocks,
+                                       sync_mode=not world.mode.use_async, keeps_ledger=True, clock=world.clock)
+        for decision in self.controller.start():
+            self.carry_out(decision)
+
+    def _latest_cut(self) -> str:
+        directory = self.world.checkpoint_dir
+        if directory and checkpoint.complete_versions(directory):
+            return checkpoint.resolve_checkpoint(directory)
+        return ""
+
+    # ------------------------------------------------------------ the loop (Job._loop)
+
+    def run(self):
+        self.open()
+        last_version_poll = -1.0
+        while self.controller.outcome is None:
+            yield Sleep(POLL_SECONDS)
+            if not self.world.is_leader(self):
+                self.world.acted_without_lock(self)
+                return
+            events, self.events = self.events, []
+            versions = [e.version for e in events if isinstance(e, c.VersionReported)]
+            events = [e for e in events if not isinstance(e, c.VersionReported)]
+            events += [c.VersionReported(max(versions))] if versions else []
+            events += [c.RoleExited(e) for e in self.world.poll_exits()]
+            now = self.world.clock()
+            if now - last_version_poll >= VERSION_POLL_SECONDS:
+                events.append(c.VersionReported(self._poll_version()))
+                last_version_poll = now
+            if self.unsaved:
+                self._save_ledger()
+            events.append(c.Tick())
+            for event in events:
+                try:
+                    feed(self.controller, event, self.carry_out)
+                except FeedLivelock as err:
+                    self.world.livelock(str(err))
+                    return
+        self.world.job_ended(self, self.controller.outcome)
+
+    # ------------------------------------------------------------ decisions (Job._carry_out)
+
+    def carry_out(self, decision) -> list:
+        world = self.world
+        world.acted(self)
+        match decision:
+            case Launch(index=index):
+                world.start_worker(index)
+            case Stop(index=index):
+                world.request_stop(index)
+            case c.RelaunchPS(exit=exit_):
+                return [self._relaunch_ps(exit_)]
+            case c.TellLiveWorkers(count=count):
+                try:
+                    for ps in world.ps_list():
+                        ps.set_live_workers(count)
+                except Unavailable:
+                    return [c.LiveWorkersNotTold()]
+            case c.EndEpoch():
+                return self._end_epoch(decision)
+            case c.FireEpochEnd(epoch=epoch):
+                return [c.EpochEndFired(epoch)]
+            case c.OpenEpoch(epoch=epoch):
+                self.tasks.open_epoch(epoch)
+            case c.SaveLedger():
+                return self._save_ledger()
+        return []
+
+    def _save_ledger(self) -> list:
+        """The write-behind store in short: an outage is ridden out (written again at the next
+        poll); a lost compare-and-set means another master: this one must stop."""
+        store = self.world.store
+        if store is None:
+            return []
+        try:
+            self.revision = store.save_ledger(self.tasks.snapshot(FINGERPRINT), self.revision,
+                                              retry=self.world.no_retry)
+            self.unsaved = False
+        except StateStoreError as err:
+            if self.world.store_cut:
+                self.unsaved = True
+                return []
+            return [c.StoreLost(str(err))]
+        return []
+
+    def _relaunch_ps(self, exit_) -> c.PSRelaunched:
+        """Job._relaunch_ps: from the latest complete cut, the survivors rolled back to it."""
+        world = self.world
+        cut = self._latest_cut()
+        if not cut:
+            mode = world.mode
+            between_pulls = -(-mode.get_model_steps // mode.push_steps) * mode.push_steps + int(mode.overlap)
+            missing = between_pulls * 2 * max(1, len(self.controller.workers))
+            world.start_ps(exit_.index, restore_from="", fence=0)
+            return c.PSRelaunched(exit_.index, None, missing=missing)
+        version, marks, _ = checkpoint.cut_position(cut)
+        fence = self.tasks.fence_all()
+        world.start_ps(exit_.index, restore_from=cut, fence=fence)
+        for ps_id, ps in enumerate(world.ps_list()):
+            if ps_id == exit_.index:
+                continue
+            try:
+                ps.roll_back(cut, self.term, fence)
+            except (Unavailable, checkpoint.CheckpointError, ValueError, OSError):
+                pass  # another PS is down too: its own relaunch restores the same cut
+        again = self.tasks.rewind(marks, cause="rollback")
+        return c.PSRelaunched(exit_.index, version, retrained=again)
+
+    def _fence(self, handouts: list[int], task_ids: list[int]) -> dict[int, int] | None:
+        try:
+            per_ps = [ps.fence(handouts, task_ids, self.term) for ps in self.world.ps_list()]
+        except Unavailable:
+            return None
+        return {t: min(marks.get(t, 0) for marks in per_ps) for t in task_ids}
+
+    def _end_epoch(self, decision: c.EndEpoch) -> list:
+        try:
+            versions = [ps.stats()[0] for ps in self.world.ps_list()]
+        except Unavailable:
+            return [c.EpochEndDeferred(decision.epoch)]
+        if self.world.checkpoint_dir and not decision.final:
+            at = max(versions) + 1
+            for ps in self.world.ps_list():
+                try:
+                    ps.checkpoint_at(at, self.term)
+                except (Unavailable, checkpoint.CheckpointError):
+                    pass  # past it already (async) or away: the next cut serves
+        return [c.VersionReported(max(versions)), c.EpochEnded(decision.epoch)]
+
+    def _poll_version(self) -> int:
+        try:
+            return min(ps.version() for ps in self.world.ps_list())
+        except Unavailable:
+            return 0
+
+    # ------------------------------------------------------------ the servicer (worker calls)
+
+    def rpc_get_task(self, worker_id: int):
+        task = self.dispatcher.get_task(worker_id)
+        return dataclasses.replace(task) if isinstance(task, Task) else task
+
+    def rpc_report(self, task_id: int, worker_id: int, err: str, records: int, interrupted: bool, handout: int):
+        outcome = self.dispatcher.report(task_id, worker_id, err, records, interrupted=interrupted, handout=handout)
+        self.events.append(c.TaskReported(task_id, worker_id, outcome.accepted))
+        return outcome.accepted
+
+    def rpc_progress(self, task_id: int, worker_id: int, done: int) -> bool:
+        return self.dispatcher.progress(task_id, worker_id, done).accepted
+
+    def rpc_report_clock(self, worker_id: int, clock: int, blocked: float):
+        view = self.clocks.report(worker_id, clock, self.tasks.active_workers(), blocked)
+        return view.clock, view.slowest
