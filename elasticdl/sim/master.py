@@ -33,6 +33,7 @@ VERSION_POLL_SECONDS = 0.5
 TASK_TIMEOUT = 20.0
 RECORDS_PER_TASK = 4
 FINGERPRINT = "sim"
+STORE_RETRY_BUDGET = 5.0  # RetryPolicy's default budget
 
 
 class SimMaster:
@@ -55,15 +56,25 @@ class SimMaster:
         self.controller: c.Controller | None = None
         self.revision = 0  # the ledger's revision in the store (compare-and-set)
         self.unsaved = False  # a ledger write waits for the store to come back
+        self.saved_seq = -1  # the ledger seq last written (a retry after an outage may have written it)
         self.resumed = False
 
     # ------------------------------------------------------------ start (Job.run, _start)
 
-    def open(self) -> None:
+    def open(self):
         """Resume the ledger from the store (etcd-like), then the PS from the latest cut."""
         world = self.world
         if world.store is not None:
-            snapshot, self.revision = world.store.load_ledger()
+            waited = 0.0
+            while True:  # the store's retry budget (RetryPolicy.budget): a short outage is ridden out
+                try:
+                    snapshot, self.revision = world.store.load_ledger()
+                    break
+                except StateStoreError:
+                    if waited >= STORE_RETRY_BUDGET:
+                        raise
+                    yield Sleep(0.1)
+                    waited += 0.1
             if snapshot is not None:
                 self.tasks.restore(snapshot)
                 self.resumed = True
@@ -92,7 +103,7 @@ class SimMaster:
     # ------------------------------------------------------------ the loop (Job._loop)
 
     def run(self):
-        self.open()
+        yield from self.open()
         last_version_poll = -1.0
         while self.controller.outcome is None:
             yield Sleep(POLL_SECONDS)
@@ -151,11 +162,12 @@ class SimMaster:
         """The write-behind store in short: an outage is ridden out (written again at the next
         poll); a lost compare-and-set means another master: this one must stop."""
         store = self.world.store
-        if store is None:
+        if store is None or self.tasks.seq == self.saved_seq:
             return []
         try:
-            self.revision = store.save_ledger(self.tasks.snapshot(FINGERPRINT), self.revision,
-                                              retry=self.world.no_retry)
+            snapshot = self.tasks.snapshot(FINGERPRINT)
+            self.revision = store.save_ledger(snapshot, self.revision, retry=self.world.no_retry)
+            self.saved_seq = snapshot.seq
             self.unsaved = False
         except StateStoreError as err:
             if self.world.store_cut:

@@ -1,4 +1,4 @@
-"""``python -m elasticdl.sim --seeds N [--seed S] [--mode FAMILY] [--jobs J] [--verbose]``.
+"""``python -m elasticdl.sim --seeds N [--seed S] [--mode FAMILY] [--plant BUG] [--jobs J] [--verbose]``.
 
 Runs seeds S, S+1, ..., S+N-1, prints a replayable command for every seed that violated an
 invariant, and ends with exactly ``N seeds, F faults, V invariant violations``.
@@ -13,19 +13,22 @@ from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 
 from elasticdl.sim.modes import FAMILIES
+from elasticdl.sim.planted import PLANTS, planted
 from elasticdl.sim.world import RunResult, World
 
 
-def run_seed(seed: int, family: str | None = None) -> RunResult:
-    return World(seed, family).run()
+def run_seed(seed: int, family: str | None = None, plant: str | None = None) -> RunResult:
+    with planted(plant):
+        return World(seed, family).run()
 
 
-def _run(args: tuple[int, str | None]) -> RunResult:
+def _run(args: tuple[int, str | None, str | None]) -> RunResult:
     return run_seed(*args)
 
 
-def run_seeds(seeds: Iterable[int], family: str | None = None, jobs: int = 1) -> Iterable[RunResult]:
-    work = [(seed, family) for seed in seeds]
+def run_seeds(seeds: Iterable[int], family: str | None = None, jobs: int = 1,
+              plant: str | None = None) -> Iterable[RunResult]:
+    work = [(seed, family, plant) for seed in seeds]
     if jobs <= 1:
         yield from map(_run, work)
         return
@@ -33,9 +36,10 @@ def run_seeds(seeds: Iterable[int], family: str | None = None, jobs: int = 1) ->
         yield from pool.map(_run, work, chunksize=16)
 
 
-def replay_command(result: RunResult, family: str | None) -> str:
+def replay_command(result: RunResult, family: str | None, plant: str | None = None) -> str:
     mode = f" --mode {family}" if family else ""
-    return f"python -m elasticdl.sim --seed {result.seed} --seeds 1{mode} --verbose"
+    bug = f" --plant {plant}" if plant else ""
+    return f"python -m elasticdl.sim --seed {result.seed} --seeds 1{mode}{bug} --verbose"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=100, help="how many seeds to run")
     parser.add_argument("--seed", type=int, default=0, help="the first seed")
     parser.add_argument("--mode", choices=FAMILIES, default=None, help="run only this mode family")
+    parser.add_argument("--plant", choices=sorted(PLANTS), default=None,
+                        help="plant a known bug back (elasticdl/sim/planted.py): the run should find it")
     parser.add_argument("--jobs", type=int, default=1, help="processes to run seeds in")
     parser.add_argument("--verbose", action="store_true", help="print each seed's mode, faults and violations")
     args = parser.parse_args(argv)
@@ -50,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--seeds must be 1 or more. Received: {args.seeds}")
     logging.disable(logging.CRITICAL)  # the real code logs every fault it rides out
     faults = violations = 0
-    for result in run_seeds(range(args.seed, args.seed + args.seeds), args.mode, args.jobs):
+    for result in run_seeds(range(args.seed, args.seed + args.seeds), args.mode, args.jobs, args.plant):
         faults += len(result.faults)
         violations += len(result.violations)
         if args.verbose:
@@ -62,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"seed {result.seed} ({result.mode.name}): {result.violations[0]}")
             for extra in result.violations[1:3] if args.verbose else ():
                 print(f"  also: {extra}")
-            print(f"  replay: {replay_command(result, args.mode)}")
+            print(f"  replay: {replay_command(result, args.mode, args.plant)}")
     print(f"{args.seeds} seeds, {faults} faults, {violations} invariant violations")
     return 1 if violations else 0
 

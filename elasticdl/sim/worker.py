@@ -114,6 +114,8 @@ class SimWorker:
                     break
             yield from self._with_ps_retries(self._settle_exchange)
             yield from self._with_ps_retries(self._push_accumulated)
+        except GeneratorExit:
+            raise  # killed: nothing more runs
         except BaseException:
             yield from self._drop_exchange()
             if self.acc.grads:
