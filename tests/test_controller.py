@@ -43,14 +43,16 @@ def shards(tasks: int, records: int = 10) -> list[Shard]:
 
 
 def make(command="train", workers=2, epochs=2, tasks=2, evaluation_steps=0, with_eval=False, sync=False,
-         relaunch_limit=3, max_ps_relaunches=3, max_bad_records=0, max_task_retries=3, waits=False):
+         relaunch_limit=3, max_ps_relaunches=3, max_bad_records=0, max_task_retries=3, waits=False,
+         task_timeout=600.0, fences=False):
     clock = FakeClock()
     ps = FakePS()
     main = None
     if command in ("train", "predict"):
         main = TaskManager(shards(tasks), num_epochs=epochs if command == "train" else 1, clock=clock,
                            shuffle=False, task_type=TaskType.TRAINING if command == "train" else TaskType.PREDICTION,
-                           max_task_retries=max_task_retries, gate_epochs=command == "train")
+                           max_task_retries=max_task_retries, gate_epochs=command == "train",
+                           task_timeout=task_timeout, fences_pushes=fences)
     evaluation = None
     if with_eval or command == "evaluate":
         evaluation = EvaluationService(shards(1), metrics_fn=dict, snapshot=ps.take_snapshot,
@@ -151,6 +153,52 @@ def test_the_job_finishes_when_the_last_epoch_ended_and_every_worker_left():
     assert ctl.step(exit_of(1)) == [c.Finish()]
     assert ctl.step(c.Tick()) == []  # decided: nothing more
     assert ctl.instances.relaunches == 0 and ctl.instances.preemptions == 0
+
+
+def test_a_frozen_worker_is_replaced_once_its_task_times_out_even_when_nobody_else_asks():
+    """Issue 25: a SIGSTOPped worker held the job open forever. Its only task timed out, but a
+    timeout was only noticed when another worker asked for a task, and none did."""
+    ctl, dispatcher, _, clock = make(workers=1, epochs=1, tasks=1, task_timeout=5.0)
+    ctl.start()
+    task = take(dispatcher, 0)
+    assert of(ctl.step(c.Tick()), c.ReplaceWorker) == []
+    clock.now += 6.0
+    decisions = ctl.step(c.Tick())
+    assert of(decisions, c.ReplaceWorker) == [c.ReplaceWorker(0, "its task timed out (--task_timeout)")]
+    assert of(ctl.step(c.Tick()), c.ReplaceWorker) == []  # asked once
+    assert of(ctl.step(exit_of(0, code=-9)), Launch) == [Launch(1, Priority.HIGH)]  # its slot refilled
+    again = take(dispatcher, 1)
+    assert (again.task_id, again.shard) == (task.task_id, task.shard)
+    answer(ctl, report(ctl, dispatcher, again, 1))
+    assert ctl.step(exit_of(1)) == [c.Finish()]
+    assert ctl.instances.relaunches == 0  # a replacement is not a crash
+
+
+def test_a_worker_that_does_not_leave_after_the_end_is_killed_instead_of_holding_the_job_open():
+    ctl, dispatcher, _, clock = make(workers=2, epochs=1, tasks=1)
+    ctl.start()
+    answer(ctl, report(ctl, dispatcher, take(dispatcher, 0), 0))
+    assert dispatcher.finished
+    assert of(ctl.step(exit_of(0)), c.Finish) == []  # worker 1 is frozen: it never asks again
+    clock.now += c.WORKERS_LEAVE_SECONDS / 2
+    assert of(ctl.step(c.Tick()), c.ReplaceWorker) == []
+    clock.now += c.WORKERS_LEAVE_SECONDS
+    assert [d.index for d in of(ctl.step(c.Tick()), c.ReplaceWorker)] == [1]
+    assert ctl.step(exit_of(1, code=-9)) == [c.Finish()]  # no refill: the job is over
+
+
+def test_a_dead_workers_hand_out_is_fenced_by_a_decision_and_its_rest_requeued_on_the_answer():
+    """The ledger never calls a PS: a task taken back waits for FenceHandouts' answer."""
+    ctl, dispatcher, _, _ = make(workers=1, epochs=1, tasks=1, fences=True)
+    ctl.start()
+    task = take(dispatcher, 0)
+    decisions = ctl.step(exit_of(0, code=-9))
+    assert of(decisions, c.FenceHandouts) == [c.FenceHandouts((task.handout,), (task.task_id,))]
+    assert of(ctl.step(c.Tick()), c.FenceHandouts) == []  # asked once
+    assert dispatcher.get_task(1) is NoTask.WAIT  # not handed out before it is fenced
+    ctl.step(c.HandoutsFenced((task.handout,), {task.task_id: task.shard.start + 4}))
+    again = take(dispatcher, 1)
+    assert (again.task_id, again.shard.start) == (task.task_id, task.shard.start + 4)
 
 
 def test_a_deferred_epoch_end_is_asked_again_at_the_next_tick():

@@ -12,6 +12,7 @@ from elasticdl.model import checkpoint
 from elasticdl.ps.server import StaleTermError
 from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.rpc.push_outcome import PushOutcome
+from elasticdl.store.ledger import TaskState
 from tests.test_ps_server import grads, make_ps, model
 
 
@@ -152,10 +153,15 @@ def test_discard_after_removes_only_this_ps_abandoned_files(tmp_path):
 # ---------------------------------------------------------------- the ledger
 
 
-def ledger(fencer=None, **kwargs) -> TaskManager:
-    tm = TaskManager([Shard("f", 0, 100), Shard("f", 100, 200)], shuffle=False, **kwargs)
-    tm.fencer = fencer
-    return tm
+def ledger(**kwargs) -> TaskManager:
+    return TaskManager([Shard("f", 0, 100), Shard("f", 100, 200)], shuffle=False, fences_pushes=True, **kwargs)
+
+
+def fence(tm: TaskManager, fencer) -> None:
+    """Play the controller and the job: fence what the ledger took back, answer with the marks."""
+    handouts, task_ids = tm.pending_fences()
+    if handouts:
+        tm.fenced(handouts, fencer(handouts, task_ids))
 
 
 def test_a_dead_workers_task_goes_back_from_the_ps_marks():
@@ -165,11 +171,15 @@ def test_a_dead_workers_task_goes_back_from_the_ps_marks():
         fenced.append(handouts)
         return {task_ids[0]: 60}
 
-    tm = ledger(fencer)
+    tm = ledger()
     task = tm.get_task(1)
     assert tm.progress(task.task_id, 1, 40).accepted  # the last progress report lagged behind the PS
     tm.recover_worker_tasks(1)
+    assert tm.get_task(2).task_id != task.task_id  # not back before its hand-out is fenced
+    assert not tm.between_epochs and not tm.finished
+    fence(tm, fencer)
     assert fenced == [[task.handout]]
+    assert tm.pending_fences() == ([], [])  # asked once
     again = tm.get_task(2)
     assert (again.task_id, again.shard.start, again.shard.end, again.origin) == (task.task_id, 60, 100, 0)
     assert again.handout > task.handout
@@ -179,18 +189,20 @@ def test_a_dead_workers_task_goes_back_from_the_ps_marks():
 
 
 def test_a_fully_applied_task_of_a_dead_worker_is_done():
-    tm = ledger(lambda handouts, task_ids: {task_ids[0]: 100})
+    tm = ledger()
     task = tm.get_task(1)
     tm.recover_worker_tasks(1)
+    fence(tm, lambda handouts, task_ids: {task_ids[0]: 100})
     assert tm.epochs[0].tasks_done == 1 and tm.epochs[0].records_done == 100
     assert tm.get_task(2).task_id != task.task_id
 
 
 def test_without_marks_the_whole_attempt_is_trained_again():
-    tm = ledger(lambda handouts, task_ids: None)  # a PS could not be asked
+    tm = ledger()
     task = tm.get_task(1)
     tm.progress(task.task_id, 1, 30)
     tm.recover_worker_tasks(1)
+    fence(tm, lambda handouts, task_ids: None)  # a PS could not be asked
     assert tm.epochs[0].retrained == {"worker died": 30}
     assert tm.get_task(2).shard.start == 0
 
@@ -242,11 +254,12 @@ def test_hand_outs_of_a_new_term_are_above_every_older_one():
 
 
 def test_the_ledger_snapshot_keeps_done_tasks_and_origins():
-    tm = ledger(lambda handouts, task_ids: {task_ids[0]: 130})
+    tm = ledger()
     done = tm.get_task(1)
     tm.report(done.task_id, 1)
     tm.get_task(1)
     tm.recover_worker_tasks(1)
+    fence(tm, lambda handouts, task_ids: {task_ids[0]: 130})
     resumed = ledger()
     resumed.restore(tm.snapshot())
     assert set(resumed._done) == {done.task_id}
@@ -254,3 +267,17 @@ def test_the_ledger_snapshot_keeps_done_tasks_and_origins():
     assert (again.shard.start, again.origin) == (130, 100)
     resumed.rewind({})
     assert resumed.get_task(1).shard.start == 0  # back to the origin of each task
+
+
+def test_a_fence_answer_after_a_rollback_is_ignored_and_a_taken_back_task_is_saved_as_in_flight():
+    tm = ledger()
+    task = tm.get_task(1)
+    tm.recover_worker_tasks(1)
+    saved = {r.task_id: r.state for r in tm.snapshot().tasks}
+    assert saved[task.task_id] is TaskState.DOING  # a resumed master requeues it
+    handouts, _ = tm.pending_fences()
+    tm.rewind({}, cause="rollback")  # every hand-out fenced by the rollback itself
+    tm.fenced(handouts, {task.task_id: 100})  # the late answer of the fence
+    again = tm.get_task(2)
+    assert (again.task_id, again.shard.start) == (task.task_id, 0)
+    assert tm.epochs[0].records_done == 0

@@ -37,9 +37,11 @@ from elasticdl.master.events import (
     EpochEndFired,
     Event,
     Fail,
+    FenceHandouts,
     Finish,
     FireEpochBegin,
     FireEpochEnd,
+    HandoutsFenced,
     LiveWorkersNotTold,
     OpenEpoch,
     PSRelaunched,
@@ -47,6 +49,7 @@ from elasticdl.master.events import (
     PSUnavailable,
     RecordEvaluation,
     RelaunchPS,
+    ReplaceWorker,
     RoleExited,
     SaveLedger,
     ScaleRequested,
@@ -72,6 +75,9 @@ LIVE_WORKERS_SETTLE_SECONDS = 1.0
 # ones take theirs when they start. With the running round's, that stays below the PS's limit
 # (MAX_SNAPSHOTS in elasticdl/ps/server.py evicts the oldest past 4).
 MAX_FROZEN_ROUNDS = 2
+# Once every task and evaluation is done, workers leave at their next request for a task; one
+# still there this long later is frozen or hung, and is killed rather than holding the job open.
+WORKERS_LEAVE_SECONDS = 10.0
 
 
 class Controller:
@@ -136,6 +142,8 @@ class Controller:
         self._fewer_live_since: float | None = None
         self._saved_seq = -1
         self.outcome: Finish | Fail | None = None
+        self.replaced: list[ReplaceWorker] = []  # workers killed for making no progress
+        self._done_since: float | None = None  # when all_done first held with workers still there
         if command == "evaluate":
             self._eval_queue.append(("evaluate", None, None))
 
@@ -200,6 +208,8 @@ class Controller:
                 # Asked again once per poll, after the job looked at which roles exited: asked at
                 # once, a PS whose exit was not seen yet kept the job from ever seeing it.
                 self._end_held = self._tell_held = False
+            case HandoutsFenced(handouts=handouts, marks=marks):
+                self.tasks.fenced(list(handouts), marks)
             case LiveWorkersNotTold():
                 self._live_workers_told, self._tell_held = -1, True
             case PSRelaunched(index=index, restored_version=restored, retrained=retrained, missing=missing):
@@ -208,6 +218,8 @@ class Controller:
 
     def _on_worker_exit(self, exit_: ProcessExit) -> list[Decision]:
         self.workers.discard(exit_.index)
+        if any(r.index == exit_.index for r in self.replaced):
+            exit_ = ProcessExit(exit_.role, exit_.index, -9 if exit_.returncode else 0, exit_.log_tail)
         if exit_.returncode != 0:
             self.failures.append(exit_)
             logger.error(describe_exit(exit_, "exited"))
@@ -282,7 +294,7 @@ class Controller:
         failed = self._task_faults()
         if failed is not None:
             return [failed]
-        decisions: list[Decision] = []
+        decisions: list[Decision] = self._replace_stalled()
         if self.command == "train":
             decisions += self._ledger_and_live_workers()
             end = self._next_epoch_end()
@@ -294,6 +306,8 @@ class Controller:
             decisions += self._advance_evaluation()
         if self.all_done:
             self.dispatcher.finish()  # workers get END and exit
+        if self.workers and self.all_done:
+            decisions += self._replace_lingering()
         if not self.workers:
             if self.all_done:
                 decisions.append(Finish())
@@ -330,8 +344,34 @@ class Controller:
             )
         return None
 
+    def _replace_stalled(self) -> list[Decision]:
+        """Gray failures: a worker whose task timed out (it is frozen, or hung in a call) is
+        killed; its task is back in todo already, and its slot is refilled like a preempted one's."""
+        return self._replace(self.dispatcher.stalled_workers(), "its task timed out (--task_timeout)")
+
+    def _replace_lingering(self) -> list[Decision]:
+        now = self._clock()
+        if self._done_since is None:
+            self._done_since = now
+        if now - self._done_since < WORKERS_LEAVE_SECONDS:
+            return []
+        return self._replace(sorted(self.workers), f"it did not leave within {WORKERS_LEAVE_SECONDS:g} s of the job's end")
+
+    def _replace(self, indices, reason: str) -> list[Decision]:
+        decisions: list[Decision] = []
+        for index in indices:
+            if index in self.workers and not any(r.index == index for r in self.replaced):
+                decision = ReplaceWorker(index, reason)
+                logger.warning("worker %d makes no progress: %s; killing it", index, reason)
+                self.replaced.append(decision)
+                decisions.append(decision)
+        return decisions
+
     def _ledger_and_live_workers(self) -> list[Decision]:
         decisions: list[Decision] = []
+        handouts, task_ids = self.tasks.pending_fences()
+        if handouts:
+            decisions.append(FenceHandouts(tuple(handouts), tuple(task_ids)))
         if self.keeps_ledger and self.tasks.seq != self._saved_seq:
             self._saved_seq = self.tasks.seq
             decisions.append(SaveLedger())

@@ -244,6 +244,14 @@ class EvaluationService:
             if self.current is not None:
                 self.current.tasks.recover_worker_tasks(worker_id)
 
+    def requeue_timed_out(self) -> list[int]:
+        """Take back the running round's tasks held too long; the workers that held them."""
+        with self._lock:
+            if self.current is None:
+                return []
+            self.current.tasks.requeue_timed_out()
+            return self.current.tasks.take_stalled()
+
     def dropped_tasks(self) -> list[Task]:
         """Evaluation tasks that failed past --max_task_retries, in every round so far."""
         with self._lock:
@@ -382,6 +390,17 @@ class TaskDispatcher:
             self.main.recover_worker_tasks(worker_id)
         if self.evaluation is not None:
             self.evaluation.recover_worker_tasks(worker_id)
+
+    def stalled_workers(self) -> list[int]:
+        """Take back every task held past --task_timeout; the workers that held one (each is
+        frozen, or too slow for the deadline: the controller replaces it)."""
+        stalled = set()
+        if self.main is not None:
+            self.main.requeue_timed_out()
+            stalled.update(self.main.take_stalled())
+        if self.evaluation is not None:
+            stalled.update(self.evaluation.requeue_timed_out())
+        return sorted(stalled)
 
     def active_workers(self) -> set[int]:
         active = self.main.active_workers() if self.main is not None else set()

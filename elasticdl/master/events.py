@@ -25,9 +25,11 @@ __all__ = [
     "EpochEnded",
     "Event",
     "Fail",
+    "FenceHandouts",
     "Finish",
     "FireEpochBegin",
     "FireEpochEnd",
+    "HandoutsFenced",
     "LiveWorkersNotTold",
     "OpenEpoch",
     "PSRelaunched",
@@ -35,6 +37,7 @@ __all__ = [
     "PSUnavailable",
     "RecordEvaluation",
     "RelaunchPS",
+    "ReplaceWorker",
     "RoleExited",
     "SaveLedger",
     "ScaleRequested",
@@ -128,6 +131,15 @@ class LiveWorkersNotTold:
 
 
 @dataclass(frozen=True)
+class HandoutsFenced:
+    """The answer to ``FenceHandouts``: the PS refuse those hand-outs' pushes from now on, and
+    applied each task's records up to ``marks[task_id]`` (None: a PS could not be asked)."""
+
+    handouts: tuple[int, ...]
+    marks: dict[int, int] | None
+
+
+@dataclass(frozen=True)
 class PSRelaunched:
     """The job carried out ``RelaunchPS``: the PS restores checkpoint ``restored_version``
     (None: no checkpoint, it starts empty and the workers give it their copy)."""
@@ -140,7 +152,7 @@ class PSRelaunched:
 
 Event = (
     Tick | RoleExited | TaskReported | VersionReported | ScaleRequested | StopRequested | StoreLost
-    | EpochEnded | EpochEndDeferred | LiveWorkersNotTold | PSRelaunched | EpochEndFired
+    | EpochEnded | EpochEndDeferred | LiveWorkersNotTold | PSRelaunched | EpochEndFired | HandoutsFenced
 )
 
 
@@ -153,6 +165,24 @@ class RelaunchPS:
     """Start the PS that exited again, on its address (from the latest checkpoint, if any)."""
 
     exit: ProcessExit
+
+
+@dataclass(frozen=True)
+class ReplaceWorker:
+    """Kill a worker that stopped making progress (its task timed out, or it did not leave after
+    the job's end); its exit refills its slot, as for a preempted worker."""
+
+    index: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class FenceHandouts:
+    """Tasks were taken back from their workers: every PS refuses these hand-outs' pushes from
+    now on and says how far each task was applied. Answered by ``HandoutsFenced``."""
+
+    handouts: tuple[int, ...]
+    task_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -236,7 +266,7 @@ class Fail:
 
 
 Decision = (
-    Launch | Stop | RelaunchPS | TellLiveWorkers | EndEpoch | FireEpochBegin | FireEpochEnd | VersionChanged
+    Launch | Stop | RelaunchPS | ReplaceWorker | FenceHandouts | TellLiveWorkers | EndEpoch | FireEpochBegin | FireEpochEnd | VersionChanged
     | RecordEvaluation | DropSnapshot | SaveLedger | Finish | Fail | OpenEpoch
 )
 

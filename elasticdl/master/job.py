@@ -106,6 +106,7 @@ class Job:
                 task_type=TaskType.TRAINING if command == "train" else TaskType.PREDICTION,
                 shuffle=command == "train",
                 gate_epochs=command == "train",  # the controller opens each epoch (OpenEpoch)
+                fences_pushes=command == "train",  # a task taken back waits for FenceHandouts
             )
         records = sum(n for _, n in checked.files)
         self.progress = TrainingProgress(records, cfg.training.num_epochs if command == "train" else 1)
@@ -266,7 +267,7 @@ class Job:
             report.add_tasks(self.main_tasks, self.progress)
             if self.controller is not None:
                 report.stopped_early = self.controller.stop_reason
-                report.add_instances(self.instances, self.controller.ps_relaunches)
+                report.add_instances(self.instances, self.controller.ps_relaunches, self.controller.replaced)
                 report.ps_rollbacks = [r.to_dict() for r in self.controller.rollbacks]
                 report.records_possibly_missing = self.records_possibly_missing + sum(
                     r.records_possibly_missing for r in self.controller.rollbacks)
@@ -386,8 +387,6 @@ class Job:
         )
         self._ps = PSClient(self.ps_addresses, token=self._token)
         self._ps.term = self.state.term
-        if self.main_tasks is not None and self.command == "train":
-            self.main_tasks.fencer = self._fence
         self._model.stop_training = False  # Keras callbacks set it to end training
         self._start_evaluation_service()
         if cfg.outputs.tensorboard_log_dir:
@@ -513,6 +512,10 @@ class Job:
             case Stop(index=index):
                 logger.info("asking worker %d to leave (scale-down)", index)
                 self.backend.request_stop("worker", index, WORKER_STOP_GRACE_SECS)
+            case c.FenceHandouts(handouts=handouts, task_ids=task_ids):
+                return [c.HandoutsFenced(handouts, self._fence(list(handouts), list(task_ids)))]
+            case c.ReplaceWorker(index=index):
+                self.backend.request_stop("worker", index, grace=0.0)  # a frozen process takes no SIGTERM
             case c.RelaunchPS(exit=exit_):
                 return [self._relaunch_ps(exit_)]
             case c.TellLiveWorkers(count=count):

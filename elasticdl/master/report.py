@@ -58,6 +58,8 @@ class JobReport:
     worker_relaunches: int = 0
     worker_preemptions: int = 0
     ps_relaunches: int = 0
+    # Workers killed for making no progress (a task timed out, or still there after the end).
+    workers_replaced: list = field(default_factory=list)
     # Each PS that came back older than the model it held: its updates after to_version are
     # lost (to_version None: it restarted empty and took a worker's copy of its variables).
     ps_rollbacks: list[dict] = field(default_factory=list)
@@ -134,7 +136,8 @@ class JobReport:
         self.bad_records = [r._asdict() for r in dispatcher.bad_records()]
         self.max_bad_records = max_bad_records
 
-    def add_instances(self, instances: InstanceManager, ps_relaunches: int) -> None:
+    def add_instances(self, instances: InstanceManager, ps_relaunches: int, replaced=()) -> None:
+        self.workers_replaced = [{"worker": r.index, "reason": r.reason} for r in replaced]
         self.worker_relaunches = instances.relaunches
         self.worker_preemptions = instances.preemptions
         self.ps_relaunches = ps_relaunches

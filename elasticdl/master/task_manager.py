@@ -9,9 +9,10 @@ job is finished.
 
 Exactly once: every hand-out of a task gets a number (``handout``), which the worker's
 pushes carry. When the ledger takes a task back from a worker (it died, failed or timed
-out), it first *fences* that hand-out on the PS (``fencer``): the PS refuse its pushes from
-then on and answer how far the task's records were applied. Only the rest goes back to todo,
-so no batch is applied twice. A rollback to a checkpoint (``rewind``) puts every record the
+out), the hand-out waits to be *fenced* on the PS (``pending_fences``: the controller decides
+``FenceHandouts``, the job asks the PS and answers with ``fenced``): the PS refuse its pushes
+from then on and answer how far the task's records were applied. Only the rest goes back to
+todo, so no batch is applied twice. The ledger itself never calls out. A rollback to a checkpoint (``rewind``) puts every record the
 checkpoint does not hold back to todo, in this epoch and the one before.
 
 Read-ahead: with each task a worker is promised the task it gets next (``read_ahead``), and
@@ -19,7 +20,8 @@ reads that task's records while it trains this one, so it does not wait on the n
 between tasks. A promised task stays in todo (the ledger does not change); it goes to the
 worker it was promised to, and to another only when every task left is promised to someone.
 
-Pure Python and thread-safe; the clock is injectable so tests drive timeouts directly.
+Pure Python and thread-safe (the master's gRPC threads hand out and take reports); the clock
+is injectable so tests and the simulator drive timeouts directly.
 """
 
 from __future__ import annotations
@@ -120,10 +122,15 @@ class EpochStats:
             self.records_trained_twice += records
 
 
-# Asks every PS to refuse pushes of some task hand-outs and answer how far each task was
-# applied: (handouts, task ids) -> task id -> records_end, the lowest over the PS; None when a
-# PS could not be asked (the whole attempt is then counted as trained again).
-Fencer = Callable[[list[int], list[int]], "dict[int, int] | None"]
+@dataclass
+class _Fencing:
+    """A task taken back from its worker, waiting for its hand-out to be fenced on the PS."""
+
+    doing: _Doing
+    cause: str
+    progress: int
+    retry_why: str  # "": it goes back to the front of todo; else it is retried (counted) for this
+    asked: bool = False
 
 
 class TaskManager:
@@ -139,6 +146,7 @@ class TaskManager:
         clock: Callable[[], float] = time.monotonic,
         first_task_id: int = 0,
         gate_epochs: bool = False,
+        fences_pushes: bool = False,
     ):
         if not shards:
             raise ValueError("no records to train on: every data file is empty")
@@ -171,7 +179,15 @@ class TaskManager:
         # promise, or with a reset of todo, which ends them all.
         self._promised: dict[int, Task] = {}
         self._promised_to: dict[int, int] = {}
-        self.fencer: Fencer | None = None  # set once the PS serve (elasticdl/master/job.py)
+        # Workers whose task timed out since the controller last asked (``take_stalled``): a
+        # worker that stops making progress is replaced, not waited for.
+        self._stalled: set[int] = set()
+        # Hand-out -> a training task taken back whose pushes are not fenced yet: it is neither
+        # in todo nor in doing, and its epoch is not over.
+        self._fencing: dict[int, _Fencing] = {}
+        # Training pushes carry hand-outs the PS can fence (the job's training ledger): a task
+        # taken back waits for its fence. Without, it goes back to todo at once, all of it.
+        self.fences_pushes = fences_pushes
         self.epochs: list[EpochStats] = []
         with self._lock:
             self._start_epoch(0)
@@ -181,7 +197,7 @@ class TaskManager:
     def get_task(self, worker_id: int) -> Task | NoTask:
         with self._lock:
             self._requeue_timed_out()
-            if not self._todo and not self._doing:
+            if not self._todo and not self._in_flight:
                 if self._gate_closed():
                     return NoTask.WAIT  # the master is still handling the end of this epoch
                 if not self._advance_epoch():
@@ -291,9 +307,8 @@ class TaskManager:
             self._bump()
             stats = self.epochs[task.epoch]
             if err_message:
-                rest = self._take_back(doing, "task failed", max(doing.progress, records or 0))
-                if rest is not None:
-                    self._retry(rest, f"worker {worker_id} failed it: {err_message}")
+                self._take_back(doing, "task failed", max(doing.progress, records or 0),
+                                f"worker {worker_id} failed it: {err_message}")
                 return ReportOutcome(True)
             if interrupted:
                 stats.records_done += records
@@ -356,31 +371,22 @@ class TaskManager:
     def between_epochs(self) -> bool:
         """Every task of the current epoch is done and the next one has not started."""
         with self._lock:
-            return not self._todo and not self._doing
+            return not self._todo and not self._in_flight
 
     def recover_worker_tasks(self, worker_id: int) -> list[Task]:
         """Put a dead worker's in-progress tasks back at the front of todo: the records its
-        pushes did not apply (the PS say which, see ``fencer``)."""
+        pushes did not apply (the PS say which, see ``fenced``)."""
         with self._lock:
             gone = [d for d in self._doing.values() if d.worker_id == worker_id]
             mine = [d.task for d in gone]
             self._end_promises(worker_id)
             self.seq += bool(gone)
-            requeued, applied = [], []
             for doing in gone:
                 del self._doing[doing.task.task_id]
-                rest = self._take_back(doing, "worker died", doing.progress)
-                if rest is None:
-                    applied.append(doing.task.task_id)
-                elif not self._stopped:
-                    rest.requeued = True
-                    self._todo.appendleft(rest)
-                    requeued.append(rest.task_id)
-            if requeued:
-                logger.info("worker %d is gone; requeued tasks %s", worker_id, requeued)
-            if applied:
-                logger.info("worker %d is gone; the PS had applied all of its tasks %s: they are done",
-                            worker_id, applied)
+                self._take_back(doing, "worker died", doing.progress)
+            if gone:
+                logger.info("worker %d is gone; its tasks %s go back to todo once fenced", worker_id,
+                            [t.task_id for t in mine])
             return mine
 
     def fence_all(self) -> int:
@@ -405,7 +411,7 @@ class TaskManager:
             # (task, records of it credited as done, records of it trained, was it done)
             tasks = [(t, t.shard.end - t.origin, t.shard.end - t.origin, True) for t in self._done.values()]
             tasks += [(d.task, d.task.shard.start - d.task.origin, d.task.shard.start - d.task.origin + d.progress,
-                       False) for d in self._doing.values()]
+                       False) for d in self._in_flight]
             tasks += [(t, t.shard.start - t.origin, t.shard.start - t.origin, False) for t in self._todo]
             todo: list[Task] = []
             done: dict[int, Task] = {}
@@ -427,6 +433,7 @@ class TaskManager:
                                  task.epoch, task.retries, origin=task.origin))
             self._done = done
             self._doing.clear()
+            self._fencing.clear()  # the rollback fenced every hand-out (fence_all): late answers are ignored
             self._todo = deque(sorted(todo, key=lambda t: t.epoch))  # stable: the order within an epoch stays
             self._end_promises()
             self._bump()
@@ -434,15 +441,51 @@ class TaskManager:
                            again, cause)
             return again
 
-    def _take_back(self, doing: _Doing, cause: str, progress: int) -> Task | None:
-        """Take a task back from its worker (under the lock): fence its hand-out on the PS and
-        return the task for the records not applied (None when all were: it is done)."""
+    def _take_back(self, doing: _Doing, cause: str, progress: int, retry_why: str = "") -> None:
+        """Take a task back from its worker (under the lock). A training hand-out is fenced on the
+        PS first (``pending_fences``); anything else goes back at once (``retry_why``: counted as
+        a retry for that reason; "": to the front of todo, as a dead worker's)."""
+        self.epochs[doing.task.epoch].interrupted(cause)
+        fencing = _Fencing(doing, cause, progress, retry_why)
+        if self.fences_pushes and doing.task.type is TaskType.TRAINING and doing.task.handout:
+            self._fencing[doing.task.handout] = fencing
+        else:
+            self._requeue_rest(fencing, None)
+
+    def pending_fences(self) -> tuple[list[int], list[int]]:
+        """(hand-outs, their task ids) taken back and not yet asked to be fenced; now asked."""
+        with self._lock:
+            asked = [f for f in self._fencing.values() if not f.asked]
+            for fencing in asked:
+                fencing.asked = True
+            return [f.doing.task.handout for f in asked], [f.doing.task.task_id for f in asked]
+
+    def fenced(self, handouts: list[int], marks: dict[int, int] | None) -> None:
+        """The PS refuse ``handouts`` from now on and applied each task's records up to
+        ``marks[task_id]`` (None: a PS could not be asked, the whole attempt is trained again).
+        The rest of each task goes back to todo. Hand-outs no longer fencing (a rollback took
+        every task back meanwhile) are ignored."""
+        with self._lock:
+            for handout in handouts:
+                fencing = self._fencing.pop(handout, None)
+                if fencing is not None:
+                    self._requeue_rest(fencing, marks)
+            self._bump()
+
+    def _requeue_rest(self, fencing: _Fencing, marks: dict[int, int] | None) -> None:
+        rest = self._rest_after(fencing.doing, fencing.cause, fencing.progress, marks)
+        if rest is None:
+            logger.info("task %d: the PS had applied all of it: it is done", fencing.doing.task.task_id)
+        elif fencing.retry_why:
+            self._retry(rest, fencing.retry_why)
+        elif not self._stopped:
+            rest.requeued = True
+            self._todo.appendleft(rest)
+
+    def _rest_after(self, doing: _Doing, cause: str, progress: int, marks: dict[int, int] | None) -> Task | None:
+        """The task for the records the PS did not apply (None when all were: it is done)."""
         task = doing.task
         stats = self.epochs[task.epoch]
-        stats.interrupted(cause)
-        marks = None
-        if self.fencer is not None and task.type is TaskType.TRAINING and task.handout:
-            marks = self.fencer([task.handout], [task.task_id])
         if marks is None:  # the PS could not be asked: whatever was pushed is trained again
             stats.count_retrained(cause, progress)
             return task
@@ -469,7 +512,7 @@ class TaskManager:
     @property
     def finished(self) -> bool:
         with self._lock:
-            return not self._todo and not self._doing and (self._stopped or self.epoch + 1 >= self._num_epochs)
+            return not self._todo and not self._in_flight and (self._stopped or self.epoch + 1 >= self._num_epochs)
 
     @property
     def num_epochs(self) -> int:
@@ -506,6 +549,11 @@ class TaskManager:
         self.epochs.append(EpochStats(epoch, sum(s.records for s in shards)))
         self._bump()
 
+    @property
+    def _in_flight(self) -> list[_Doing]:
+        """Attempts not over (the lock held): held by a worker, or taken back and not fenced yet."""
+        return [*self._doing.values(), *(f.doing for f in self._fencing.values())]
+
     def _bump(self) -> None:
         """A change (the lock held): the ledger moved, and a waiting request may find a task."""
         self.seq += 1
@@ -534,18 +582,27 @@ class TaskManager:
         logger.info("epoch %d of %d starts", self.epoch + 1, self._num_epochs)
         return True
 
+    def requeue_timed_out(self) -> None:
+        """Take back the tasks held past ``task_timeout`` (the controller asks at every Tick: with
+        every worker frozen, nobody else would ask for a task and so time one out)."""
+        with self._lock:
+            self._requeue_timed_out()
+
+    def take_stalled(self) -> list[int]:
+        """The workers whose task timed out since the last call."""
+        with self._lock:
+            stalled, self._stalled = sorted(self._stalled), set()
+            return stalled
+
     def _requeue_timed_out(self) -> None:
         now = self._clock()
         late = [d for d in self._doing.values() if now - d.started > self._task_timeout]
         for doing in late:
+            self._stalled.add(doing.worker_id)
             self._bump()
             del self._doing[doing.task.task_id]
-            rest = self._take_back(doing, "timeout", doing.progress)
-            if rest is not None:
-                self._retry(
-                    rest,
-                    f"worker {doing.worker_id} held it longer than --task_timeout={self._task_timeout:g}s",
-                )
+            self._take_back(doing, "timeout", doing.progress,
+                            f"worker {doing.worker_id} held it longer than --task_timeout={self._task_timeout:g}s")
 
     def _retry(self, task: Task, why: str) -> None:
         task.retries += 1
@@ -569,7 +626,7 @@ class TaskManager:
     def snapshot(self, fingerprint: str = "") -> LedgerSnapshot:
         """The whole ledger, for the state store (a restarted master resumes from it)."""
         with self._lock:
-            tasks = [_record(d.task, TaskState.DOING, d.worker_id) for d in self._doing.values()]
+            tasks = [_record(d.task, TaskState.DOING, d.worker_id) for d in self._in_flight]
             tasks += [_record(t, TaskState.TODO) for t in self._todo]
             tasks += [_record(t, TaskState.DROPPED) for e in self.epochs for t in e.dropped]
             tasks += [_record(t, TaskState.DONE) for t in self._done.values()]
@@ -599,6 +656,7 @@ class TaskManager:
             self._todo.clear()
             self._end_promises()
             self._doing.clear()
+            self._fencing.clear()
             self._next_id = resumed.next_task_id
             self.epochs = [
                 EpochStats(e.epoch, e.records_total, e.records_done, e.tasks_done, e.tasks_retried, 0,
