@@ -48,7 +48,8 @@ class SimMaster:
         shards = [Shard(world.data.path, s, min(s + RECORDS_PER_TASK, world.records))
                   for s in range(0, world.records, RECORDS_PER_TASK)]
         self.tasks = TaskManager(shards, num_epochs=world.epochs, task_timeout=TASK_TIMEOUT, max_task_retries=3,
-                                 seed=world.seed, clock=world.clock, gate_epochs=True)
+                                 seed=world.seed, clock=world.clock, gate_epochs=True,
+                                 fences_pushes=True)
         self.instances = InstanceManager(mode.num_workers)
         self.dispatcher = TaskDispatcher(self.tasks, None)
         self.clocks = WorkerClocks()
@@ -88,7 +89,6 @@ class SimMaster:
                 self.tasks.rewind(marks, cause="master restart")
             else:
                 world.oracle_emptied_all()
-        self.tasks.fencer = self._fence
         self.controller = c.Controller("train", self.dispatcher, self.instances, self.clocks,
                                        sync_mode=not world.mode.use_async, keeps_ledger=True, clock=world.clock)
         for decision in self.controller.start():
@@ -140,6 +140,10 @@ class SimMaster:
                 world.start_worker(index)
             case Stop(index=index):
                 world.request_stop(index)
+            case c.FenceHandouts(handouts=handouts, task_ids=task_ids):
+                return [c.HandoutsFenced(handouts, self._fence(list(handouts), list(task_ids)))]
+            case c.ReplaceWorker(index=index):
+                world.kill_worker(index)  # request_stop with no grace: a frozen process takes no SIGTERM
             case c.RelaunchPS(exit=exit_):
                 return [self._relaunch_ps(exit_)]
             case c.TellLiveWorkers(count=count):
