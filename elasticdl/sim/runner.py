@@ -42,7 +42,7 @@ def replay_command(result: RunResult, family: str | None, plant: str | None = No
     return f"python -m elasticdl.sim --seed {result.seed} --seeds 1{mode}{bug} --verbose"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m elasticdl.sim", description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=100, help="how many seeds to run")
     parser.add_argument("--seed", type=int, default=0, help="the first seed")
@@ -51,6 +51,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="plant a known bug back (elasticdl/sim/planted.py): the run should find it")
     parser.add_argument("--jobs", type=int, default=1, help="processes to run seeds in")
     parser.add_argument("--verbose", action="store_true", help="print each seed's mode, faults and violations")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds must be 1 or more. Received: {args.seeds}")

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from elasticdl.master.task_manager import NoTask
+from elasticdl.model.embedding.table import IndexedRows
 from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.sim.model import Dataset, LinearModel, split
 from elasticdl.sim.modes import Mode
@@ -44,10 +47,7 @@ class Accumulated:
     def mean(self) -> dict:
         out = {}
         for name, value in self.grads[0].items():
-            if hasattr(value, "ids"):
-                from elasticdl.model.embedding.table import IndexedRows
-                import numpy as np
-
+            if isinstance(value, IndexedRows):
                 ids = np.concatenate([g[name].ids for g in self.grads])
                 rows = np.concatenate([g[name].values for g in self.grads]) / len(self.grads)
                 out[name] = IndexedRows(ids, rows.astype(np.float32)).deduplicated()
