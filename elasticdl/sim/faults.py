@@ -54,7 +54,8 @@ class Nemesis:
         elif kind == "freeze-worker" and world.workers:
             index = rng.choice(sorted(world.workers))
             process = world.workers[index][1]
-            seconds = rng.uniform(0.1, 2.0)
+            # Now and then past the task timeout: a gray failure the master must replace.
+            seconds = rng.uniform(0.1, 2.0) if rng.random() < 0.8 else rng.uniform(20.0, 40.0)
             process.freeze()
             world.scheduler.at(seconds, process.thaw)
             self._note(f"freeze worker {index} for {seconds:.2f}s")
