@@ -561,7 +561,7 @@ def test_evaluation_start_delay_and_throttle_follow_the_injected_clock():
     evaluation = EvaluationService(shards(1), metrics_fn=dict, snapshot=ps.take_snapshot, evaluation_steps=10,
                                    start_delay_secs=30, throttle_secs=60, clock=clock)
     dispatcher = TaskDispatcher(main, evaluation)
-    ctl = c.Controller("train", dispatcher, InstanceManager(1), evaluation_steps=10)
+    ctl = c.Controller("train", dispatcher, InstanceManager(1), evaluation_steps=10, clock=clock)
     ctl.start()
     ctl.step(c.VersionReported(10))
     assert not evaluation.busy  # within the start delay

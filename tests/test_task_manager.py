@@ -386,8 +386,8 @@ def test_a_request_held_between_epochs_gets_the_next_epochs_task_when_the_epoch_
 
     from elasticdl.master.evaluation_service import TaskDispatcher
 
-    tm = make_tm(make_shards(1), num_epochs=2, gate_epochs=True)
-    dispatcher = TaskDispatcher(tm, None)
+    dispatcher = TaskDispatcher(make_tm(make_shards(1), num_epochs=2, gate_epochs=True), None)
+    tm = dispatcher.main  # the ledger as the master's threads share it
     first = dispatcher.get_task(0)
     assert tm.report(first.task_id, 0, records=first.records).accepted
     assert dispatcher.get_task(0) is NoTask.WAIT  # gated, and asked not to wait

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import grpc
 
 from elasticdl.errors import JobFailure
+from elasticdl.launch.exits import ProcessExit
 from elasticdl.rpc import auth
 
 # The environment of every role process, on every backend (a user's --envs override it).
@@ -25,19 +25,6 @@ ROLE_ENV = {
     "MALLOC_MMAP_THRESHOLD_": str(1 << 30),
     "MALLOC_TRIM_THRESHOLD_": str(1 << 32),
 }
-
-
-@dataclass(frozen=True)
-class ProcessExit:
-    """A role instance that ended. ``returncode`` follows ``subprocess``: negative for a signal
-    (a pod's ``137`` becomes ``-9``); ``reason`` says why when the backend knows (Kubernetes:
-    ``Deleted``, ``Evicted``, ``OOMKilled``, ``ImagePullBackOff``, ...)."""
-
-    role: str
-    index: int
-    returncode: int
-    log_tail: str
-    reason: str = ""
 
 
 class BackendError(JobFailure, RuntimeError):

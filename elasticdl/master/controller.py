@@ -10,7 +10,7 @@ pure cores (task ledger, instance manager, evaluation scheduler, worker clocks) 
 
 Example::
 
-    controller = Controller(command="train", dispatcher=dispatcher, instances=instances)
+    controller = Controller("train", dispatcher, instances, clock=time.monotonic)
     decisions = controller.start()             # [Launch(0, HIGH), Launch(1, HIGH)]
     decisions = controller.step(TaskReported(task_id=3, worker_id=0, accepted=True))
     decisions = controller.step(EpochEnded(0))  # the job ended epoch 0 as asked
@@ -19,12 +19,11 @@ Example::
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 from elasticdl.data.errors import BadRecordError
 from elasticdl.errors import TrainingDivergedError
-from elasticdl.launch.api import ProcessExit
+from elasticdl.launch.exits import ProcessExit
 from elasticdl.master.clocks import WorkerClocks
 from elasticdl.master.evaluation_service import EvaluationService, FrozenSnapshot, TaskDispatcher
 from elasticdl.master.events import *  # noqa: F403  (the vocabulary: ``c.Tick``, ``c.EndEpoch``, ...)
@@ -94,11 +93,12 @@ class Controller:
         dispatcher: TaskDispatcher,
         instances: InstanceManager,
         clocks: WorkerClocks | None = None,
+        *,
+        clock: Callable[[], float],
         sync_mode: bool = False,
         evaluation_steps: int = 0,
         max_ps_relaunches: int = MAX_PS_RELAUNCHES,
         keeps_ledger: bool = True,
-        clock: Callable[[], float] = time.monotonic,
         max_bad_records: int = 0,
         wait_for_epoch_callbacks: bool = False,
     ):

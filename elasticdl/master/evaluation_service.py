@@ -21,6 +21,7 @@ from typing import Any
 
 from elasticdl.data.errors import BadRecord
 from elasticdl.data.sources import Shard, file_footer
+from elasticdl.master.shared_ledger import SharedLedger
 from elasticdl.master.task_manager import NoTask, ReportOutcome, Task, TaskManager, TaskType
 from elasticdl.model.metrics import MetricsMerger
 
@@ -269,8 +270,9 @@ class TaskDispatcher:
     evaluation may still need them after the last training task.
     """
 
-    def __init__(self, main: TaskManager | None, evaluation: EvaluationService | None):
-        self.main = main
+    def __init__(self, main: TaskManager | SharedLedger | None, evaluation: EvaluationService | None):
+        # The master's gRPC threads and its loop share the main ledger: every call under one lock.
+        self.main = SharedLedger(main) if isinstance(main, TaskManager) else main
         self.evaluation = evaluation
         self._finished = False
         self._halted = ""

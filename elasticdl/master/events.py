@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from elasticdl.errors import ElasticDLError
-from elasticdl.launch.api import ProcessExit
+from elasticdl.launch.exits import ProcessExit
 from elasticdl.master.evaluation_service import EvaluationResult
 from elasticdl.master.instance_manager import Launch, Stop
 

@@ -116,6 +116,7 @@ class Job:
             elasticity.num_workers, elasticity.worker_pod_priority, elasticity.relaunch_on_worker_failure
         )
         self.dispatcher = TaskDispatcher(self.main_tasks, None)
+        self.main_tasks = self.dispatcher.main  # shared with the gRPC threads, under its lock
         self.evaluation: EvaluationService | None = None
         self.controller: c.Controller | None = None
         self._events: queue.SimpleQueue = queue.SimpleQueue()  # from gRPC and store threads
@@ -398,7 +399,7 @@ class Job:
         if self.command == "train" and self.checked.spec.callbacks:
             user_callbacks = self.checked.spec.callbacks()
         self.controller = c.Controller(
-            self.command, self.dispatcher, self.instances, self.clocks,
+            self.command, self.dispatcher, self.instances, self.clocks, clock=time.monotonic,
             sync_mode=not cfg.consistency.use_async, evaluation_steps=cfg.evaluation.evaluation_steps,
             keeps_ledger=self.state.keeps_ledger, max_bad_records=cfg.data.max_bad_records,
             wait_for_epoch_callbacks=_stops_early(user_callbacks),

@@ -124,7 +124,7 @@ class JobState:
 
     def save(self, tasks: TaskManager) -> None:
         if self._ledger is not None:
-            self._ledger.save(tasks.snapshot(self.fingerprint))
+            self._ledger.save(tasks.snapshot(self.fingerprint, saved_at=time.time()))
 
     def close(self, tasks: TaskManager | None, job_done: bool) -> None:
         """Release the lock; a finished job clears its ledger (a new run with this name starts fresh)."""

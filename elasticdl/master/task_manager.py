@@ -20,120 +20,29 @@ reads that task's records while it trains this one, so it does not wait on the n
 between tasks. A promised task stays in todo (the ledger does not change); it goes to the
 worker it was promised to, and to another only when every task left is promised to someone.
 
-Pure Python and thread-safe (the master's gRPC threads hand out and take reports); the clock
-is injectable so tests and the simulator drive timeouts directly.
+Pure Python: no lock, no clock of its own, no call out. The master's gRPC threads and its loop
+share it through ``SharedLedger`` (elasticdl/master/shared_ledger.py); tests and the simulator
+drive it directly, with their own clock.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import random
-import threading
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from elasticdl.data.sources import Shard
-from elasticdl.store.ledger import EpochRecord, LedgerSnapshot, TaskRecord, TaskState
+from elasticdl.master.ledger_persistence import LedgerPersistence
+from elasticdl.master.promises import ReadAheadPromises
+from elasticdl.master.tasks import Doing, EpochStats, Fencing, NoTask, ReportOutcome, Task, TaskType
+
+__all__ = ["EpochStats", "NoTask", "ReportOutcome", "Task", "TaskManager", "TaskType"]
 
 logger = logging.getLogger(__name__)
 
 
-class TaskType(enum.StrEnum):
-    TRAINING = "training"
-    EVALUATION = "evaluation"
-    PREDICTION = "prediction"
-
-
-class NoTask(enum.Enum):
-    """What ``get_task`` returns when it has no task to give."""
-
-    WAIT = "wait"  # others hold the remaining tasks; one may come back
-    END = "end"  # the job is finished
-
-
-@dataclass
-class Task:
-    task_id: int
-    type: TaskType
-    shard: Shard
-    epoch: int
-    retries: int = 0
-    snapshot_id: int = 0  # evaluation: the PS snapshot to evaluate
-    model_version: int = -1  # evaluation: the version that snapshot holds
-    requeued: bool = False  # back in todo after its worker died (logged when handed out again)
-    last_error: str = ""  # why its last try failed (a dropped task fails the job with it)
-    origin: int = -1  # the task's first record (-1: shard.start); shard.start is where training resumes
-    handout: int = 0  # training: the current hand-out's number (0: not handed out)
-
-    def __post_init__(self) -> None:
-        if self.origin < 0:
-            self.origin = self.shard.start
-
-    @property
-    def records(self) -> int:
-        return self.shard.records
-
-
-@dataclass
-class _Doing:
-    task: Task
-    worker_id: int
-    started: float
-    progress: int = 0  # records of this attempt trained so far (the worker's progress reports)
-
-
-@dataclass(frozen=True)
-class ReportOutcome:
-    accepted: bool
-    reason: str = ""
-
-
-@dataclass
-class EpochStats:
-    epoch: int
-    records_total: int
-    records_done: int = 0
-    tasks_done: int = 0
-    tasks_retried: int = 0
-    tasks_interrupted: int = 0  # attempts that did not complete, whatever the cause (see requeues)
-    # Records of attempts that did not complete (worker killed, failed, timed out) and are
-    # trained again: the price of a hard failure. A graceful preemption adds nothing.
-    records_trained_twice: int = 0
-    dropped: list[Task] = field(default_factory=list)
-    # Records trained again, by cause: "rollback" (the PS went back to a checkpoint),
-    # "worker died", "task failed", "timeout". With the PS's marks only records whose
-    # updates were lost are trained again; the rest of a taken-back task is not.
-    retrained: dict[str, int] = field(default_factory=dict)
-
-    requeues: dict[str, int] = field(default_factory=dict)  # cause -> attempts taken back
-
-    def interrupted(self, cause: str) -> None:
-        """An attempt did not complete (``cause``: "worker left", "worker died", "task failed",
-        "timeout", "rollback", "master restart"); what is left of it goes back to todo."""
-        self.tasks_interrupted += 1
-        self.requeues[cause] = self.requeues.get(cause, 0) + 1
-
-    def count_retrained(self, cause: str, records: int) -> None:
-        if records > 0:
-            self.retrained[cause] = self.retrained.get(cause, 0) + records
-            self.records_trained_twice += records
-
-
-@dataclass
-class _Fencing:
-    """A task taken back from its worker, waiting for its hand-out to be fenced on the PS."""
-
-    doing: _Doing
-    cause: str
-    progress: int
-    retry_why: str  # "": it goes back to the front of todo; else it is retried (counted) for this
-    asked: bool = False
-
-
-class TaskManager:
+class TaskManager(LedgerPersistence):
     def __init__(
         self,
         shards: Sequence[Shard],
@@ -143,7 +52,7 @@ class TaskManager:
         seed: int = 0,
         task_type: TaskType = TaskType.TRAINING,
         shuffle: bool = True,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
         first_task_id: int = 0,
         gate_epochs: bool = False,
         fences_pushes: bool = False,
@@ -157,12 +66,9 @@ class TaskManager:
         self._seed = seed
         self._task_type = task_type
         self._shuffle = shuffle
-        self._clock = clock
-        self._lock = threading.Lock()
-        # Notified on every change (``_bump``): a worker's request for a task may wait for one
-        # (``wait_for_change``) rather than sleep and ask again.
-        self._changes = threading.Condition(self._lock)
-        self._wakes = 0
+        # What tasks are held against --task_timeout: the job's monotonic clock, the simulator's
+        # simulated one. Without (unit tests), no task ever times out.
+        self._clock = clock or _no_time
         self._next_id = first_task_id
         self._stopped = False
         # With gate_epochs, epoch N+1's tasks are handed out only once the master opened it
@@ -171,92 +77,48 @@ class TaskManager:
         self._opened: int | None = 0 if gate_epochs else None
         self.seq = 0  # bumped by every change: the job loop saves the ledger when it moves
         self._todo: deque[Task] = deque()
-        self._doing: dict[int, _Doing] = {}
+        self._doing: dict[int, Doing] = {}
         self._done: dict[int, Task] = {}  # this epoch's and the last one's: what a rollback may undo
         self._next_handout = 1
-        # Read-ahead promises (see above): worker id -> its next task, task id -> its worker. A
-        # promised task is always in todo: it leaves todo only through _take_for, which ends its
-        # promise, or with a reset of todo, which ends them all.
-        self._promised: dict[int, Task] = {}
-        self._promised_to: dict[int, int] = {}
+        self._promises = ReadAheadPromises()  # see above: each promised task is in todo
         # Workers whose task timed out since the controller last asked (``take_stalled``): a
         # worker that stops making progress is replaced, not waited for.
         self._stalled: set[int] = set()
         # Hand-out -> a training task taken back whose pushes are not fenced yet: it is neither
         # in todo nor in doing, and its epoch is not over.
-        self._fencing: dict[int, _Fencing] = {}
+        self._fencing: dict[int, Fencing] = {}
         # Training pushes carry hand-outs the PS can fence (the job's training ledger): a task
         # taken back waits for its fence. Without, it goes back to todo at once, all of it.
         self.fences_pushes = fences_pushes
         self.epochs: list[EpochStats] = []
-        with self._lock:
-            self._start_epoch(0)
+        self._start_epoch(0)
 
     # ------------------------------------------------------------ workers
 
     def get_task(self, worker_id: int) -> Task | NoTask:
-        with self._lock:
-            self._requeue_timed_out()
-            if not self._todo and not self._in_flight:
-                if self._gate_closed():
-                    return NoTask.WAIT  # the master is still handling the end of this epoch
-                if not self._advance_epoch():
-                    return NoTask.END
-            if not self._todo:
-                return NoTask.WAIT
-            task = self._take_for(worker_id)
-            self._promise_next(worker_id)
-            task.handout = self._next_handout
-            self._next_handout += 1
-            if task.requeued:
-                task.requeued = False
-                logger.info("requeued task %d now runs on worker %d", task.task_id, worker_id)
-            self._doing[task.task_id] = _Doing(task, worker_id, self._clock())
-            self._bump()
-            return task
+        self._requeue_timed_out()
+        if not self._todo and not self._in_flight:
+            if self._gate_closed():
+                return NoTask.WAIT  # the master is still handling the end of this epoch
+            if not self._advance_epoch():
+                return NoTask.END
+        if not self._todo:
+            return NoTask.WAIT
+        task = self._promises.take_for(self._todo, worker_id)
+        self._promises.promise_next(self._todo, worker_id)
+        task.handout = self._next_handout
+        self._next_handout += 1
+        if task.requeued:
+            task.requeued = False
+            logger.info("requeued task %d now runs on worker %d", task.task_id, worker_id)
+        self._doing[task.task_id] = Doing(task, worker_id, self._clock())
+        self._bump()
+        return task
 
     def read_ahead(self, worker_id: int) -> Shard | None:
         """The records of the task ``worker_id`` gets next (None: none is left to promise)."""
-        with self._lock:
-            task = self._promised.get(worker_id)
-            return None if task is None else task.shard
-
-    def _take_for(self, worker_id: int) -> Task:
-        """Out of todo (not empty; the lock held): the first task promised to ``worker_id`` or to
-        nobody, else the first (whose worker's promise is broken).
-
-        A task promised to nobody ahead of this worker's promised one came back to the front
-        (a retry, a dead worker's) after the promise: it goes first, and the promise stands.
-        """
-        for i, task in enumerate(self._todo):  # past at most one promised task per worker
-            holder = self._promised_to.get(task.task_id)
-            if holder is None or holder == worker_id:
-                del self._todo[i]
-                if holder is not None:
-                    self._end_promises(worker_id)
-                return task
-        task = self._todo.popleft()
-        self._end_promises(self._promised_to[task.task_id])
-        return task
-
-    def _promise_next(self, worker_id: int) -> None:
-        if worker_id in self._promised:
-            return
-        for task in self._todo:
-            if task.task_id not in self._promised_to:
-                self._promised[worker_id] = task
-                self._promised_to[task.task_id] = worker_id
-                return
-
-    def _end_promises(self, worker_id: int | None = None) -> None:
-        """Forget the read-ahead promise to ``worker_id`` (None: every one: todo was reset)."""
-        if worker_id is None:
-            self._promised.clear()
-            self._promised_to.clear()
-            return
-        task = self._promised.pop(worker_id, None)
-        if task is not None:
-            del self._promised_to[task.task_id]
+        task = self._promises.of(worker_id)
+        return None if task is None else task.shard
 
     def report(
         self,
@@ -276,177 +138,168 @@ class TaskManager:
         ``interrupted``: the worker was told to leave after training the task's first
         ``records`` records; only the rest goes back to todo.
         """
-        with self._lock:
-            doing = self._doing.get(task_id)
-            if doing is None:
-                reason = f"task {task_id} is not in progress (unknown, already reported or requeued)"
-                logger.warning("ignored report from worker %d: %s", worker_id, reason)
-                return ReportOutcome(False, reason)
-            if doing.worker_id != worker_id:
-                reason = f"task {task_id} is assigned to worker {doing.worker_id}, not {worker_id}"
-                logger.warning("ignored report: %s", reason)
-                return ReportOutcome(False, reason)
-            if handout and handout != doing.task.handout:
-                reason = f"task {task_id} was taken back from hand-out {handout} (rollback); it runs as {doing.task.handout}"
-                logger.info("ignored report from worker %d: %s", worker_id, reason)
-                return ReportOutcome(False, reason)
-            task = doing.task
-            counts_records = task.type is TaskType.TRAINING or err_message or interrupted
-            if records is not None and (records < 0 or (counts_records and records > task.records)):
-                reason = (
-                    f"report for task {task_id} with {records} records: the task has {task.records}, "
-                    "and a worker reports between 0 and that many"
-                )
-                logger.warning("ignored report from worker %d: %s", worker_id, reason)
-                return ReportOutcome(False, reason)
-            if interrupted and not err_message and (records is None or not 0 <= records <= task.records):
-                reason = f"interrupted report for task {task_id} with {records} records (the task has {task.records})"
-                logger.warning("ignored report from worker %d: %s", worker_id, reason)
-                return ReportOutcome(False, reason)
-            del self._doing[task_id]
-            self._bump()
-            stats = self.epochs[task.epoch]
-            if err_message:
-                self._take_back(doing, "task failed", max(doing.progress, records or 0),
-                                f"worker {worker_id} failed it: {err_message}")
-                return ReportOutcome(True)
-            if interrupted:
-                stats.records_done += records
-                stats.interrupted("worker left")
-                self._done[task_id] = Task(task_id, task.type, Shard(task.shard.path, task.shard.start,
-                                           task.shard.start + records), task.epoch, origin=task.origin)
-                if records < task.records and not self._stopped:
-                    rest = Shard(task.shard.path, task.shard.start + records, task.shard.end)
-                    self._todo.appendleft(Task(self._next_id, task.type, rest, task.epoch, task.retries))
-                    self._next_id += 1
-                    logger.info(
-                        "worker %d left task %d after %d of %d records; requeued records %d-%d",
-                        worker_id, task_id, records, task.records, rest.start, rest.end,
-                    )
-                return ReportOutcome(True)
-            stats.records_done += task.records if records is None else records
-            stats.tasks_done += 1
-            if task.type is TaskType.TRAINING:
-                self._done[task_id] = task
+        doing = self._doing.get(task_id)
+        if doing is None:
+            reason = f"task {task_id} is not in progress (unknown, already reported or requeued)"
+            logger.warning("ignored report from worker %d: %s", worker_id, reason)
+            return ReportOutcome(False, reason)
+        if doing.worker_id != worker_id:
+            reason = f"task {task_id} is assigned to worker {doing.worker_id}, not {worker_id}"
+            logger.warning("ignored report: %s", reason)
+            return ReportOutcome(False, reason)
+        if handout and handout != doing.task.handout:
+            reason = f"task {task_id} was taken back from hand-out {handout} (rollback); it runs as {doing.task.handout}"
+            logger.info("ignored report from worker %d: %s", worker_id, reason)
+            return ReportOutcome(False, reason)
+        task = doing.task
+        counts_records = task.type is TaskType.TRAINING or err_message or interrupted
+        if records is not None and (records < 0 or (counts_records and records > task.records)):
+            reason = (
+                f"report for task {task_id} with {records} records: the task has {task.records}, "
+                "and a worker reports between 0 and that many"
+            )
+            logger.warning("ignored report from worker %d: %s", worker_id, reason)
+            return ReportOutcome(False, reason)
+        if interrupted and not err_message and (records is None or not 0 <= records <= task.records):
+            reason = f"interrupted report for task {task_id} with {records} records (the task has {task.records})"
+            logger.warning("ignored report from worker %d: %s", worker_id, reason)
+            return ReportOutcome(False, reason)
+        del self._doing[task_id]
+        self._bump()
+        stats = self.epochs[task.epoch]
+        if err_message:
+            self._take_back(doing, "task failed", max(doing.progress, records or 0),
+                            f"worker {worker_id} failed it: {err_message}")
             return ReportOutcome(True)
+        if interrupted:
+            stats.records_done += records
+            stats.interrupted("worker left")
+            self._done[task_id] = Task(task_id, task.type, Shard(task.shard.path, task.shard.start,
+                                       task.shard.start + records), task.epoch, origin=task.origin)
+            if records < task.records and not self._stopped:
+                rest = Shard(task.shard.path, task.shard.start + records, task.shard.end)
+                self._todo.appendleft(Task(self._next_id, task.type, rest, task.epoch, task.retries))
+                self._next_id += 1
+                logger.info(
+                    "worker %d left task %d after %d of %d records; requeued records %d-%d",
+                    worker_id, task_id, records, task.records, rest.start, rest.end,
+                )
+            return ReportOutcome(True)
+        stats.records_done += task.records if records is None else records
+        stats.tasks_done += 1
+        if task.type is TaskType.TRAINING:
+            self._done[task_id] = task
+        return ReportOutcome(True)
 
     def progress(self, task_id: int, worker_id: int, records_done: int) -> ReportOutcome:
         """How far a worker got in its task (counted as trained twice if it dies now).
 
         Refused (nothing changes) unless the worker holds the task and 0 <= records_done <= its size.
         """
-        with self._lock:
-            doing = self._doing.get(task_id)
-            if doing is None or doing.worker_id != worker_id:
-                holder = "nobody" if doing is None else f"worker {doing.worker_id}"
-                return ReportOutcome(False, f"task {task_id} is held by {holder}, not by worker {worker_id}")
-            if not 0 <= records_done <= doing.task.records:
-                return ReportOutcome(
-                    False, f"progress of {records_done} records for task {task_id}, which has {doing.task.records}"
-                )
-            doing.progress = max(doing.progress, records_done)
-            return ReportOutcome(True)
+        doing = self._doing.get(task_id)
+        if doing is None or doing.worker_id != worker_id:
+            holder = "nobody" if doing is None else f"worker {doing.worker_id}"
+            return ReportOutcome(False, f"task {task_id} is held by {holder}, not by worker {worker_id}")
+        if not 0 <= records_done <= doing.task.records:
+            return ReportOutcome(
+                False, f"progress of {records_done} records for task {task_id}, which has {doing.task.records}"
+            )
+        doing.progress = max(doing.progress, records_done)
+        return ReportOutcome(True)
 
     def stop(self) -> int:
         """Stop early (EarlyStopping): drop the tasks not started, start no new epoch.
 
         Tasks in progress still finish. Returns how many tasks were dropped from todo.
         """
-        with self._lock:
-            dropped = len(self._todo)
-            self._todo.clear()
-            self._end_promises()
-            self._stopped = True
-            self._bump()
-            return dropped
+        dropped = len(self._todo)
+        self._todo.clear()
+        self._promises.end()
+        self._stopped = True
+        self._bump()
+        return dropped
 
     def open_epoch(self, epoch: int) -> None:
         """Let epoch ``epoch``'s tasks be handed out (``gate_epochs``; a no-op without the gate)."""
-        with self._lock:
-            if self._opened is not None and epoch > self._opened:
-                self._opened = epoch
-                self._bump()
+        if self._opened is not None and epoch > self._opened:
+            self._opened = epoch
+            self._bump()
 
     @property
     def between_epochs(self) -> bool:
         """Every task of the current epoch is done and the next one has not started."""
-        with self._lock:
-            return not self._todo and not self._in_flight
+        return not self._todo and not self._in_flight
 
     def recover_worker_tasks(self, worker_id: int) -> list[Task]:
         """Put a dead worker's in-progress tasks back at the front of todo: the records its
         pushes did not apply (the PS say which, see ``fenced``)."""
-        with self._lock:
-            gone = [d for d in self._doing.values() if d.worker_id == worker_id]
-            mine = [d.task for d in gone]
-            self._end_promises(worker_id)
-            self.seq += bool(gone)
-            for doing in gone:
-                del self._doing[doing.task.task_id]
-                self._take_back(doing, "worker died", doing.progress)
-            if gone:
-                logger.info("worker %d is gone; its tasks %s go back to todo once fenced", worker_id,
-                            [t.task_id for t in mine])
-            return mine
+        gone = [d for d in self._doing.values() if d.worker_id == worker_id]
+        mine = [d.task for d in gone]
+        self._promises.end(worker_id)
+        self.seq += bool(gone)
+        for doing in gone:
+            del self._doing[doing.task.task_id]
+            self._take_back(doing, "worker died", doing.progress)
+        if gone:
+            logger.info("worker %d is gone; its tasks %s go back to todo once fenced", worker_id,
+                        [t.task_id for t in mine])
+        return mine
 
     def fence_all(self) -> int:
         """A number above every hand-out made so far: the fence of a rollback."""
-        with self._lock:
-            floor = self._next_handout
-            self._next_handout += 1
-            return floor
+        floor = self._next_handout
+        self._next_handout += 1
+        return floor
 
     def start_term(self, term: int) -> None:
         """Hand-outs of leadership term ``term`` are numbered from ``term << 32``: above any of an
         older term, so a PS fenced at the new term's start refuses the old master's workers."""
-        with self._lock:
-            self._next_handout = max(self._next_handout, (term << 32) + 1)
+        self._next_handout = max(self._next_handout, (term << 32) + 1)
 
     def rewind(self, marks: dict[int, int], cause: str = "rollback") -> int:
         """The model went back to a checkpoint whose data position is ``marks`` (task id -> records
         applied up to that index). Every record after it goes back to todo: done, doing and todo
         tasks of this epoch and the last one. Returns the records to train again."""
-        with self._lock:
-            again = 0
-            # (task, records of it credited as done, records of it trained, was it done)
-            tasks = [(t, t.shard.end - t.origin, t.shard.end - t.origin, True) for t in self._done.values()]
-            tasks += [(d.task, d.task.shard.start - d.task.origin, d.task.shard.start - d.task.origin + d.progress,
-                       False) for d in self._in_flight]
-            tasks += [(t, t.shard.start - t.origin, t.shard.start - t.origin, False) for t in self._todo]
-            todo: list[Task] = []
-            done: dict[int, Task] = {}
-            for task, credited, trained, was_done in tasks:
-                applied = min(max(marks.get(task.task_id, task.origin), task.origin), task.shard.end)
-                stats = self.epochs[task.epoch]
-                lost = trained - (applied - task.origin)
-                if lost > 0:
-                    stats.interrupted(cause)
-                    stats.count_retrained(cause, lost)
-                    again += lost
-                stats.records_done += applied - task.origin - credited
-                if applied >= task.shard.end:
-                    done[task.task_id] = task
-                    stats.tasks_done += not was_done
-                    continue
-                stats.tasks_done -= was_done
-                todo.append(Task(task.task_id, task.type, Shard(task.shard.path, applied, task.shard.end),
-                                 task.epoch, task.retries, origin=task.origin))
-            self._done = done
-            self._doing.clear()
-            self._fencing.clear()  # the rollback fenced every hand-out (fence_all): late answers are ignored
-            self._todo = deque(sorted(todo, key=lambda t: t.epoch))  # stable: the order within an epoch stays
-            self._end_promises()
-            self._bump()
-            logger.warning("went back to the checkpoint's data position: %d records go back to todo (%s)",
-                           again, cause)
-            return again
+        again = 0
+        # (task, records of it credited as done, records of it trained, was it done)
+        tasks = [(t, t.shard.end - t.origin, t.shard.end - t.origin, True) for t in self._done.values()]
+        tasks += [(d.task, d.task.shard.start - d.task.origin, d.task.shard.start - d.task.origin + d.progress,
+                   False) for d in self._in_flight]
+        tasks += [(t, t.shard.start - t.origin, t.shard.start - t.origin, False) for t in self._todo]
+        todo: list[Task] = []
+        done: dict[int, Task] = {}
+        for task, credited, trained, was_done in tasks:
+            applied = min(max(marks.get(task.task_id, task.origin), task.origin), task.shard.end)
+            stats = self.epochs[task.epoch]
+            lost = trained - (applied - task.origin)
+            if lost > 0:
+                stats.interrupted(cause)
+                stats.count_retrained(cause, lost)
+                again += lost
+            stats.records_done += applied - task.origin - credited
+            if applied >= task.shard.end:
+                done[task.task_id] = task
+                stats.tasks_done += not was_done
+                continue
+            stats.tasks_done -= was_done
+            todo.append(Task(task.task_id, task.type, Shard(task.shard.path, applied, task.shard.end),
+                             task.epoch, task.retries, origin=task.origin))
+        self._done = done
+        self._doing.clear()
+        self._fencing.clear()  # the rollback fenced every hand-out (fence_all): late answers are ignored
+        self._todo = deque(sorted(todo, key=lambda t: t.epoch))  # stable: the order within an epoch stays
+        self._promises.end()
+        self._bump()
+        logger.warning("went back to the checkpoint's data position: %d records go back to todo (%s)",
+                       again, cause)
+        return again
 
-    def _take_back(self, doing: _Doing, cause: str, progress: int, retry_why: str = "") -> None:
-        """Take a task back from its worker (under the lock). A training hand-out is fenced on the
+    def _take_back(self, doing: Doing, cause: str, progress: int, retry_why: str = "") -> None:
+        """Take a task back from its worker. A training hand-out is fenced on the
         PS first (``pending_fences``); anything else goes back at once (``retry_why``: counted as
         a retry for that reason; "": to the front of todo, as a dead worker's)."""
         self.epochs[doing.task.epoch].interrupted(cause)
-        fencing = _Fencing(doing, cause, progress, retry_why)
+        fencing = Fencing(doing, cause, progress, retry_why)
         if self.fences_pushes and doing.task.type is TaskType.TRAINING and doing.task.handout:
             self._fencing[doing.task.handout] = fencing
         else:
@@ -454,25 +307,23 @@ class TaskManager:
 
     def pending_fences(self) -> tuple[list[int], list[int]]:
         """(hand-outs, their task ids) taken back and not yet asked to be fenced; now asked."""
-        with self._lock:
-            asked = [f for f in self._fencing.values() if not f.asked]
-            for fencing in asked:
-                fencing.asked = True
-            return [f.doing.task.handout for f in asked], [f.doing.task.task_id for f in asked]
+        asked = [f for f in self._fencing.values() if not f.asked]
+        for fencing in asked:
+            fencing.asked = True
+        return [f.doing.task.handout for f in asked], [f.doing.task.task_id for f in asked]
 
     def fenced(self, handouts: list[int], marks: dict[int, int] | None) -> None:
         """The PS refuse ``handouts`` from now on and applied each task's records up to
         ``marks[task_id]`` (None: a PS could not be asked, the whole attempt is trained again).
         The rest of each task goes back to todo. Hand-outs no longer fencing (a rollback took
         every task back meanwhile) are ignored."""
-        with self._lock:
-            for handout in handouts:
-                fencing = self._fencing.pop(handout, None)
-                if fencing is not None:
-                    self._requeue_rest(fencing, marks)
-            self._bump()
+        for handout in handouts:
+            fencing = self._fencing.pop(handout, None)
+            if fencing is not None:
+                self._requeue_rest(fencing, marks)
+        self._bump()
 
-    def _requeue_rest(self, fencing: _Fencing, marks: dict[int, int] | None) -> None:
+    def _requeue_rest(self, fencing: Fencing, marks: dict[int, int] | None) -> None:
         rest = self._rest_after(fencing.doing, fencing.cause, fencing.progress, marks)
         if rest is None:
             logger.info("task %d: the PS had applied all of it: it is done", fencing.doing.task.task_id)
@@ -482,7 +333,7 @@ class TaskManager:
             rest.requeued = True
             self._todo.appendleft(rest)
 
-    def _rest_after(self, doing: _Doing, cause: str, progress: int, marks: dict[int, int] | None) -> Task | None:
+    def _rest_after(self, doing: Doing, cause: str, progress: int, marks: dict[int, int] | None) -> Task | None:
         """The task for the records the PS did not apply (None when all were: it is done)."""
         task = doing.task
         stats = self.epochs[task.epoch]
@@ -511,8 +362,7 @@ class TaskManager:
 
     @property
     def finished(self) -> bool:
-        with self._lock:
-            return not self._todo and not self._in_flight and (self._stopped or self.epoch + 1 >= self._num_epochs)
+        return not self._todo and not self._in_flight and (self._stopped or self.epoch + 1 >= self._num_epochs)
 
     @property
     def num_epochs(self) -> int:
@@ -524,13 +374,11 @@ class TaskManager:
 
     def counts(self) -> tuple[int, int]:
         """(todo, doing) task counts."""
-        with self._lock:
-            return len(self._todo), len(self._doing)
+        return len(self._todo), len(self._doing)
 
     def active_workers(self) -> set[int]:
         """Workers holding a task now."""
-        with self._lock:
-            return {d.worker_id for d in self._doing.values()}
+        return {d.worker_id for d in self._doing.values()}
 
     def dropped_tasks(self) -> list[Task]:
         return [t for e in self.epochs for t in e.dropped]
@@ -550,26 +398,13 @@ class TaskManager:
         self._bump()
 
     @property
-    def _in_flight(self) -> list[_Doing]:
-        """Attempts not over (the lock held): held by a worker, or taken back and not fenced yet."""
+    def _in_flight(self) -> list[Doing]:
+        """Attempts not over: held by a worker, or taken back and not fenced yet."""
         return [*self._doing.values(), *(f.doing for f in self._fencing.values())]
 
     def _bump(self) -> None:
-        """A change (the lock held): the ledger moved, and a waiting request may find a task."""
+        """A change: the ledger moved (the job saves it; a request waiting for a task looks again)."""
         self.seq += 1
-        self._changes.notify_all()
-
-    def wake(self) -> None:
-        """Wake the requests waiting for a change (the job ends, or its master stops acting)."""
-        with self._changes:
-            self._wakes += 1  # not a change of the ledger: no save
-            self._changes.notify_all()
-
-    def wait_for_change(self, seq: int, timeout: float) -> None:
-        """Return once ``seq`` moved on (a task reported, an epoch opened, ...) or after ``timeout`` s."""
-        with self._changes:
-            wakes = self._wakes
-            self._changes.wait_for(lambda: self.seq != seq or self._wakes != wakes, timeout)
 
     def _gate_closed(self) -> bool:
         return (self._opened is not None and not self._stopped and self.epoch + 1 < self._num_epochs
@@ -585,14 +420,12 @@ class TaskManager:
     def requeue_timed_out(self) -> None:
         """Take back the tasks held past ``task_timeout`` (the controller asks at every Tick: with
         every worker frozen, nobody else would ask for a task and so time one out)."""
-        with self._lock:
-            self._requeue_timed_out()
+        self._requeue_timed_out()
 
     def take_stalled(self) -> list[int]:
         """The workers whose task timed out since the last call."""
-        with self._lock:
-            stalled, self._stalled = sorted(self._stalled), set()
-            return stalled
+        stalled, self._stalled = sorted(self._stalled), set()
+        return stalled
 
     def _requeue_timed_out(self) -> None:
         now = self._clock()
@@ -621,70 +454,5 @@ class TaskManager:
         self._todo.appendleft(task)
 
 
-    # ------------------------------------------------------------ the ledger (etcd)
-
-    def snapshot(self, fingerprint: str = "") -> LedgerSnapshot:
-        """The whole ledger, for the state store (a restarted master resumes from it)."""
-        with self._lock:
-            tasks = [_record(d.task, TaskState.DOING, d.worker_id) for d in self._in_flight]
-            tasks += [_record(t, TaskState.TODO) for t in self._todo]
-            tasks += [_record(t, TaskState.DROPPED) for e in self.epochs for t in e.dropped]
-            tasks += [_record(t, TaskState.DONE) for t in self._done.values()]
-            return LedgerSnapshot(
-                seq=self.seq,
-                epoch=self.epoch,
-                num_epochs=self._num_epochs,
-                next_task_id=self._next_id,
-                tasks=tuple(tasks),
-                epochs=tuple(
-                    EpochRecord(e.epoch, e.records_total, e.records_done, e.records_trained_twice,
-                                e.tasks_done, e.tasks_retried, dict(e.retrained))
-                    for e in self.epochs
-                ),
-                task_type=str(self._task_type),
-                job_fingerprint=fingerprint,
-                saved_at=time.time(),
-            )
-
-    def restore(self, snapshot: LedgerSnapshot) -> None:
-        """Continue from a saved ledger: done tasks stay done, in-flight tasks go back to todo.
-
-        A dropped task failed the run that dropped it (elasticdl/master/controller.py), so a
-        ledger that holds one is resumed by a new run of the job: it is tried again, afresh."""
-        resumed = snapshot.requeue_in_flight()
-        with self._lock:
-            self._todo.clear()
-            self._end_promises()
-            self._doing.clear()
-            self._fencing.clear()
-            self._next_id = resumed.next_task_id
-            self.epochs = [
-                EpochStats(e.epoch, e.records_total, e.records_done, e.tasks_done, e.tasks_retried, 0,
-                           e.records_duplicated, retrained=dict(e.retrained))
-                for e in resumed.epochs
-            ]
-            self._done = {}
-            for record in resumed.tasks:
-                task = Task(record.task_id, self._task_type, Shard(record.path, record.start, record.end),
-                            record.epoch, record.retries, origin=record.origin)
-                if record.state is TaskState.DONE:
-                    self._done[task.task_id] = task
-                elif record.state is TaskState.TODO:
-                    self._todo.append(task)
-                elif record.state is TaskState.DROPPED:
-                    task.retries = 0
-                    self._todo.append(task)
-                    logger.info("task %d (%s records %d-%d) was dropped by the run before: trying it again",
-                                task.task_id, record.path, record.start, record.end)
-            self.seq = resumed.seq + 1
-            if self._opened is not None:
-                self._opened = resumed.epoch  # the epoch it was in is open: its tasks go on
-        logger.info(
-            "resumed the task ledger: epoch %d of %d, %d tasks to do (%d were in progress)",
-            resumed.epoch + 1, resumed.num_epochs, len(self._todo), len(snapshot.in_state(TaskState.DOING)),
-        )
-
-
-def _record(task: Task, state: TaskState, worker_id: int = -1) -> TaskRecord:
-    return TaskRecord(task.task_id, task.shard.path, task.shard.start, task.shard.end, task.epoch,
-                      task.retries, state, worker_id, task.origin)
+def _no_time() -> float:
+    return 0.0
