@@ -97,3 +97,13 @@ def test_finds_a_retried_push_applied_twice_when_the_ps_forgets_its_data_positio
     monkeypatch.setattr(DataPosition, "refused", lambda self, batch: False)
     found = first_finding(r"gradient [2-9] times in epoch", seeds=300)
     assert found is not None
+
+
+def test_finds_a_master_that_acts_after_its_lease_could_expire(monkeypatch):
+    """The leader invariant has teeth: a master that neither renews its lease nor stops acting
+    on its renew deadline is caught acting once its lock could have passed to another."""
+    from elasticdl.sim.leader import SimLeadership
+
+    monkeypatch.setattr(SimLeadership, "keep_alive", lambda self: True)
+    found = first_finding(r"two leaders", seeds=300)
+    assert found is not None and found.mode.store == "etcd"

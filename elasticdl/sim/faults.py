@@ -10,7 +10,7 @@ from __future__ import annotations
 from elasticdl.sim import ps as sim_ps
 
 KINDS = ("kill-worker", "kill-ps", "freeze-worker", "freeze-ps", "kill-master", "freeze-master", "cut-store",
-         "damage-checkpoint", "network")
+         "damage-checkpoint", "network", "partition-master")
 MAX_PS_KILLS = 2  # the controller relaunches a PS at most 3 times (MAX_PS_RELAUNCHES)
 
 
@@ -76,11 +76,22 @@ class Nemesis:
             process.freeze()
             world.scheduler.at(seconds, lambda: self._thaw_master(master, process))
             self._note(f"freeze the master for {seconds:.2f}s")
-        elif kind == "cut-store" and world.store is not None:
-            seconds = rng.uniform(0.1, 2.0)
+        elif kind == "cut-store" and mode.store == "etcd":
+            # Now and then past the renew deadline: the master must stop acting, another resumes.
+            seconds = rng.uniform(0.1, 2.0) if rng.random() < 0.8 else rng.uniform(7.0, 12.0)
             world.store_backend.available, world.store_cut = False, True
             world.scheduler.at(seconds, self._restore_store)
             self._note(f"cut the state store for {seconds:.2f}s")
+        elif kind == "partition-master" and mode.store == "etcd" and world.master.alive:
+            # The master's node is cut off (frozen here) and a supervisor starts a replacement,
+            # which leads once the old lease expired; the old one must not act when it is back.
+            master, process = world.master, world.master_process
+            seconds = rng.uniform(12.0, 25.0)
+            master.frozen = True
+            process.freeze()
+            world.scheduler.at(seconds, lambda: self._thaw_master(master, process))
+            world.start_master()
+            self._note(f"partition the master for {seconds:.2f}s; a new one starts")
         elif kind == "damage-checkpoint" and world.checkpoint_dir:
             truncate = rng.random() < 0.5
             path = sim_ps.damage(world.checkpoint_dir, rng, truncate)
@@ -102,8 +113,13 @@ class Nemesis:
 
     def _thaw_master(self, master, process) -> None:
         master.frozen = False
-        process.thaw()
-        self.world.network.thawed("master")
+        # Which runs first after SIGCONT, the job's loop or a request waiting for it, is a race.
+        if self.world.rng.random() < 0.5:
+            process.thaw()
+            self.world.network.thawed("master")
+        else:
+            self.world.network.thawed("master")
+            process.thaw()
 
     def _restore_store(self) -> None:
         self.world.store_backend.available, self.world.store_cut = True, False

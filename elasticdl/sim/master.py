@@ -22,9 +22,11 @@ from elasticdl.master.feed import FeedLivelock, feed
 from elasticdl.master.instance_manager import InstanceManager, Launch, Stop
 from elasticdl.master.task_manager import Task, TaskManager
 from elasticdl.model import checkpoint
+from elasticdl.sim.leader import SimLeadership
 from elasticdl.sim.scheduler import Sleep
 from elasticdl.sim.transport import Unavailable
 from elasticdl.store.errors import StateStoreError
+from elasticdl.store.memory import MemoryStateStore
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +57,9 @@ class SimMaster:
         self.clocks = WorkerClocks()
         self.events: list = []
         self.controller: c.Controller | None = None
+        self.store = (MemoryStateStore("sim", world.store_backend, retry=world.no_retry)
+                      if world.mode.store == "etcd" else None)  # each master process has its own client
+        self.leadership = SimLeadership(self.store, f"master-{term}", world.clock) if self.store else None
         self.revision = 0  # the ledger's revision in the store (compare-and-set)
         self.unsaved = False  # a ledger write waits for the store to come back
         self.saved_seq = -1  # the ledger seq last written (a retry after an outage may have written it)
@@ -65,11 +70,14 @@ class SimMaster:
     def open(self):
         """Resume the ledger from the store (etcd-like), then the PS from the latest cut."""
         world = self.world
-        if world.store is not None:
+        if self.leadership is not None:
+            self.term = yield from self.leadership.acquire()
+        world.took_over(self)
+        if self.store is not None:
             waited = 0.0
             while True:  # the store's retry budget (RetryPolicy.budget): a short outage is ridden out
                 try:
-                    snapshot, self.revision = world.store.load_ledger()
+                    snapshot, self.revision = self.store.load_ledger()
                     break
                 except StateStoreError:
                     if waited >= STORE_RETRY_BUDGET:
@@ -80,6 +88,7 @@ class SimMaster:
                 self.tasks.restore(snapshot)
                 self.resumed = True
         self.tasks.start_term(self.term)
+        world.network.endpoints["master"] = self  # it serves once it leads and its ledger is back
         cut = self._latest_cut() if self.resumed else ""
         for ps_id in range(world.mode.num_ps):
             world.start_ps(ps_id, restore_from=cut, fence=0, delay=0.0)
@@ -107,8 +116,12 @@ class SimMaster:
         last_version_poll = -1.0
         while self.controller.outcome is None:
             yield Sleep(POLL_SECONDS)
+            if self.leadership is not None and not self.leadership.keep_alive():
+                # Job: the keep-alive's on_lost halts the dispatcher and fails the job (exit 1).
+                self.dispatcher.halt("lost the leader lock")
+                self.world.master_stopped(self)
+                return
             if not self.world.is_leader(self):
-                self.world.acted_without_lock(self)
                 return
             events, self.events = self.events, []
             versions = [e.version for e in events if isinstance(e, c.VersionReported)]
@@ -165,7 +178,7 @@ class SimMaster:
     def _save_ledger(self) -> list:
         """The write-behind store in short: an outage is ridden out (written again at the next
         poll); a lost compare-and-set means another master: this one must stop."""
-        store = self.world.store
+        store = self.store
         if store is None or self.tasks.seq == self.saved_seq:
             return []
         try:

@@ -23,7 +23,7 @@ from elasticdl.sim.scheduler import Process, Scheduler
 from elasticdl.sim.transport import Network
 from elasticdl.sim.worker import SimWorker
 from elasticdl.store.errors import RetryPolicy
-from elasticdl.store.memory import MemoryBackend, MemoryStateStore
+from elasticdl.store.memory import MemoryBackend
 
 # Once the nemesis stops, the job must end within this much simulated time: a requeue after
 # the task timeout, a few relaunches, the epochs left (a job here trains for a few seconds).
@@ -58,7 +58,6 @@ class World:
         self.checkpoint_dir = f"memory://elasticdl-sim/{seed}/ckpt" if self.mode.checkpoints else ""
         self.no_retry = RetryPolicy(budget=0.0)
         self.store_backend = MemoryBackend(clock=self.clock)
-        self.store = MemoryStateStore("sim", self.store_backend, retry=self.no_retry) if self.mode.store == "etcd" else None
         self.store_cut = False
         self.term = 0
         self.ps: list[SimPS | None] = [None] * self.mode.num_ps
@@ -103,9 +102,8 @@ class World:
     # ------------------------------------------------------------ the master
 
     def start_master(self) -> None:
-        self.term += 1
-        self.master = SimMaster(self, self.term)
-        self.network.endpoints["master"] = self.master
+        """A master process; it serves and acts once it holds the leader lock (etcd-like store)."""
+        self.master = SimMaster(self, self.term + 1)
         self.master_process = Process(self.scheduler, self.master.run(), self.network.send, self._master_exited)
 
     def _master_exited(self, returncode: int, tail: str) -> None:
@@ -113,27 +111,43 @@ class World:
             self.violation(f"the master crashed: {tail}")
 
     def kill_master(self) -> None:
-        """SIGKILL of the master: its children go with it; a new one resumes from the store."""
+        """SIGKILL of the master: its children go with it; a supervisor starts a new one, which
+        resumes from the store once the old lease expired."""
         self.master.alive = False
         self.master_process.kill()
+        self._children_gone()
+        self.scheduler.at(self.rng.uniform(0.1, 1.0), self.start_master)
+
+    def master_stopped(self, master: SimMaster) -> None:
+        """It lost the leader lock and exits 1; the supervisor starts another."""
+        master.alive = False
+        if master is self.master:
+            self._children_gone()
+            self.scheduler.at(self.rng.uniform(0.1, 1.0), self.start_master)
+
+    def took_over(self, master: SimMaster) -> None:
+        """``master`` holds the lock: an older one's roles are gone (a partitioned master's too)."""
+        self.term = master.term
+        self._children_gone()
+
+    def _children_gone(self) -> None:
         for index in list(self.workers):
             self.kill_worker(index, report=False)
         for ps_id, ps in enumerate(self.ps):
-            if ps is not None:
+            if ps is not None and ps.alive:
                 ps.alive = False
                 self.oracle.lost_pending(ps_id)
         self.exits.clear()
-        self.scheduler.at(self.rng.uniform(0.1, 1.0), self.start_master)
 
     def is_leader(self, master: SimMaster) -> bool:
         return master is self.master and master.alive
 
     def acted(self, master: SimMaster) -> None:
-        if master is not self.master or not master.alive:
-            self.violation(f"two leaders: the master of term {master.term} acted while term {self.term} leads")
-
-    def acted_without_lock(self, master: SimMaster) -> None:
-        pass  # it saw it lost the lock and stopped: what a deposed master must do
+        """At most one master acts: the newest, and (etcd-like store) only while it holds the lock."""
+        holds = master.leadership is None or master.leadership.holds()
+        if master is not self.master or not master.alive or not holds:
+            self.violation(f"two leaders: the master of term {master.term} acted while the lock "
+                           f"{'is held by term ' + str(self.term) if master is not self.master else 'is not its own'}")
 
     def livelock(self, message: str) -> None:
         self.violation(f"livelock: {message}")
