@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -276,3 +277,30 @@ def test_architecture_quotes_the_import_contracts_of_pyproject():
     with open(REPO / "pyproject.toml", "rb") as f:
         actual = tomllib.load(f)["tool"]["importlinter"]["contracts"]
     assert quoted == actual, "the contracts quoted in docs/architecture.md differ from pyproject.toml's: quote them again"
+
+
+# ---------------------------------------------------------------- the controller's tables
+
+
+def _table_names(heading: str) -> set[str]:
+    """The first column's names (``Name(...)``) of the table under ``heading`` in architecture.md."""
+    text = ARCHITECTURE_MD.read_text()
+    section = text.split(heading, 1)[1].split("\n#", 1)[0]
+    first_cells = re.findall(r"^\| ([^|]*`\w+\([^|]*)\|", section, re.M)
+    return {name for cell in first_cells for name in re.findall(r"`(\w+)\(", cell)}
+
+
+def _union_names(union) -> set[str]:
+    return {t.__name__ for t in typing.get_args(union)}
+
+
+def test_the_event_table_lists_exactly_the_controllers_events():
+    from elasticdl.master import events
+
+    assert _table_names("### Events") == _union_names(events.Event)
+
+
+def test_the_decision_table_lists_exactly_the_controllers_decisions():
+    from elasticdl.master import events
+
+    assert _table_names("### Decisions, and how the job carries them out") == _union_names(events.Decision)

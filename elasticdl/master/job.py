@@ -6,12 +6,15 @@ builds the master's copy of the model (callbacks, export), turns backend exits, 
 reports, version reports, scale requests, store failures and timer ticks into events,
 and carries out what the controller decides on the backend, the PS and the callbacks.
 One loop serves the three commands: ``train``, ``evaluate`` and ``predict``.
+
+The executor is one class in four modules, one part each: this one (the loop, the
+decisions), ``job_setup`` (the start), ``recovery`` (PS relaunches, rollbacks, a resumed
+master) and ``job_end`` (the final steps and the report).
 """
 
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import os
 import queue
@@ -19,11 +22,10 @@ import time
 
 import grpc
 
-from elasticdl import fs
 from elasticdl.config import JobConfig
-from elasticdl.data.sources import count_records, make_shards, resolve_data_files
+from elasticdl.data.sources import make_shards
 from elasticdl.errors import JobFailedError
-from elasticdl.launch.api import Backend, RoleExitedError
+from elasticdl.launch.api import Backend
 from elasticdl.launch.local import LocalBackend
 from elasticdl.logs import master_log_handler
 from elasticdl.master import controller as c
@@ -31,23 +33,21 @@ from elasticdl.master.clocks import WorkerClocks
 from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
 from elasticdl.master.feed import feed
 from elasticdl.master.instance_manager import InstanceManager, Launch, Stop
+from elasticdl.master.job_end import JobEnd
+from elasticdl.master.job_setup import JobSetup, write_job_config
 from elasticdl.master.job_state import JobState, job_fingerprint
-from elasticdl.master.preflight import CheckedJob, check_eval_metrics
+from elasticdl.master.preflight import CheckedJob
 from elasticdl.master.progress import TrainingProgress
+from elasticdl.master.recovery import Recovery
 from elasticdl.master.report import CheckpointFailures, JobReport
-from elasticdl.master.servicer import MasterServicer
 from elasticdl.master.task_manager import TaskManager, TaskType
-from elasticdl.master.telemetry import StalenessSummary, summarize
-from elasticdl.proto import elasticdl_pb2_grpc
-from elasticdl.rpc import auth
-from elasticdl.rpc.channel import make_server
+from elasticdl.master.telemetry import StalenessSummary
 from elasticdl.store import StateStoreError
 
 __all__ = ["Job", "JobFailedError", "JobReport"]
 
 logger = logging.getLogger(__name__)
 
-PS_START_TIMEOUT = 120.0
 # A worker asked to leave (scale-down) gets this long to finish its batch and report.
 WORKER_STOP_GRACE_SECS = 30.0
 # Workers report new versions as they make them; the PS is also asked this often, for the
@@ -60,15 +60,6 @@ def default_backend(config: JobConfig) -> Backend:
     return LocalBackend(config.job.effective_log_dir, echo=config.job.log_level.upper() == "DEBUG")
 
 
-def write_job_config(config: JobConfig) -> str:
-    """runs/<job>/job_config.json, every role's ``--job_config``; its path."""
-    os.makedirs(config.job.run_dir, exist_ok=True)
-    path = os.path.join(config.job.run_dir, "job_config.json")
-    with open(path, "w") as f:
-        f.write(config.to_json())
-    return path
-
-
 def prewarm(backend: Backend, config: JobConfig) -> None:
     """Let the backend get the job's roles ready while the master still checks the job (the
     local backend's warm spares import TensorFlow and rehearse a step meanwhile:
@@ -78,7 +69,7 @@ def prewarm(backend: Backend, config: JobConfig) -> None:
     backend.prewarm("worker", config.elasticity.num_workers, known)
 
 
-class Job:
+class Job(JobSetup, Recovery, JobEnd):
     """One ElasticDL job on a backend; ``run()`` returns its JobReport."""
 
     def __init__(
@@ -234,223 +225,7 @@ class Job:
                 master_log.close()
         return report
 
-    def _stop_everything(self, succeeded: bool) -> None:
-        self.progress.close()  # the live line stops where it is, also on a failure
-        self.backend.stop_all()
-        if self._ps is not None:
-            self._ps.close()
-        if self._server is not None:
-            self._server.stop(grace=1)
-            self._remove_master_addr()
-        if self.tensorboard is not None:
-            self.tensorboard.close()
-        job_done = succeeded and self.dispatcher.finished and self.dispatcher.main_finished
-        self.state.close(self.main_tasks, job_done)
-
-    def _remove_master_addr(self) -> None:
-        """The master no longer serves: `elasticdl scale` then says the job ended, at once."""
-        path = os.path.join(self.config.job.run_dir, "master.addr")
-        try:
-            with open(path) as f:
-                mine = f.read().strip() == self.master_address
-            if mine:  # a later run of the same job name may have written its own
-                os.remove(path)
-        except OSError:
-            pass
-
-    def _complete_report(self, report: JobReport, started: float) -> None:
-        """Fill in the report and write report.json. On a failed job nothing here may hide its
-        error: a problem is logged instead."""
-        cfg = self.config
-        try:
-            report.seconds = round(time.monotonic() - started, 2)
-            report.model_version = max(report.model_version, self.model_version)
-            report.add_tasks(self.main_tasks, self.progress)
-            if self.controller is not None:
-                report.stopped_early = self.controller.stop_reason
-                report.add_instances(self.instances, self.controller.ps_relaunches, self.controller.replaced)
-                report.ps_rollbacks = [r.to_dict() for r in self.controller.rollbacks]
-                report.records_possibly_missing = self.records_possibly_missing + sum(
-                    r.records_possibly_missing for r in self.controller.rollbacks)
-            report.state_store = "etcd" if cfg.elasticity.etcd_endpoints else "memory"
-            report.resumed = self.state.resumed
-            if self.state.in_etcd:
-                report.add_outages(self.state.outages)
-            report.add_evaluations(self.evaluation)
-            report.add_faults(self.dispatcher, cfg.data.max_bad_records)
-            report.checkpoint_failures = self._checkpoint_failures.total
-            report.checkpoint_errors = list(self._checkpoint_failures.errors)
-        except Exception:
-            if report.status == "succeeded":
-                raise
-            logger.exception("the report of the failed job is incomplete")
-        path = os.path.abspath(os.path.join(cfg.job.run_dir, "report.json"))
-        try:
-            report.report_file = path
-            report.write(path)
-        except OSError as err:
-            report.report_file = ""
-            logger.error("could not write the job's report to %s: %s", path, err)
-            return
-        if report.status != "succeeded":
-            logger.error("the job %s at %s: %s; report: %s", report.status, report.failed_step, report.error, path)
-
-    def _restore_latest_checkpoint(self) -> None:
-        """A resumed job: the PS come back from the latest cut; the ledger goes back to its data
-        position once they serve (``_rewind_to_restored_cut``)."""
-        from elasticdl.model import checkpoint
-
-        directory = self.config.checkpoints.checkpoint_dir
-        if checkpoint.complete_versions(directory):
-            self._resume_cut = checkpoint.resolve_checkpoint(directory)
-            logger.info("the parameter servers restore the latest checkpoint, %s", self._resume_cut)
-
-    def _rewind_to_restored_cut(self) -> None:
-        """A resumed ledger says which records were done; the model holds those of the cut the PS
-        restored. The records after the cut's data position are trained again (none without one)."""
-        from elasticdl.model import checkpoint
-
-        cut = self._resume_cut
-        if cut:
-            version, marks, _ = checkpoint.cut_position(cut)
-            again = self.main_tasks.rewind(marks, cause="master restart")
-            logger.warning("resumed at the checkpoint of version %d: %d records after its data position are "
-                           "trained again", version, again)
-        else:
-            self.records_possibly_missing = sum(e.records_done for e in self.main_tasks.epochs)
-            logger.warning("resumed without a checkpoint in --checkpoint_dir: the parameter servers start from "
-                           "the initial model, so the %d records the ledger counts as done are not in it. "
-                           "Give the job --checkpoint_dir to resume without losing them.",
-                           self.records_possibly_missing)
-
-    def _note_restore(self, report: JobReport) -> None:
-        """Name the checkpoint the PS start from (they resolve the same directory the same way)."""
-        from elasticdl.model import checkpoint
-
-        init = self._resume_cut or self.config.checkpoints.checkpoint_dir_for_init
-        if not init:
-            return
-        try:
-            report.restored_from = checkpoint.resolve_checkpoint(init)
-        except checkpoint.CheckpointError as err:  # the PS say so too, and the job fails on their exit
-            logger.warning("%s", err)
-            report.restored_from = init
-            return
-        if self.command != "train":
-            report.checkpoint = report.restored_from  # the model evaluate and predict ran
-        version = checkpoint.version_of(report.restored_from)
-        self.progress.model_version = version
-        logger.info("the parameter servers start from checkpoint %s (model version %d)", report.restored_from, version)
-
     # ------------------------------------------------------------ set-up
-
-    def _start(self) -> None:
-        cfg = self.config
-        config_file = write_job_config(cfg)
-        optimizer_file = os.path.join(cfg.job.run_dir, "optimizer.json")
-        with open(optimizer_file, "w") as f:
-            json.dump(self.checked.optimizer_spec.to_json_dict(), f)
-
-        # Every role requires the job's token (elasticdl/rpc/auth.py): the backend's, which
-        # it also hands to each role it starts; `elasticdl scale` reads it beside master.addr.
-        self._token = self.backend.token()
-        self._server = make_server(token=self._token)
-        servicer = MasterServicer(self.dispatcher, self.progress, self.clocks,
-                                  scale=self.request_scale, notify=self._events.put)
-        elasticdl_pb2_grpc.add_MasterServicer_to_server(servicer, self._server)
-        self.master_address = self.backend.bind_master(self._server)
-        self._server.start()
-        auth.write_private(os.path.join(cfg.job.run_dir, auth.TOKEN_FILE_NAME), self._token + "\n")
-        with open(os.path.join(cfg.job.run_dir, "master.addr"), "w") as f:
-            f.write(self.master_address)  # `elasticdl scale --job_name` finds the master here
-        self.state.publish_master(self.master_address)
-        logger.info("master serving on %s; logs in %s", self.master_address, cfg.job.effective_log_dir)
-
-        for ps_id in range(cfg.elasticity.num_ps):
-            self._ps_args[ps_id] = ["--job_config", config_file, "--optimizer_spec", optimizer_file,
-                                    "--ps_id", str(ps_id), "--term", str(self.state.term)]
-            resume = ["--restore_from", self._resume_cut] if self._resume_cut else []
-            self.backend.start("ps", ps_id, self._ps_args[ps_id] + resume)
-        from elasticdl.model.trainer import Trainer
-        from elasticdl.rpc.ps_client import PSClient
-
-        # The master's own model (callbacks, export) is built while the PS start: the
-        # workers, started once the PS serve, wait for nothing else (docs/benchmarks.md).
-        self._trainer = Trainer(
-            self.checked.spec, cfg.training.model_params, cfg.training.embedding_swap_threshold_mb
-        )
-        self._trainer.ensure_built(self.checked.sample_features)
-        self._model = self._trainer.model
-        self.ps_addresses = self._wait_for_ps()
-        logger.info(
-            "parameter servers at %s%s", ", ".join(self.ps_addresses),
-            f" ({cfg.consistency.description})" if self.command == "train" else "",
-        )
-        self._ps = PSClient(self.ps_addresses, token=self._token)
-        self._ps.term = self.state.term
-        self._model.stop_training = False  # Keras callbacks set it to end training
-        self._start_evaluation_service()
-        if cfg.outputs.tensorboard_log_dir:
-            from elasticdl.master.tensorboard import TensorBoardWriter
-
-            self.tensorboard = TensorBoardWriter(cfg.outputs.tensorboard_log_dir)
-            logger.info("TensorBoard: tensorboard --logdir %s", cfg.outputs.tensorboard_log_dir)
-        user_callbacks = []
-        if self.command == "train" and self.checked.spec.callbacks:
-            user_callbacks = self.checked.spec.callbacks()
-        self.controller = c.Controller(
-            self.command, self.dispatcher, self.instances, self.clocks, clock=time.monotonic,
-            sync_mode=not cfg.consistency.use_async, evaluation_steps=cfg.evaluation.evaluation_steps,
-            keeps_ledger=self.state.keeps_ledger, max_bad_records=cfg.data.max_bad_records,
-            wait_for_epoch_callbacks=_stops_early(user_callbacks),
-        )
-        if self.controller.wait_for_epoch_callbacks and self.evaluation is not None:
-            logger.info("an EarlyStopping callback is present: each epoch starts once the callbacks saw "
-                        "the evaluation of the one before (the workers evaluate meanwhile, not train)")
-        if self.command == "train":
-            from elasticdl.callbacks import CallbackList
-
-            self.callbacks = CallbackList(user_callbacks, model=self._model, job=self)
-            self.callbacks.on_train_begin()
-            self.callbacks.on_epoch_begin(0)
-        if self.command == "predict":
-            from elasticdl.model.prediction import PARTS
-
-            # Parts left by an earlier run must never be joined into this one's output.
-            fs.rmtree(fs.join(cfg.outputs.prediction_outputs, PARTS))
-        self._worker_args = ["--job_config", config_file, "--command", self.command,
-                             "--master_addr", self.master_address, "--ps_addrs", ",".join(self.ps_addresses)]
-        for decision in self.controller.start():
-            self._carry_out(decision)
-        logger.info("started %d workers", cfg.elasticity.num_workers)
-
-    def _start_evaluation_service(self) -> None:
-        cfg = self.config
-        if self.command not in ("train", "evaluate") or not cfg.data.validation_data:
-            return
-        if not check_eval_metrics(self.checked.spec):
-            return
-        files = [(p, count_records(p, self.has_header)) for p in resolve_data_files(cfg.data.validation_data)]
-        self.evaluation = EvaluationService(
-            make_shards(files, cfg.effective_records_per_task),
-            metrics_fn=self.checked.spec.eval_metrics_fn,
-            snapshot=self._take_snapshot,
-            evaluation_steps=cfg.evaluation.evaluation_steps,
-            start_delay_secs=cfg.evaluation.evaluation_start_delay_secs,
-            throttle_secs=cfg.evaluation.evaluation_throttle_secs,
-            max_task_retries=cfg.elasticity.max_task_retries,
-            task_timeout=cfg.elasticity.task_timeout,
-        )
-        self.dispatcher.evaluation = self.evaluation
-
-    def _wait_for_ps(self) -> list[str]:
-        """The backend knows where its PS serve (local: ready files; Kubernetes: their services)."""
-        try:
-            return self.backend.ps_addresses(self.config.elasticity.num_ps, PS_START_TIMEOUT)
-        except RoleExitedError as err:
-            raise JobFailedError(c.describe_exit(err.exit, "failed to start")) from None
-        except TimeoutError as err:
-            raise JobFailedError(str(err)) from None
 
     # ------------------------------------------------------------ the loop
 
@@ -581,58 +356,6 @@ class Job:
             return [c.StopRequested("a callback set model.stop_training")]
         return []
 
-    def _relaunch_ps(self, exit_) -> c.PSRelaunched:
-        """A dead PS comes back on the same address. With a checkpoint, the whole job goes back to
-        the latest complete cut: the dead PS restores it, the survivors roll back to it, every
-        hand-out made so far is fenced, and the ledger returns to the cut's data position, so
-        every record's update is in the model exactly once. Without one, it starts empty."""
-        from elasticdl.model import checkpoint
-
-        cfg = self.config
-        args = list(self._ps_args[exit_.index])
-        port = self.ps_addresses[exit_.index].rsplit(":", 1)[1]
-        args += ["--port", port]
-        cut = ""
-        if cfg.checkpoints.checkpoint_dir and checkpoint.complete_versions(cfg.checkpoints.checkpoint_dir):
-            cut = checkpoint.resolve_checkpoint(cfg.checkpoints.checkpoint_dir)
-        if not cut or self.main_tasks is None:
-            # Async workers pull every --get_model_steps batches, rounded up to a whole push
-            # with --push_steps (they pull only right after a push); with overlap, one batch's
-            # push is in flight besides.
-            push = cfg.consistency.push_steps
-            between_pulls = -(-cfg.consistency.get_model_steps // push) * push + int(cfg.consistency.overlap_communication)
-            missing = between_pulls * cfg.training.minibatch_size * max(1, len(self.controller.workers))
-            logger.error(
-                "%s; relaunching it on port %s empty: the workers give it their copy of its variables. "
-                "Without a checkpoint (--checkpoint_dir, --checkpoint_steps) the updates of up to %d records "
-                "since the workers' last pull are missing from its shard, and its optimizer slots start over",
-                c.describe_exit(exit_, "died"), port, missing,
-            )
-            self.backend.start("ps", exit_.index, args)
-            return c.PSRelaunched(exit_.index, None, missing=missing)
-        version, marks, _ = checkpoint.cut_position(cut)
-        fence = self.main_tasks.fence_all()
-        logger.error("%s; relaunching it on port %s from the checkpoint %s; every PS goes back to version %d",
-                     c.describe_exit(exit_, "died"), port, cut, version)
-        self.backend.start("ps", exit_.index, args + ["--restore_from", cut, "--fence", str(fence)])
-        survivors = [i for i in range(self._ps.num_ps) if i != exit_.index]
-        try:
-            self._ps.restore(cut, fence, only=survivors)
-        except grpc.RpcError as err:  # another PS is down too: its own relaunch restores the same cut
-            logger.error("a surviving PS could not go back to %s: %s", cut, err.details())
-        again = self.main_tasks.rewind(marks, cause="rollback")
-        return c.PSRelaunched(exit_.index, version, retrained=again)
-
-    def _fence(self, handouts: list[int], task_ids: list[int]) -> dict[int, int] | None:
-        """Fence task hand-outs on every PS; each task's lowest applied mark (None: a PS is away)."""
-        try:
-            per_ps = self._ps.fence(handouts, task_ids)
-        except grpc.RpcError as err:
-            logger.warning("could not ask the parameter servers how far tasks %s were applied (%s): their "
-                           "records are trained again", task_ids, err.details())
-            return None
-        return {t: min(marks.get(t, 0) for marks in per_ps) for t in task_ids}
-
     def _end_epoch(self, decision: c.EndEpoch) -> list:
         """Telemetry (and the model, for callbacks without evaluation): every PS call first, so
         that a PS restart leaves nothing half done."""
@@ -648,31 +371,6 @@ class Job:
             self._arm_epoch_cut(stats)
         # The version first: callbacks at the epoch end (ModelCheckpoint) name the version they see.
         return [c.VersionReported(version), c.EpochEnded(decision.epoch)]
-
-    def _check_exactly_once(self, stats: list) -> dict:
-        """The model-side truth: each PS counted the records whose gradients it applied; they must
-        be the records the ledger counts as done (bad records skipped in a batch were pushed with it)."""
-        training_files = {path for path, _ in self.checked.files}
-        skipped = sum(1 for r in self.dispatcher.bad_records() if r.path in training_files)
-        done = sum(e.records_done for e in self.main_tasks.epochs) + skipped
-        applied = [s.records_applied for s in stats]
-        holds = all(a == done for a in applied)
-        if holds:
-            logger.info("exactly once: every PS applied the gradients of the %d records trained", done)
-        else:
-            logger.warning("the parameter servers applied the gradients of %s records, the ledger counts %d done "
-                           "(batches skipped for NaN/Inf or staleness, or updates lost without a checkpoint)",
-                           applied, done)
-        return {"records_applied": applied, "records_done": done, "holds": holds}
-
-    def _arm_epoch_cut(self, stats: list) -> None:
-        """Every PS saves at the same next version: a cut near the epoch boundary, so a rollback
-        never has to go back further than about an epoch."""
-        at = max(s.version for s in stats) + 1
-        try:
-            self._ps.save_checkpoint(at_version=at)
-        except grpc.RpcError as err:  # a PS is past it already (async) or away: the next cut serves
-            logger.info("no checkpoint at the epoch's end (version %d): %s", at, err.details())
 
     def _on_version(self, version: int) -> list:
         if self.callbacks is not None:
@@ -724,86 +422,8 @@ class Job:
 
     # ------------------------------------------------------------ reporting
 
-    def _epoch_logs(self) -> dict[str, float]:
-        loss_sum, batches = self.progress.loss_sum, self.progress.batches
-        mark_sum, mark_batches = self._epoch_loss_mark
-        self._epoch_loss_mark = (loss_sum, batches)
-        n = batches - mark_batches
-        return {"loss": (loss_sum - mark_sum) / n} if n else {}
-
-    def _epoch_telemetry(self, stats: list, epoch: int | None = None) -> dict:
-        """Log the staleness summary since the last epoch's (or of the whole job, without an epoch)."""
-        total = summarize(stats, self.clocks.blocked_seconds)
-        if epoch is not None:
-            since = total.minus(self._telemetry_mark)
-            # One line per epoch only when something happened; the rest is in the job's line.
-            level = logging.INFO if since.noteworthy else logging.DEBUG
-            logger.log(level, "epoch %d consistency: %s", epoch + 1, since.describe())
-            self._telemetry_mark = total
-        else:
-            logger.info("job consistency (%s): %s", self.config.consistency.description, total.describe())
-        return total.to_dict()
-
     def _render(self, final: bool = False) -> None:
         if self.main_tasks is None:
             return
         epoch = self.main_tasks.epoch
         self.progress.render(epoch, self.main_tasks.epochs[epoch].records_done, final)
-
-    def _finish(self, report: JobReport) -> None:
-        """Final checkpoint, callbacks, export, prediction outputs."""
-        from elasticdl.model.export import export_saved_model
-
-        cfg = self.config
-        self._step = "final model pull"
-        report.model_version = max(self._sync_model(), self.model_version)
-        if self.command == "train":
-            if cfg.checkpoints.checkpoint_dir:
-                self._step = "final checkpoint"
-                try:
-                    report.checkpoint = self._ps.save_checkpoint()[0]
-                except grpc.RpcError as err:
-                    raise JobFailedError(
-                        f"the final checkpoint in --checkpoint_dir {cfg.checkpoints.checkpoint_dir} failed: "
-                        f"{err.details()}"
-                    ) from None
-                logger.info("final checkpoint: %s", report.checkpoint)
-            self._step = "on_train_end"
-            self.callbacks.on_train_end({"model_version": report.model_version})
-            if cfg.outputs.output:
-                self._step = "export"
-                try:
-                    report.saved_model = export_saved_model(self._serving_model(), cfg.outputs.output)
-                except OSError as err:
-                    raise JobFailedError(
-                        f"exporting the SavedModel to --output {cfg.outputs.output} failed: {err}"
-                    ) from err
-        if self.command == "predict" and self.checked.spec.prediction_outputs_processor is None:
-            from elasticdl.model.prediction import join_parts
-
-            self._step = "prediction join"
-            shards = make_shards(self.checked.files, cfg.effective_records_per_task)
-            try:
-                report.predictions = join_parts(cfg.outputs.prediction_outputs, shards)
-            except OSError as err:
-                raise JobFailedError(
-                    f"joining the predictions in --prediction_outputs {cfg.outputs.prediction_outputs} "
-                    f"failed: {err}"
-                ) from err
-            logger.info("predictions: %s", report.predictions)
-        self._step = "done"
-        if self.evaluation is not None and self.evaluation.results:
-            last = self.evaluation.results[-1]
-            logger.info(
-                "metrics of version %d: %s", last.model_version,
-                ", ".join(f"{k}={v:.4f}" for k, v in last.metrics.items()),
-            )
-
-
-def _stops_early(callbacks) -> bool:
-    """An early-stopping callback (ElasticDL's or Keras's) is among ``callbacks``."""
-    import keras
-
-    from elasticdl.callbacks import EarlyStopping
-
-    return any(isinstance(cb, EarlyStopping | keras.callbacks.EarlyStopping) for cb in callbacks)

@@ -1,0 +1,170 @@
+"""How a job ends: the final checkpoint, callbacks and export, the checks of what the PS
+applied, stopping the roles, and the report, written whatever happened.
+
+A part of the job's executor (``Job`` in elasticdl/master/job.py), in its own module.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import grpc
+
+from elasticdl.data.sources import make_shards
+from elasticdl.errors import JobFailedError
+from elasticdl.master.report import JobReport
+from elasticdl.master.telemetry import summarize
+
+logger = logging.getLogger(__name__)
+
+
+class JobEnd:
+    """The end of a job (a part of ``Job``)."""
+
+    def _stop_everything(self, succeeded: bool) -> None:
+        self.progress.close()  # the live line stops where it is, also on a failure
+        self.backend.stop_all()
+        if self._ps is not None:
+            self._ps.close()
+        if self._server is not None:
+            self._server.stop(grace=1)
+            self._remove_master_addr()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        job_done = succeeded and self.dispatcher.finished and self.dispatcher.main_finished
+        self.state.close(self.main_tasks, job_done)
+
+    def _remove_master_addr(self) -> None:
+        """The master no longer serves: `elasticdl scale` then says the job ended, at once."""
+        path = os.path.join(self.config.job.run_dir, "master.addr")
+        try:
+            with open(path) as f:
+                mine = f.read().strip() == self.master_address
+            if mine:  # a later run of the same job name may have written its own
+                os.remove(path)
+        except OSError:
+            pass
+
+    def _complete_report(self, report: JobReport, started: float) -> None:
+        """Fill in the report and write report.json. On a failed job nothing here may hide its
+        error: a problem is logged instead."""
+        cfg = self.config
+        try:
+            report.seconds = round(time.monotonic() - started, 2)
+            report.model_version = max(report.model_version, self.model_version)
+            report.add_tasks(self.main_tasks, self.progress)
+            if self.controller is not None:
+                report.stopped_early = self.controller.stop_reason
+                report.add_instances(self.instances, self.controller.ps_relaunches, self.controller.replaced)
+                report.ps_rollbacks = [r.to_dict() for r in self.controller.rollbacks]
+                report.records_possibly_missing = self.records_possibly_missing + sum(
+                    r.records_possibly_missing for r in self.controller.rollbacks)
+            report.state_store = "etcd" if cfg.elasticity.etcd_endpoints else "memory"
+            report.resumed = self.state.resumed
+            if self.state.in_etcd:
+                report.add_outages(self.state.outages)
+            report.add_evaluations(self.evaluation)
+            report.add_faults(self.dispatcher, cfg.data.max_bad_records)
+            report.checkpoint_failures = self._checkpoint_failures.total
+            report.checkpoint_errors = list(self._checkpoint_failures.errors)
+        except Exception:
+            if report.status == "succeeded":
+                raise
+            logger.exception("the report of the failed job is incomplete")
+        path = os.path.abspath(os.path.join(cfg.job.run_dir, "report.json"))
+        try:
+            report.report_file = path
+            report.write(path)
+        except OSError as err:
+            report.report_file = ""
+            logger.error("could not write the job's report to %s: %s", path, err)
+            return
+        if report.status != "succeeded":
+            logger.error("the job %s at %s: %s; report: %s", report.status, report.failed_step, report.error, path)
+
+    def _check_exactly_once(self, stats: list) -> dict:
+        """The model-side truth: each PS counted the records whose gradients it applied; they must
+        be the records the ledger counts as done (bad records skipped in a batch were pushed with it)."""
+        training_files = {path for path, _ in self.checked.files}
+        skipped = sum(1 for r in self.dispatcher.bad_records() if r.path in training_files)
+        done = sum(e.records_done for e in self.main_tasks.epochs) + skipped
+        applied = [s.records_applied for s in stats]
+        holds = all(a == done for a in applied)
+        if holds:
+            logger.info("exactly once: every PS applied the gradients of the %d records trained", done)
+        else:
+            logger.warning("the parameter servers applied the gradients of %s records, the ledger counts %d done "
+                           "(batches skipped for NaN/Inf or staleness, or updates lost without a checkpoint)",
+                           applied, done)
+        return {"records_applied": applied, "records_done": done, "holds": holds}
+
+    def _epoch_logs(self) -> dict[str, float]:
+        loss_sum, batches = self.progress.loss_sum, self.progress.batches
+        mark_sum, mark_batches = self._epoch_loss_mark
+        self._epoch_loss_mark = (loss_sum, batches)
+        n = batches - mark_batches
+        return {"loss": (loss_sum - mark_sum) / n} if n else {}
+
+    def _epoch_telemetry(self, stats: list, epoch: int | None = None) -> dict:
+        """Log the staleness summary since the last epoch's (or of the whole job, without an epoch)."""
+        total = summarize(stats, self.clocks.blocked_seconds)
+        if epoch is not None:
+            since = total.minus(self._telemetry_mark)
+            # One line per epoch only when something happened; the rest is in the job's line.
+            level = logging.INFO if since.noteworthy else logging.DEBUG
+            logger.log(level, "epoch %d consistency: %s", epoch + 1, since.describe())
+            self._telemetry_mark = total
+        else:
+            logger.info("job consistency (%s): %s", self.config.consistency.description, total.describe())
+        return total.to_dict()
+
+    def _finish(self, report: JobReport) -> None:
+        """Final checkpoint, callbacks, export, prediction outputs."""
+        from elasticdl.model.export import export_saved_model
+
+        cfg = self.config
+        self._step = "final model pull"
+        report.model_version = max(self._sync_model(), self.model_version)
+        if self.command == "train":
+            if cfg.checkpoints.checkpoint_dir:
+                self._step = "final checkpoint"
+                try:
+                    report.checkpoint = self._ps.save_checkpoint()[0]
+                except grpc.RpcError as err:
+                    raise JobFailedError(
+                        f"the final checkpoint in --checkpoint_dir {cfg.checkpoints.checkpoint_dir} failed: "
+                        f"{err.details()}"
+                    ) from None
+                logger.info("final checkpoint: %s", report.checkpoint)
+            self._step = "on_train_end"
+            self.callbacks.on_train_end({"model_version": report.model_version})
+            if cfg.outputs.output:
+                self._step = "export"
+                try:
+                    report.saved_model = export_saved_model(self._serving_model(), cfg.outputs.output)
+                except OSError as err:
+                    raise JobFailedError(
+                        f"exporting the SavedModel to --output {cfg.outputs.output} failed: {err}"
+                    ) from err
+        if self.command == "predict" and self.checked.spec.prediction_outputs_processor is None:
+            from elasticdl.model.prediction import join_parts
+
+            self._step = "prediction join"
+            shards = make_shards(self.checked.files, cfg.effective_records_per_task)
+            try:
+                report.predictions = join_parts(cfg.outputs.prediction_outputs, shards)
+            except OSError as err:
+                raise JobFailedError(
+                    f"joining the predictions in --prediction_outputs {cfg.outputs.prediction_outputs} "
+                    f"failed: {err}"
+                ) from err
+            logger.info("predictions: %s", report.predictions)
+        self._step = "done"
+        if self.evaluation is not None and self.evaluation.results:
+            last = self.evaluation.results[-1]
+            logger.info(
+                "metrics of version %d: %s", last.model_version,
+                ", ".join(f"{k}={v:.4f}" for k, v in last.metrics.items()),
+            )

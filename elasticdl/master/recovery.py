@@ -1,0 +1,130 @@
+"""How a job comes back from a PS death or a master restart: checkpoint cuts and data positions.
+
+A part of the job's executor (``Job`` in elasticdl/master/job.py), in its own module. A dead PS
+is relaunched from the latest complete cut and the survivors roll back to it; hand-outs are
+fenced on the PS, and the ledger goes back to the cut's data position, so that every record's
+update is in the model exactly once. A resumed master does the same from the ledger in etcd.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from elasticdl.master import controller as c
+from elasticdl.master.report import JobReport
+
+logger = logging.getLogger(__name__)
+
+
+class Recovery:
+    """The job's PS relaunches, rollbacks and resume (a part of ``Job``)."""
+
+    def _restore_latest_checkpoint(self) -> None:
+        """A resumed job: the PS come back from the latest cut; the ledger goes back to its data
+        position once they serve (``_rewind_to_restored_cut``)."""
+        from elasticdl.model import checkpoint
+
+        directory = self.config.checkpoints.checkpoint_dir
+        if checkpoint.complete_versions(directory):
+            self._resume_cut = checkpoint.resolve_checkpoint(directory)
+            logger.info("the parameter servers restore the latest checkpoint, %s", self._resume_cut)
+
+    def _rewind_to_restored_cut(self) -> None:
+        """A resumed ledger says which records were done; the model holds those of the cut the PS
+        restored. The records after the cut's data position are trained again (none without one)."""
+        from elasticdl.model import checkpoint
+
+        cut = self._resume_cut
+        if cut:
+            version, marks, _ = checkpoint.cut_position(cut)
+            again = self.main_tasks.rewind(marks, cause="master restart")
+            logger.warning("resumed at the checkpoint of version %d: %d records after its data position are "
+                           "trained again", version, again)
+        else:
+            self.records_possibly_missing = sum(e.records_done for e in self.main_tasks.epochs)
+            logger.warning("resumed without a checkpoint in --checkpoint_dir: the parameter servers start from "
+                           "the initial model, so the %d records the ledger counts as done are not in it. "
+                           "Give the job --checkpoint_dir to resume without losing them.",
+                           self.records_possibly_missing)
+
+    def _note_restore(self, report: JobReport) -> None:
+        """Name the checkpoint the PS start from (they resolve the same directory the same way)."""
+        from elasticdl.model import checkpoint
+
+        init = self._resume_cut or self.config.checkpoints.checkpoint_dir_for_init
+        if not init:
+            return
+        try:
+            report.restored_from = checkpoint.resolve_checkpoint(init)
+        except checkpoint.CheckpointError as err:  # the PS say so too, and the job fails on their exit
+            logger.warning("%s", err)
+            report.restored_from = init
+            return
+        if self.command != "train":
+            report.checkpoint = report.restored_from  # the model evaluate and predict ran
+        version = checkpoint.version_of(report.restored_from)
+        self.progress.model_version = version
+        logger.info("the parameter servers start from checkpoint %s (model version %d)", report.restored_from, version)
+
+    def _relaunch_ps(self, exit_) -> c.PSRelaunched:
+        """A dead PS comes back on the same address. With a checkpoint, the whole job goes back to
+        the latest complete cut: the dead PS restores it, the survivors roll back to it, every
+        hand-out made so far is fenced, and the ledger returns to the cut's data position, so
+        every record's update is in the model exactly once. Without one, it starts empty."""
+        from elasticdl.model import checkpoint
+
+        cfg = self.config
+        args = list(self._ps_args[exit_.index])
+        port = self.ps_addresses[exit_.index].rsplit(":", 1)[1]
+        args += ["--port", port]
+        cut = ""
+        if cfg.checkpoints.checkpoint_dir and checkpoint.complete_versions(cfg.checkpoints.checkpoint_dir):
+            cut = checkpoint.resolve_checkpoint(cfg.checkpoints.checkpoint_dir)
+        if not cut or self.main_tasks is None:
+            # Async workers pull every --get_model_steps batches, rounded up to a whole push
+            # with --push_steps (they pull only right after a push); with overlap, one batch's
+            # push is in flight besides.
+            push = cfg.consistency.push_steps
+            between_pulls = -(-cfg.consistency.get_model_steps // push) * push + int(cfg.consistency.overlap_communication)
+            missing = between_pulls * cfg.training.minibatch_size * max(1, len(self.controller.workers))
+            logger.error(
+                "%s; relaunching it on port %s empty: the workers give it their copy of its variables. "
+                "Without a checkpoint (--checkpoint_dir, --checkpoint_steps) the updates of up to %d records "
+                "since the workers' last pull are missing from its shard, and its optimizer slots start over",
+                c.describe_exit(exit_, "died"), port, missing,
+            )
+            self.backend.start("ps", exit_.index, args)
+            return c.PSRelaunched(exit_.index, None, missing=missing)
+        version, marks, _ = checkpoint.cut_position(cut)
+        fence = self.main_tasks.fence_all()
+        logger.error("%s; relaunching it on port %s from the checkpoint %s; every PS goes back to version %d",
+                     c.describe_exit(exit_, "died"), port, cut, version)
+        self.backend.start("ps", exit_.index, args + ["--restore_from", cut, "--fence", str(fence)])
+        survivors = [i for i in range(self._ps.num_ps) if i != exit_.index]
+        try:
+            self._ps.restore(cut, fence, only=survivors)
+        except grpc.RpcError as err:  # another PS is down too: its own relaunch restores the same cut
+            logger.error("a surviving PS could not go back to %s: %s", cut, err.details())
+        again = self.main_tasks.rewind(marks, cause="rollback")
+        return c.PSRelaunched(exit_.index, version, retrained=again)
+
+    def _fence(self, handouts: list[int], task_ids: list[int]) -> dict[int, int] | None:
+        """Fence task hand-outs on every PS; each task's lowest applied mark (None: a PS is away)."""
+        try:
+            per_ps = self._ps.fence(handouts, task_ids)
+        except grpc.RpcError as err:
+            logger.warning("could not ask the parameter servers how far tasks %s were applied (%s): their "
+                           "records are trained again", task_ids, err.details())
+            return None
+        return {t: min(marks.get(t, 0) for marks in per_ps) for t in task_ids}
+
+    def _arm_epoch_cut(self, stats: list) -> None:
+        """Every PS saves at the same next version: a cut near the epoch boundary, so a rollback
+        never has to go back further than about an epoch."""
+        at = max(s.version for s in stats) + 1
+        try:
+            self._ps.save_checkpoint(at_version=at)
+        except grpc.RpcError as err:  # a PS is past it already (async) or away: the next cut serves
+            logger.info("no checkpoint at the epoch's end (version %d): %s", at, err.details())
