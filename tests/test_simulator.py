@@ -25,7 +25,7 @@ KNOWN_OPEN = {
     "async-reconnect": r"gradient computed on version -1|holds no model yet",  # planted test below
     "sync-versions": r"sync shards ended at different versions",
     "sync-pending-at-end": r"never applied \d+ records' gradients",
-    "damaged-cut": r"BadZipFile|CRC|Bad magic|not a zip|cannot load|Failed to interpret|EOF|pickle|truncat",
+    "damaged-cut": r"the master crashed: BadZipFile",
 }
 
 

@@ -21,6 +21,19 @@ class Nemesis:
         self.end = 0.0
         self.ps_kills = 0
         self.kinds = KINDS
+        self._frozen_until: dict[int, float] = {}  # id of a frozen role -> when its last freeze ends
+
+    def _freeze_for(self, role, seconds: float, thaw) -> None:
+        """Overlapping freezes of one role end with the last of them (SIGSTOP twice, SIGCONT once)."""
+        until = max(self._frozen_until.get(id(role), 0.0), self.world.clock() + seconds)
+        self._frozen_until[id(role)] = until
+
+        def maybe_thaw() -> None:
+            if self.world.clock() >= self._frozen_until.get(id(role), 0.0):
+                self._frozen_until.pop(id(role), None)
+                thaw()
+
+        self.world.scheduler.at(seconds, maybe_thaw)
 
     def schedule(self) -> None:
         if not self.enabled:
@@ -57,14 +70,14 @@ class Nemesis:
             # Now and then past the task timeout: a gray failure the master must replace.
             seconds = rng.uniform(0.1, 2.0) if rng.random() < 0.8 else rng.uniform(20.0, 40.0)
             process.freeze()
-            world.scheduler.at(seconds, process.thaw)
+            self._freeze_for(process, seconds, process.thaw)
             self._note(f"freeze worker {index} for {seconds:.2f}s")
         elif kind == "freeze-ps":
             ps_id = rng.randrange(mode.num_ps)
             ps = world.ps[ps_id]
             seconds = rng.uniform(0.1, 2.0)
             ps.frozen = True
-            world.scheduler.at(seconds, lambda: self._thaw_ps(ps))
+            self._freeze_for(ps, seconds, lambda: self._thaw_ps(ps))
             self._note(f"freeze ps {ps_id} for {seconds:.2f}s")
         elif kind == "kill-master" and mode.store == "etcd" and world.master.alive:
             world.kill_master()
@@ -74,7 +87,7 @@ class Nemesis:
             seconds = rng.uniform(0.1, 1.5)
             master.frozen = True
             process.freeze()
-            world.scheduler.at(seconds, lambda: self._thaw_master(master, process))
+            self._freeze_for(master, seconds, lambda: self._thaw_master(master, process))
             self._note(f"freeze the master for {seconds:.2f}s")
         elif kind == "cut-store" and mode.store == "etcd":
             # Now and then past the renew deadline: the master must stop acting, another resumes.
@@ -89,7 +102,7 @@ class Nemesis:
             seconds = rng.uniform(12.0, 25.0)
             master.frozen = True
             process.freeze()
-            world.scheduler.at(seconds, lambda: self._thaw_master(master, process))
+            self._freeze_for(master, seconds, lambda: self._thaw_master(master, process))
             world.start_master()
             self._note(f"partition the master for {seconds:.2f}s; a new one starts")
         elif kind == "damage-checkpoint" and world.checkpoint_dir:

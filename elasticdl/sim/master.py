@@ -46,6 +46,7 @@ class SimMaster:
         self.term = term
         self.alive = True
         self.frozen = False
+        self.process = None  # its coroutine, set by the world
         mode = world.mode
         shards = [Shard(world.data.path, s, min(s + RECORDS_PER_TASK, world.records))
                   for s in range(0, world.records, RECORDS_PER_TASK)]

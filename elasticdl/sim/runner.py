@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="plant a known bug back (elasticdl/sim/planted.py): the run should find it")
     parser.add_argument("--jobs", type=int, default=1, help="processes to run seeds in")
     parser.add_argument("--verbose", action="store_true", help="print each seed's mode, faults and violations")
+    parser.add_argument("--by_mode", action="store_true", help="before the last line, the figures of each mode family")
     return parser
 
 
@@ -61,9 +62,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--seeds must be 1 or more. Received: {args.seeds}")
     logging.disable(logging.CRITICAL)  # the real code logs every fault it rides out
     faults = violations = 0
+    families: dict[str, list[int]] = {}
     for result in run_seeds(range(args.seed, args.seed + args.seeds), args.mode, args.jobs, args.plant):
         faults += len(result.faults)
         violations += len(result.violations)
+        figures = families.setdefault(result.mode.family, [0, 0, 0])
+        figures[0] += 1
+        figures[1] += len(result.faults)
+        figures[2] += len(result.violations)
         if args.verbose:
             print(f"seed {result.seed}: {result.mode.name}, {result.steps} steps, {result.sim_seconds}s simulated, "
                   f"{result.outcome or 'not finished'}")
@@ -74,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
             for extra in result.violations[1:3] if args.verbose else ():
                 print(f"  also: {extra}")
             print(f"  replay: {replay_command(result, args.mode, args.plant)}")
+    if args.by_mode:
+        for family in FAMILIES:
+            seeds, family_faults, family_violations = families.get(family, [0, 0, 0])
+            print(f"  {family}: {seeds} seeds, {family_faults} faults, {family_violations} invariant violations")
     print(f"{args.seeds} seeds, {faults} faults, {violations} invariant violations")
     return 1 if violations else 0
 

@@ -105,6 +105,7 @@ class World:
         """A master process; it serves and acts once it holds the leader lock (etcd-like store)."""
         self.master = SimMaster(self, self.term + 1)
         self.master_process = Process(self.scheduler, self.master.run(), self.network.send, self._master_exited)
+        self.master.process = self.master_process
 
     def _master_exited(self, returncode: int, tail: str) -> None:
         if returncode != 0 and self.master is not None and self.master.alive:
@@ -126,8 +127,10 @@ class World:
             self.scheduler.at(self.rng.uniform(0.1, 1.0), self.start_master)
 
     def took_over(self, master: SimMaster) -> None:
-        """``master`` holds the lock: an older one's roles are gone (a partitioned master's too)."""
+        """``master`` holds the lock: an older one's roles are gone (a partitioned master's too).
+        Of two masters waiting for the lock, the one that takes it is the job's master."""
         self.term = master.term
+        self.master, self.master_process = master, master.process
         self._children_gone()
 
     def _children_gone(self) -> None:
