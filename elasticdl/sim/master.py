@@ -162,8 +162,7 @@ class SimMaster:
                 return [self._relaunch_ps(exit_)]
             case c.TellLiveWorkers(count=count):
                 try:
-                    for ps in world.ps_list():
-                        ps.set_live_workers(count)
+                    self._each(lambda ps: ps.set_live_workers(count))
                 except Unavailable:
                     return [c.LiveWorkersNotTold()]
             case c.EndEpoch():
@@ -219,10 +218,23 @@ class SimMaster:
 
     def _fence(self, handouts: list[int], task_ids: list[int]) -> dict[int, int] | None:
         try:
-            per_ps = [ps.fence(handouts, task_ids, self.term) for ps in self.world.ps_list()]
+            per_ps = self._each(lambda ps: ps.fence(handouts, task_ids, self.term))
         except Unavailable:
             return None
         return {t: min(marks.get(t, 0) for marks in per_ps) for t in task_ids}
+
+    def _each(self, call) -> list:
+        """One call per PS, as PSClient._each makes them (in parallel: every PS that answers
+        carries it out); the first error is raised once all were made."""
+        results, error = [], None
+        for ps in self.world.ps_list():
+            try:
+                results.append(call(ps))
+            except Unavailable as err:
+                error = error or err
+        if error is not None:
+            raise error
+        return results
 
     def _end_epoch(self, decision: c.EndEpoch) -> list:
         try:
