@@ -7,7 +7,8 @@ After ``end`` no fault happens, so the job must make progress and end.
 
 from __future__ import annotations
 
-from elasticdl.sim import ps as sim_ps
+from elasticdl import fs
+from elasticdl.model import checkpoint
 
 KINDS = ("kill-worker", "kill-ps", "freeze-worker", "freeze-ps", "kill-master", "freeze-master", "cut-store",
          "damage-checkpoint", "network", "partition-master")
@@ -107,7 +108,7 @@ class Nemesis:
             self._note(f"partition the master for {seconds:.2f}s; a new one starts")
         elif kind == "damage-checkpoint" and world.checkpoint_dir:
             truncate = rng.random() < 0.5
-            path = sim_ps.damage(world.checkpoint_dir, rng, truncate)
+            path = damage(world.checkpoint_dir, rng, truncate)
             if path:
                 self._note(f"{'truncate' if truncate else 'corrupt'} {path.rsplit('/', 2)[-2]}")
         elif kind == "network":
@@ -140,3 +141,19 @@ class Nemesis:
     def _calm_network(self) -> None:
         faults = self.world.network.faults
         faults.drop, faults.duplicate, faults.max_delay = 0.0, 0.0, 0.002
+
+
+def damage(checkpoint_dir: str, rng, truncate: bool) -> str:
+    """Corrupt or truncate one shard file of the newest complete cut; the file's path ('' if none)."""
+    versions = checkpoint.complete_versions(checkpoint_dir)
+    if not versions:
+        return ""
+    files = sorted(fs.glob(fs.join(checkpoint_dir, f"version-{versions[-1]}", "ps-*-of-*.npz")))
+    if not files:
+        return ""
+    path = rng.choice(files)
+    data = fs.read_bytes(path)
+    damaged = data[: len(data) // 2] if truncate else data[:64] + bytes(b ^ 0x5A for b in data[64:128]) + data[128:]
+    with fs.open(path, "wb") as f:
+        f.write(damaged)
+    return path

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from elasticdl.model import checkpoint
 from elasticdl.model.optimizers import OptimizerSpec, make_optimizer
 from elasticdl.ps.server import ParameterServer, PSSettings
 from elasticdl.rpc.ps_client import PushAnswer
@@ -128,20 +127,3 @@ class SimPS:
         self._serving()
         return self.core.stats()
 
-
-def damage(checkpoint_dir: str, rng, truncate: bool) -> str:
-    """Corrupt or truncate one shard file of the newest complete cut; the file's path ('' if none)."""
-    from elasticdl import fs
-
-    versions = checkpoint.complete_versions(checkpoint_dir)
-    if not versions:
-        return ""
-    files = sorted(fs.glob(fs.join(checkpoint_dir, f"version-{versions[-1]}", "ps-*-of-*.npz")))
-    if not files:
-        return ""
-    path = rng.choice(files)
-    data = fs.read_bytes(path)
-    damaged = data[: len(data) // 2] if truncate else data[:64] + bytes(b ^ 0x5A for b in data[64:128]) + data[128:]
-    with fs.open(path, "wb") as f:
-        f.write(damaged)
-    return path
