@@ -84,7 +84,7 @@ def _measure_elasticdl(ps, grads: dict[str, np.ndarray], nbytes: int, rounds: in
         t0 = time.perf_counter()
         pulled = ps.pull([-1])[0]
         t1 = time.perf_counter()
-        answer = ps.push_gradients({0: grads}, [pulled.version], 0.0, 0)[0]
+        answer = ps.push_gradients({0: grads}, [pulled.version], None, 0)[0]
         t2 = time.perf_counter()
         if not answer.accepted:
             raise RuntimeError(f"push rejected: {answer.reason}")

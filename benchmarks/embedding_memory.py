@@ -245,7 +245,7 @@ def measure_throughput(spec: dict, workdir: str) -> dict:
         client.lookup(info.name, np.arange(200_000, dtype=np.int64), create=True)  # the hot ids exist
 
         def grpc_push(ids, grads):
-            answer = client.push_gradients({0: {info.name: IndexedRows(ids, grads)}}, [0], 0.0, 0)[0]
+            answer = client.push_gradients({0: {info.name: IndexedRows(ids, grads)}}, [0], None, 0)[0]
             assert answer.accepted, answer.reason
 
         for batch in spec["throughput_batches"]:
@@ -300,7 +300,7 @@ def _table_rates_grpc(backend, workdir: str, tag: str, vocabulary: int, spec: di
             return client.lookup(info.name, ids, True)
 
         def push(ids, grads):
-            answer = client.push_gradients({0: {info.name: IndexedRows(ids, grads)}}, [0], 0.0, 0)[0]
+            answer = client.push_gradients({0: {info.name: IndexedRows(ids, grads)}}, [0], None, 0)[0]
             assert answer.accepted, answer.reason
 
         create = _create_all(lookup, push, vocabulary, spec["batch"], rng)

@@ -54,7 +54,7 @@ def test_pulls_and_pushes_over_tcp_match_grpc(bulk_ps, wire_dtype):
             assert tcp.params[name].dtype == np.float32
             np.testing.assert_array_equal(tcp.params[name], grpc_.params[name])
         step = grads(0.5)
-        answer = over_tcp.push_gradients({0: step}, [0], 0.0, worker_id=0)[0]
+        answer = over_tcp.push_gradients({0: step}, [0], None, worker_id=0)[0]
         assert answer.applied and answer.version == 1
         for name, value in model().items():  # SGD, in float32 on the PS (0.5 is exact in bfloat16)
             np.testing.assert_allclose(bulk_ps.core.shard.params[name], value - LR * step[name], rtol=1e-6)
@@ -69,12 +69,12 @@ def test_a_refused_push_over_tcp_is_refused_as_over_grpc(bulk_ps):
         before = ps_state(bulk_ps.core)
         bad = grads()
         bad["dense/bias"][0] = np.nan
-        answer = client.push_gradients({0: bad}, [0], 0.0, worker_id=0)[0]
+        answer = client.push_gradients({0: bad}, [0], None, worker_id=0)[0]
         assert not answer.accepted and "NaN or Inf" in answer.reason
         with pytest.raises(EmbeddingError, match="40 bytes, more than the 32"):  # more than the model
-            client.push_gradients({0: {**grads(), "nope": np.ones(2, np.float32)}}, [0], 0.0, worker_id=0)
+            client.push_gradients({0: {**grads(), "nope": np.ones(2, np.float32)}}, [0], None, worker_id=0)
         assert_same(ps_state(bulk_ps.core), before)
-        assert client.push_gradients({0: grads()}, [0], 0.0, worker_id=0)[0].applied  # a new connection
+        assert client.push_gradients({0: grads()}, [0], None, worker_id=0)[0].applied  # a new connection
     finally:
         client.close()
 
@@ -161,7 +161,7 @@ def test_a_ps_without_the_transport_is_reached_over_grpc(monkeypatch):
     client = ps_client.PSClient([real.address], tensor_transport="tcp")
     try:
         assert client.pull([-1])[0].version == 0
-        assert client.push_gradients({0: grads()}, [0], 0.0, worker_id=0)[0].applied
+        assert client.push_gradients({0: grads()}, [0], None, worker_id=0)[0].applied
         assert client._bulk[0] is False
     finally:
         client.close()
@@ -174,7 +174,7 @@ def test_a_push_or_pull_that_cannot_reach_the_port_goes_over_grpc(bulk_ps):
     bulk_ps.bulk._servicer.bulk_port = port  # the stats still name the port: nothing listens there
     client = ps_client.PSClient([bulk_ps.address], tensor_transport="tcp")
     try:
-        assert client.push_gradients({0: grads()}, [0], 0.0, worker_id=0)[0].applied
+        assert client.push_gradients({0: grads()}, [0], None, worker_id=0)[0].applied
         assert client.pull([-1])[0].version == 1
         assert client._bulk[0] is None  # it tries again at the next call
     finally:
@@ -202,14 +202,14 @@ def test_a_push_whose_answer_is_lost_is_sent_again_over_grpc_and_applied_once(bu
     try:
         step = grads(0.5)
         batch = BatchPosition(task_id=7, handout=1, records_end=32, records=32)
-        answer = client.push_gradients({0: step}, [0], 0.0, worker_id=0, batch=batch)[0]
+        answer = client.push_gradients({0: step}, [0], None, worker_id=0, batch=batch)[0]
         assert lost and answer.applied and answer.version == 1  # "already applied", not applied again
         assert bulk_ps.core.shard.version == 1
         for name, value in model().items():
             np.testing.assert_allclose(bulk_ps.core.shard.params[name], value - LR * step[name], rtol=1e-6)
         lost.clear()
         with pytest.raises(bulk.PushMaybeApplied, match="broke once sent"):
-            client.push_gradients({0: step}, [1], 0.0, worker_id=0)
+            client.push_gradients({0: step}, [1], None, worker_id=0)
         assert bulk_ps.core.shard.version == 2  # applied by the one send, and not sent again
     finally:
         client.close()
@@ -231,7 +231,7 @@ def test_the_socket_is_the_ps_own_address_not_the_one_its_grpc_is_reached_at(mon
     try:
         assert client.pull([-1])[0].version == 0
         assert client._bulk[0] and client._bulk[0].getpeername()[0] == "127.0.0.2"  # over the socket
-        assert client.push_gradients({0: grads()}, [0], 0.0, worker_id=0)[0].applied
+        assert client.push_gradients({0: grads()}, [0], None, worker_id=0)[0].applied
     finally:
         client.close()
         real.bulk.stop()
@@ -257,7 +257,7 @@ def test_a_port_that_cannot_be_reached_is_not_tried_at_every_call(bulk_ps, monke
     client = ps_client.PSClient([bulk_ps.address], tensor_transport="tcp")
     try:
         for _ in range(3):
-            assert client.push_gradients({0: grads()}, [client.pull([-1])[0].version], 0.0, worker_id=0)[0].applied
+            assert client.push_gradients({0: grads()}, [client.pull([-1])[0].version], None, worker_id=0)[0].applied
         assert len(tries) == 1
         client._bulk_retry_at[0] = time.monotonic()  # the retry time came
         client.pull([-1])

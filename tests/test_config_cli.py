@@ -148,7 +148,7 @@ INVALID = [
     ({"model_def": "custom_model"}, "--model_def must be pkg.module.name"),
     ({"model_def": ""}, "--model_def"),
     ({"training_data": ""}, "--training_data is required"),
-    ({"task_timeout": 0.0}, "--task_timeout must be positive"),
+    ({"task_timeout": 0.0}, "--task_timeout must be above 0"),
     ({"backend": "yarn"}, "--backend must be one of local, kubernetes"),
     ({"backend": "kubernetes"}, "--backend kubernetes needs --image_name"),
     ({"log_level": "LOUD"}, "--log_level must be one of"),

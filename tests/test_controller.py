@@ -24,18 +24,34 @@ class FakeClock:
 
 
 class FakePS:
-    """The snapshot call the job injects: the version it froze, or PSUnavailable while restarting."""
+    """Answers TakeSnapshot as the job does: the version it froze, or a failure while restarting."""
 
     def __init__(self):
         self.version = 0
         self.down = False
         self.snapshots: list[int] = []
 
-    def take_snapshot(self, round_id: int) -> int:
+    def answer(self, decision: c.TakeSnapshot):
         if self.down:
-            raise c.PSUnavailable("connection refused")
-        self.snapshots.append(round_id)
-        return self.version
+            return c.SnapshotFailed(decision.round_id, "connection refused")
+        self.snapshots.append(decision.round_id)
+        return c.SnapshotTaken(decision.round_id, self.version)
+
+
+def answering_snapshots(ctl: c.Controller, ps: FakePS) -> c.Controller:
+    """The controller's step, with each TakeSnapshot answered at once (as the job's feed does);
+    the returned decisions include those the answers led to."""
+    step = ctl.step
+
+    def step_and_answer(event):
+        decisions = step(event)
+        for decision in list(decisions):
+            if isinstance(decision, c.TakeSnapshot):
+                decisions += step_and_answer(ps.answer(decision))
+        return decisions
+
+    ctl.step = step_and_answer
+    return ctl
 
 
 def shards(tasks: int, records: int = 10) -> list[Shard]:
@@ -55,14 +71,13 @@ def make(command="train", workers=2, epochs=2, tasks=2, evaluation_steps=0, with
                            task_timeout=task_timeout, fences_pushes=fences)
     evaluation = None
     if with_eval or command == "evaluate":
-        evaluation = EvaluationService(shards(1), metrics_fn=dict, snapshot=ps.take_snapshot,
-                                       evaluation_steps=evaluation_steps, clock=clock,
+        evaluation = EvaluationService(shards(1), metrics_fn=dict, evaluation_steps=evaluation_steps, clock=clock,
                                        max_task_retries=max_task_retries)
     dispatcher = TaskDispatcher(main, evaluation)
     ctl = c.Controller(command, dispatcher, InstanceManager(workers, relaunch_limit=relaunch_limit),
                        sync_mode=sync, evaluation_steps=evaluation_steps, max_ps_relaunches=max_ps_relaunches,
                        clock=clock, max_bad_records=max_bad_records, wait_for_epoch_callbacks=waits)
-    return ctl, dispatcher, ps, clock
+    return answering_snapshots(ctl, ps), dispatcher, ps, clock
 
 
 def kinds(decisions) -> list[str]:
@@ -201,6 +216,73 @@ def test_a_dead_workers_hand_out_is_fenced_by_a_decision_and_its_rest_requeued_o
     assert (again.task_id, again.shard.start) == (task.task_id, task.shard.start + 4)
 
 
+def test_a_ps_silent_past_the_deadline_is_killed_once_and_then_relaunched_like_a_dead_one():
+    """A frozen PS (SIGSTOP) is not dead: no exit comes. It answers no probe, and is replaced."""
+    ctl, dispatcher, _, clock = make(workers=1, epochs=1, tasks=2)
+    ctl.start()
+    take(dispatcher, 0)
+    assert of(ctl.step(c.PSSilent((1,))), c.ReplacePS) == []
+    clock.now += c.PS_SILENT_SECONDS / 2
+    assert of(ctl.step(c.PSSilent(())), c.ReplacePS) == []  # it answered: the silence starts over
+    assert of(ctl.step(c.PSSilent((1,))), c.ReplacePS) == []
+    clock.now += c.PS_SILENT_SECONDS - 1
+    assert of(ctl.step(c.PSSilent((1,))), c.ReplacePS) == []
+    clock.now += 1
+    (replace,) = of(ctl.step(c.PSSilent((1,))), c.ReplacePS)
+    assert replace.index == 1 and "answered no probe for 60 s" in replace.reason
+    clock.now += 10
+    assert of(ctl.step(c.PSSilent((1,))), c.ReplacePS) == []  # killed once; its exit is coming
+    assert of(ctl.step(exit_of(1, code=-9, role="ps")), c.RelaunchPS) == [c.RelaunchPS(ProcessExit("ps", 1, -9, ""))]
+
+
+def test_the_probe_names_the_ps_that_did_not_answer_in_time_and_reports_the_version_when_all_did():
+    import grpc
+
+    from elasticdl.master.ps_probe import PSProbe
+
+    class Future:
+        def __init__(self, answer):
+            self.answer = answer
+
+        def done(self):
+            return True
+
+        def result(self):
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return self.answer
+
+    class Late(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    class Down(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.UNAVAILABLE
+
+    from elasticdl.proto import elasticdl_pb2
+
+    class FakeClient:
+        answers: list = []
+
+        def stats_futures(self, timeout):
+            return [Future(a) for a in self.answers]
+
+    client, clock = FakeClient(), FakeClock()
+    probe = PSProbe(client, interval=0.5, clock=clock)
+    client.answers = [elasticdl_pb2.PSStats(version=7), Late()]
+    assert probe.poll() == []  # asked
+    assert probe.poll() == [c.PSSilent((1,))]  # answered: PS 1 is silent, no version
+    clock.now += 0.5
+    client.answers = [elasticdl_pb2.PSStats(version=7), Down()]
+    probe.poll()
+    assert probe.poll() == [c.PSSilent(())]  # a PS that is down is not silent: its exit tells
+    clock.now += 0.5
+    client.answers = [elasticdl_pb2.PSStats(version=9), elasticdl_pb2.PSStats(version=8)]
+    probe.poll()
+    assert probe.poll() == [c.PSSilent(()), c.VersionReported(8)]
+
+
 def test_a_deferred_epoch_end_is_asked_again_at_the_next_tick():
     """Not at once: the job feeds an event's follow-ups before it polls the roles again, so an
     end asked again at once, deferred again by the PS that is down, kept it from ever seeing
@@ -301,6 +383,27 @@ def test_sync_mode_tells_the_ps_of_fewer_workers_only_once_the_dip_lasted():
     assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == [c.TellLiveWorkers(1)]
     take(dispatcher, 1)
     assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == [c.TellLiveWorkers(2)]  # more: at once
+
+
+def test_sync_mode_tells_the_ps_when_nobody_holds_a_task_any_more_so_pending_gradients_apply():
+    """Found by the simulator (seed 601): with grads_to_wait 3, the workers' last pushes waited in
+    the PS's average for pushes that never came; the ledger counted their records done, the
+    model never got them, and the PS were never told that nobody was left."""
+    ctl, dispatcher, _, clock = make(workers=2, sync=True, tasks=4, epochs=1)
+    ctl.start()
+    first, second = take(dispatcher, 0), take(dispatcher, 1)
+    assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == [c.TellLiveWorkers(2)]
+    report(ctl, dispatcher, first, 0)
+    report(ctl, dispatcher, second, 1)
+    clock.now += c.LIVE_WORKERS_SETTLE_SECONDS * 10
+    assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == []  # between tasks: the next pushes complete it
+    # The last tasks: told 0 at once when they are reported, before the epoch's (final) end.
+    third, fourth = take(dispatcher, 0), take(dispatcher, 1)
+    assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == []
+    report(ctl, dispatcher, third, 0)
+    decisions = report(ctl, dispatcher, fourth, 1)
+    assert kinds(decisions).index("TellLiveWorkers") < kinds(decisions).index("EndEpoch")
+    assert of(decisions, c.TellLiveWorkers) == [c.TellLiveWorkers(0)]
 
 
 def test_async_mode_never_tells_live_workers():
@@ -533,14 +636,20 @@ def test_a_ps_restart_during_a_round_runs_it_again_on_a_fresh_snapshot():
     assert ctl.step(exit_of(0, code=-9, role="ps"))[:1] == [c.RelaunchPS(ProcessExit("ps", 0, -9, ""))]
     assert ctl.evaluation.current.suspended
     assert dispatcher.get_task(0).__class__ is not Task  # no tasks of a suspended round
-    assert of(ctl.step(c.Tick()), c.DropSnapshot) == []  # the PS is not serving yet
+    decisions = ctl.step(c.Tick())  # the PS is not serving yet: the snapshot fails
+    failed = of(decisions, c.TakeSnapshot)
+    assert len(failed) == 1 and ctl.evaluation.current.suspended
+    # A PS that did take the failed snapshot frees it; the lost round's stays until the restart.
+    assert of(decisions, c.DropSnapshot) == [c.DropSnapshot(failed[0].round_id, best_effort=True)]
+    assert of(ctl.step(c.VersionReported(1)), c.TakeSnapshot) == []  # not asked again before a Tick
     ps.down = False
     decisions = ctl.step(c.Tick())
     assert of(decisions, c.DropSnapshot) == [c.DropSnapshot(1, best_effort=True)]
-    assert ctl.evaluation.current.round_id == 2
+    again = ctl.evaluation.current.round_id
+    assert again not in (1, failed[0].round_id) and not ctl.evaluation.current.suspended
     assert ctl.evaluation.current.reason == "final, again after a PS restart"
     decisions = run_round(ctl, dispatcher)
-    assert of(decisions, c.FireEpochEnd) == [c.FireEpochEnd(0, {}, snapshot=2)]  # the epoch follows the round
+    assert of(decisions, c.FireEpochEnd) == [c.FireEpochEnd(0, {}, snapshot=again)]  # the epoch follows the round
 
 
 def test_a_round_that_cannot_start_while_a_ps_restarts_starts_later():
@@ -558,10 +667,10 @@ def test_evaluation_start_delay_and_throttle_follow_the_injected_clock():
     clock = FakeClock()
     ps = FakePS()
     main = TaskManager(shards(2), num_epochs=1, clock=clock, shuffle=False)
-    evaluation = EvaluationService(shards(1), metrics_fn=dict, snapshot=ps.take_snapshot, evaluation_steps=10,
+    evaluation = EvaluationService(shards(1), metrics_fn=dict, evaluation_steps=10,
                                    start_delay_secs=30, throttle_secs=60, clock=clock)
     dispatcher = TaskDispatcher(main, evaluation)
-    ctl = c.Controller("train", dispatcher, InstanceManager(1), evaluation_steps=10, clock=clock)
+    ctl = answering_snapshots(c.Controller("train", dispatcher, InstanceManager(1), evaluation_steps=10, clock=clock), ps)
     ctl.start()
     ctl.step(c.VersionReported(10))
     assert not evaluation.busy  # within the start delay

@@ -8,7 +8,12 @@ import pytest
 
 from elasticdl.callbacks import CallbackList, EarlyStopping, LearningRateScheduler
 from elasticdl.data.sources import Shard
-from elasticdl.master.evaluation_service import EVAL_ID_BASE, EvaluationService, TaskDispatcher
+from elasticdl.master.evaluation_service import (
+    EVAL_ID_BASE,
+    EvaluationService,
+    FrozenSnapshot,
+    TaskDispatcher,
+)
 from elasticdl.master.task_manager import NoTask, Task, TaskManager, TaskType
 from elasticdl.model.metrics import MetricsAccumulator, MetricsMerger
 from elasticdl.model.prediction import join_parts, write_part
@@ -60,21 +65,24 @@ def test_nested_metrics_per_output():
     assert merger.result() == {"a/mse": pytest.approx(4.0), "b/mae": pytest.approx(2.0)}
 
 
-def make_service(shards, versions):
+def make_service(shards):
+    """A service and the snapshots taken for it: ``snap(service)`` plays the controller and the
+    job, which take a round's snapshot before it starts."""
     taken, dropped = [], []
-
-    def snapshot(round_id):
-        taken.append(round_id)
-        return versions[-1]
-
-    service = EvaluationService(shards, binary_metrics, snapshot, evaluation_steps=10, throttle_secs=0.0)
+    service = EvaluationService(shards, binary_metrics, evaluation_steps=10, throttle_secs=0.0)
     return service, taken, dropped
+
+
+def snap(service, taken, version) -> FrozenSnapshot:
+    round_id = service.reserve_round()
+    taken.append(round_id)
+    return FrozenSnapshot(round_id, version)
 
 
 def test_evaluation_round_counts_each_record_once_across_retries():
     shards = [Shard("v", 0, 50), Shard("v", 50, 100)]
-    service, taken, dropped = make_service(shards, [7])
-    round_ = service.start("epoch 1")
+    service, taken, dropped = make_service(shards)
+    round_ = service.start("epoch 1", snap(service, taken, 7))
     assert taken == [round_.round_id] and round_.model_version == 7
     first = service.get_task(0)
     second = service.get_task(1)
@@ -96,8 +104,8 @@ def test_evaluation_round_counts_each_record_once_across_retries():
 
 def test_a_round_whose_snapshot_was_lost_runs_again_on_a_new_one():
     shards = [Shard("v", 0, 50), Shard("v", 50, 100)]
-    service, taken, _ = make_service(shards, [7, 9])
-    lost = service.start("epoch 1")
+    service, taken, _ = make_service(shards)
+    lost = service.start("epoch 1", snap(service, taken, 7))
     first = service.get_task(0)
     state = MetricsAccumulator(binary_metrics())
     state.update(np.ones((50, 1)), np.ones((50, 1)))
@@ -106,7 +114,7 @@ def test_a_round_whose_snapshot_was_lost_runs_again_on_a_new_one():
     service.suspend()  # the PS holding the snapshot restarted
     assert service.get_task(2) is None and service.busy and service.poll() is None
 
-    assert service.restart() == lost.round_id
+    assert service.restart(snap(service, taken, 9)) == lost.round_id
     again = service.current
     assert again.round_id != lost.round_id and taken == [lost.round_id, again.round_id]
     assert again.reason == "epoch 1, again after a PS restart" and not again.suspended
@@ -119,32 +127,18 @@ def test_a_round_whose_snapshot_was_lost_runs_again_on_a_new_one():
     assert service.poll().records == 100
 
 
-def test_a_failed_restart_keeps_the_round_suspended():
-    service, _, _ = make_service([Shard("v", 0, 10)], [3])
-    lost = service.start("final")
-    service.suspend()
-
-    def unreachable(round_id):
-        raise ConnectionError("PS not back yet")
-
-    service._snapshot = unreachable
-    with pytest.raises(ConnectionError):
-        service.restart()
-    assert service.current is lost and lost.suspended and service.get_task(0) is None
-
-
 def test_due_respects_steps_delay_and_busy():
-    service, _, _ = make_service([Shard("v", 0, 10)], [0])
+    service, taken, _ = make_service([Shard("v", 0, 10)])
     assert not service.due(5) and service.due(10)
-    service.start("every 10 versions")
+    service.start("every 10 versions", snap(service, taken, 10))
     assert not service.due(100)  # one round at a time
 
 
 def test_dispatcher_gives_evaluation_first_and_waits_until_finished():
     training = TaskManager([Shard("t", 0, 10)], num_epochs=1)
-    service, _, _ = make_service([Shard("v", 0, 10)], [3])
+    service, taken, _ = make_service([Shard("v", 0, 10)])
     dispatcher = TaskDispatcher(training, service)
-    service.start("epoch 1")
+    service.start("epoch 1", snap(service, taken, 3))
     assert dispatcher.get_task(0).type is TaskType.EVALUATION
     train_task = dispatcher.get_task(1)
     assert isinstance(train_task, Task) and train_task.type is TaskType.TRAINING

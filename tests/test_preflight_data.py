@@ -204,3 +204,25 @@ def test_a_corrupt_record_in_the_first_batch_fails_by_default_and_is_skipped_wit
     assert message.startswith(f"bad record: {path}: record 1: data CRC mismatch (the file is corrupt).")
     cfg, _ = config(tmp_path, path, max_bad_records=1)
     check_job(cfg)
+
+
+# ---------------------------------------------------------------- validation data
+
+
+_WITH_METRICS = SECTIONS["optimizer"] + """
+        def eval_metrics_fn():
+            return {"accuracy": keras.metrics.SparseCategoricalAccuracy()}
+"""
+
+
+def test_validation_data_the_model_cannot_take_fails_at_submit_not_after_an_epoch(tmp_path):
+    """The evaluation reads --validation_data only once an epoch is trained: its first batch
+    goes through dataset_fn, the model and the metrics at submit, as the training data's does."""
+    wider = data(tmp_path, [example(i, x=[0.1, 0.2, 0.3, 0.4, 0.5]) for i in range(6)])
+    cfg, path = config(tmp_path, data(tmp_path), optimizer=_WITH_METRICS)
+    check_job(cfg)  # the training data alone is fine
+    with pytest.raises(ModelSpecError) as info:
+        check_job(cfg.replace(validation_data=wider))
+    message = str(info.value)
+    assert message.startswith(f"{path}: dataset_fn failed on records of {wider}: ")
+    assert check_job(cfg.replace(validation_data=data(tmp_path))).files  # the same features: fine

@@ -480,7 +480,7 @@ def test_large_models_stream_in_pieces_and_equal_the_unary_path(grpc_ps_address,
         np.testing.assert_array_equal(pulled.params[name], value)
 
     gradient = {name: np.full_like(value, 0.5) for name, value in params.items()}
-    answer = client.push_gradients({0: gradient}, [0], 0.0, worker_id=0)[0]
+    answer = client.push_gradients({0: gradient}, [0], None, worker_id=0)[0]
     assert calls == ["pull_dense_parameters_stream", "push_gradients_stream"]
     assert (answer.accepted, answer.version) == (True, 1)
     for name, value in params.items():
@@ -488,7 +488,7 @@ def test_large_models_stream_in_pieces_and_equal_the_unary_path(grpc_ps_address,
 
     # Below the threshold the same calls are unary (a stream costs more per call).
     monkeypatch.setattr(ps_client, "STREAM_ABOVE_BYTES", 1 << 30)
-    client.push_gradients({0: gradient}, [1], 0.0, worker_id=0)
+    client.push_gradients({0: gradient}, [1], None, worker_id=0)
     assert client.pull([0])[0].version == 2
     assert calls == ["pull_dense_parameters_stream", "push_gradients_stream"]
     client.close()
@@ -527,17 +527,17 @@ def test_a_push_that_makes_a_version_can_answer_with_its_parameters(grpc_ps_addr
     client = PSClient([address])
     assert client.push_model(model()) == [True]
     # The size of the model is not known before a pull: no parameters in the answer yet.
-    assert client.push_gradients({0: grads()}, [0], 0.0, 0, want_parameters=True)[0].params is None
+    assert client.push_gradients({0: grads()}, [0], None, 0, want_parameters=True)[0].params is None
     client.pull([-1])
-    answer = client.push_gradients({0: grads()}, [1], 0.0, 0, want_parameters=True)[0]
+    answer = client.push_gradients({0: grads()}, [1], None, 0, want_parameters=True)[0]
     assert answer.version == 2 and answer.params is not None
     pulled = client.pull([-1])[0]
     assert pulled.version == 2
     for name, value in pulled.params.items():
         np.testing.assert_array_equal(answer.params[name], value)
     # Not asked, or refused: no parameters.
-    assert client.push_gradients({0: grads()}, [2], 0.0, 0)[0].params is None
-    refused = client.push_gradients({0: {"nope": np.ones(2, np.float32)}}, [3], 0.0, 0, want_parameters=True)[0]
+    assert client.push_gradients({0: grads()}, [2], None, 0)[0].params is None
+    refused = client.push_gradients({0: {"nope": np.ones(2, np.float32)}}, [3], None, 0, want_parameters=True)[0]
     assert not refused.accepted and refused.params is None
     client.close()
 
@@ -579,7 +579,7 @@ def test_push_outcomes_travel_as_the_protocols_enum(sync_ps_address, monkeypatch
     assert client.push_model(model()) == [True]
 
     def push(gradients, version):
-        return client.push_gradients({0: gradients}, [version], 0.0, worker_id=0)[0]
+        return client.push_gradients({0: gradients}, [version], None, worker_id=0)[0]
 
     first = push(grads(), 0)
     assert (first.outcome, first.accepted, first.applied, first.version) == (PushOutcome.ACCEPTED_PENDING, True,

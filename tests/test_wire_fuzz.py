@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from elasticdl.data.sources import Shard
 from elasticdl.master.clocks import WorkerClocks
-from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
+from elasticdl.master.evaluation_service import EvaluationService, FrozenSnapshot, TaskDispatcher
 from elasticdl.master.progress import TrainingProgress
 from elasticdl.master.servicer import MasterServicer
 from elasticdl.master.task_manager import TaskManager
@@ -234,9 +234,8 @@ def test_fuzzed_ps_requests_are_answered_and_refusals_change_nothing(real_ps, ca
 @pytest.fixture(scope="module")
 def real_master():
     main = TaskManager([Shard("train", i * 10, i * 10 + 10) for i in range(4)], num_epochs=10**6, shuffle=False)
-    evaluation = EvaluationService([Shard("valid", 0, 8)], lambda: {"m": lambda y, p: np.zeros(1)},
-                                   snapshot=lambda round_id: 3)
-    evaluation.start("fuzz")
+    evaluation = EvaluationService([Shard("valid", 0, 8)], lambda: {"m": lambda y, p: np.zeros(1)})
+    evaluation.start("fuzz", FrozenSnapshot(evaluation.reserve_round(), 3))
     dispatcher = TaskDispatcher(main, evaluation)
     events: queue.SimpleQueue = queue.SimpleQueue()
     server = grpc_utils.make_server(max_workers=4)

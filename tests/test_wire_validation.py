@@ -17,7 +17,7 @@ import pytest
 from elasticdl.data.sources import Shard
 from elasticdl.master.clocks import WorkerClocks
 from elasticdl.master.controller import TaskReported, VersionReported
-from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
+from elasticdl.master.evaluation_service import EvaluationService, FrozenSnapshot, TaskDispatcher
 from elasticdl.master.progress import TrainingProgress
 from elasticdl.master.servicer import MasterServicer
 from elasticdl.master.task_manager import TaskManager
@@ -54,7 +54,7 @@ def model_message(params: dict[str, np.ndarray], declared=None, version: int = 0
     )
 
 
-def push_request(gradients=None, version: int = 0, learning_rate: float = 0.0) -> elasticdl_pb2.PushGradientsRequest:
+def push_request(gradients=None, version: int = 0, learning_rate: float | None = None) -> elasticdl_pb2.PushGradientsRequest:
     return elasticdl_pb2.PushGradientsRequest(
         worker_id=0, version=version, learning_rate=learning_rate,
         gradients=tensor_codec.encode_dict(grads() if gradients is None else gradients),
@@ -192,7 +192,7 @@ def test_set_learning_rate_refuses_a_rate_no_optimizer_takes(ps, rate):
 def test_set_learning_rate_in_range_is_taken_and_logged(ps, caplog):
     caplog.set_level(logging.INFO, logger="elasticdl.ps.server")
     ps.stub.set_learning_rate(elasticdl_pb2.LearningRate(value=0.5), timeout=10)
-    ps.stub.set_learning_rate(elasticdl_pb2.LearningRate(value=0.0), timeout=10)
+    ps.stub.set_learning_rate(elasticdl_pb2.LearningRate(), timeout=10)  # no value: the optimizer's own
     assert ps.core._learning_rate is None
     messages = [r.getMessage() for r in caplog.records]
     assert "learning rate set to 0.5 by the master (was the optimizer's own)" in messages
@@ -355,7 +355,7 @@ def test_the_workers_client_sends_each_change_to_the_ps_holding_it():
         step = {**{n: np.zeros(2, np.float32) for n in params},
                 **{n: NonTrainableChange(np.full(2, k, np.float32)) for k, n in enumerate(stats)}}
         parts = client.split(step)
-        answers = client.push_gradients(dict(enumerate(parts)), [0, 0], 0.0, worker_id=0)
+        answers = client.push_gradients(dict(enumerate(parts)), [0, 0], None, worker_id=0)
         assert all(a.applied for a in answers.values())
         pulled = {n: v for r in client.pull([-1, -1]) for n, v in r.params.items()}
         for k, name in enumerate(stats):
@@ -581,7 +581,7 @@ def test_the_workers_client_sends_and_pulls_half_precision_and_the_ps_keeps_floa
             np.testing.assert_allclose(pulled[name], value, rtol=tolerance, atol=0)
         step = {name: (np.arange(value.size, dtype=np.float32).reshape(value.shape) + 1) / 3
                 for name, value in start.items()}
-        answer = client.push_gradients({0: step}, [0], 0.0, worker_id=0, want_parameters=True)[0]
+        answer = client.push_gradients({0: step}, [0], None, worker_id=0, want_parameters=True)[0]
         assert answer.applied
         for name, value in start.items():
             held = server.core.shard.params[name]
@@ -612,8 +612,7 @@ class RealMaster:
         main = TaskManager([Shard("train", 0, records)], shuffle=False)
         self.evaluation = None
         if metrics_fn is not None:
-            self.evaluation = EvaluationService([Shard("valid", 0, 4), Shard("valid", 4, 8)], metrics_fn,
-                                                snapshot=lambda round_id: 7)
+            self.evaluation = EvaluationService([Shard("valid", 0, 4), Shard("valid", 4, 8)], metrics_fn)
         self.dispatcher = TaskDispatcher(main, self.evaluation)
         self.progress = TrainingProgress(records, 1)
         self.server = grpc_utils.make_server(max_workers=4)
@@ -749,7 +748,7 @@ def good_states(total: float = 3.0) -> dict[str, np.ndarray]:
 @pytest.fixture
 def eval_master():
     real = RealMaster(metrics_fn=mean_metrics)
-    real.evaluation.start("test")
+    real.evaluation.start("test", FrozenSnapshot(real.evaluation.reserve_round(), 7))
     yield real
     real.close()
 
@@ -785,9 +784,8 @@ def test_metric_states_that_do_not_fit_the_metrics_are_refused_before_the_task_c
 def test_a_round_is_published_only_after_its_last_report_is_merged():
     """EvaluationService took no lock: a round could be published between the ledger marking
     the last task done and its states being merged."""
-    service = EvaluationService([Shard("valid", 0, 4)], lambda: {"m": lambda y, p: np.zeros(1)},
-                                snapshot=lambda round_id: 1)
-    current = service.start("test")
+    service = EvaluationService([Shard("valid", 0, 4)], lambda: {"m": lambda y, p: np.zeros(1)})
+    current = service.start("test", FrozenSnapshot(service.reserve_round(), 1))
     task = service.get_task(0)
     in_merge, release = threading.Event(), threading.Event()
     merge = current.merger.add

@@ -35,8 +35,8 @@ class JobControl(Protocol):
     def stop_training(self, reason: str) -> None:
         """Finish cleanly: no new training tasks; the final evaluation and export still run."""
 
-    def set_learning_rate(self, learning_rate: float) -> None:
-        """The learning rate the PS applies from now on."""
+    def set_learning_rate(self, learning_rate: float | None) -> None:
+        """The learning rate the PS applies from now on (0: no update; None: the optimizer's own)."""
 
     def export(self, path: str) -> str:
         """Export the master's model as a SavedModel: the parameters the callback sees now."""

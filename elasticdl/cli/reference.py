@@ -12,8 +12,22 @@ code always renders the same file.
 from __future__ import annotations
 
 import argparse
+import math
+
+from elasticdl.config import FLAGS
+from elasticdl.config.fields import INT32_MAX
 
 REGENERATE_COMMAND = "python -m elasticdl.cli.reference > docs/cli.md"
+
+
+def _range_rule(text: str, low: float, low_open: bool, value: float) -> tuple[str, tuple[dict, ...]]:
+    """The rule of the number flags whose fields declare this lower bound, each with ``value``
+    to break it: a flag added with a range joins its rule here and in docs/cli.md."""
+    names = [name for name, f in FLAGS.items()
+             if f.kind in (int, float) and (f.bounds.low, f.bounds.low_open) == (low, low_open)]
+    listed = ", ".join(f"`--{name}`" for name in names[:-1]) + (" or " if len(names) > 1 else "") + f"`--{names[-1]}`"
+    return f"{listed} is {text}", tuple({name: value} for name in names)
+
 
 # The flag rules of JobConfig.validate(), as docs/cli.md states them. Each comes with flag
 # values that break it; tests/test_docs.py checks that every one of them is refused, so a
@@ -23,24 +37,24 @@ VALIDATION_RULES: tuple[tuple[str, tuple[dict, ...]], ...] = (
     ("`--model_def` is not `pkg.module.name`", ({"model_def": ""}, {"model_def": "custom_model"})),
     ("`--training_data` is missing (`train`)", ({"training_data": ""},)),
     (
-        "`--minibatch_size`, `--num_epochs`, `--num_workers`, `--max_workers`, `--num_ps`, `--grads_to_wait`, "
-        "`--num_minibatches_per_task`, `--get_model_steps` or `--push_steps` is below 1",
-        tuple({name: 0} for name in ("minibatch_size", "num_epochs", "num_workers", "max_workers", "num_ps",
-                                     "grads_to_wait", "num_minibatches_per_task", "get_model_steps",
-                                     "push_steps")),
+        "a `bool` flag (e.g. `--use_async`, `--overlap_communication`) is not true or false (the Python API "
+        "takes `True` or `False`, not `\"no\"` or 1), an `int` flag (e.g. `--minibatch_size`, `--num_workers`) "
+        "not a whole number, a `float` flag (e.g. `--task_timeout`, `--evaluation_throttle_secs`) not a finite "
+        "number (`nan` and `inf` are refused)",
+        ({"use_async": "no"}, {"overlap_communication": 1}, {"minibatch_size": 2.5}, {"num_workers": True},
+         {"task_timeout": math.nan}, {"evaluation_throttle_secs": math.inf}),
     ),
+    _range_rule("below 1", 1, False, 0),
     (
         "`--num_workers` is more than `--max_workers` (which `elasticdl scale` cannot pass either)",
         ({"num_workers": 65}, {"num_workers": 3, "max_workers": 2}),
     ),
+    _range_rule("negative", 0, False, -1),
+    _range_rule("not above 0", 0, True, 0),
     (
-        "`--records_per_task`, `--checkpoint_steps`, `--keep_checkpoint_max`, `--max_task_retries`, "
-        "`--num_threads_per_process`, `--staleness_bound` or `--sync_version_tolerance` is negative",
-        tuple({name: -1} for name in ("records_per_task", "checkpoint_steps", "keep_checkpoint_max",
-                                      "max_task_retries", "num_threads_per_process", "staleness_bound",
-                                      "sync_version_tolerance")),
+        f"an `int` flag (e.g. `--max_bad_records`, `--checkpoint_steps`) is above {INT32_MAX}",
+        ({"max_bad_records": INT32_MAX + 1}, {"checkpoint_steps": 2**63}),
     ),
-    ("`--task_timeout` is not above 0", ({"task_timeout": 0.0},)),
     (
         "`--backend` is not `local` or `kubernetes`; with `kubernetes`: `--image_name` is missing, "
         "`--job_name` cannot name pods, or `--worker_resource_request` (or another resource, `--volume`, "

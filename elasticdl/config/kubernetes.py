@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from elasticdl.errors import UserError
 
 if TYPE_CHECKING:
-    from elasticdl.config import JobConfig
+    from elasticdl.config.job_config import JobConfig
 
 IMAGE_PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 # `high` and `low` name the PriorityClasses of dockerfiles/deploy.yaml; any other word is

@@ -14,7 +14,7 @@ import re
 import shutil
 
 from elasticdl import fs
-from elasticdl.config import ConfigError
+from elasticdl.config.errors import ConfigError
 
 # A DNS label (RFC 1123): the job name names runs/<job_name>/, the etcd keys
 # /elasticdl/<job_name>/ and, on Kubernetes, pods, services and label values.

@@ -1,149 +1,41 @@
 """The job's configuration in sections: one dataclass per concern, each field one flag.
 
-A field's ``metadata`` carries its command-line help, the commands that take it and its
-aliases. A *structured* flag (``"a=1;b=2"``, ``"cpu=1,memory=4096Mi"``, ``"high"`` ...) is
-typed as text on the command line and held as the value its text means (a dict, a list of
-Volume, a fraction ...); its metadata also carries how to parse the text and how to write the
-value back as text (the JSON handed to the pods). ``JobConfig`` (elasticdl/config/__init__.py)
-holds one instance of every section and is the only place that turns flat flags into sections.
+A field's ``metadata`` carries its command-line help, the commands that take it, its aliases
+and a number's range (elasticdl/config/fields.py). A *structured* flag (``"a=1;b=2"``,
+``"cpu=1,memory=4096Mi"``, ``"high"`` ...) is typed as text on the command line and held as
+the value its text means (a dict, a list of Volume, a fraction ...); its metadata also carries
+how to parse the text and how to write the value back as text (elasticdl/config/structured.py).
+``JobConfig`` (elasticdl/config/job_config.py) holds one instance of every section and is the
+only place that turns flat flags into sections.
 """
 
 from __future__ import annotations
 
-import ast
-import math
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from elasticdl.config import ConfigError
-from elasticdl.config.kubernetes import OptionError, Volume, parse_envs, parse_resources, parse_volumes
-from elasticdl.config.priority import parse_priority_spec
+from elasticdl.config.errors import ConfigError
+from elasticdl.config.fields import Bounds, flag, structured
+from elasticdl.config.kubernetes import Volume, parse_envs, parse_resources, parse_volumes
+from elasticdl.config.structured import (
+    kv_params,
+    option,
+    parse_endpoints,
+    parse_priority,
+    render_kv_params,
+    render_pairs,
+    render_priority,
+    render_volumes,
+)
 
-COMMANDS = ("train", "evaluate", "predict")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # --wire_dtype's values: what dense float32 tensors travel as (elasticdl/rpc/codec.py).
 WIRE_DTYPES = ("float32", "bfloat16", "float16")
 # --tensor_transport's values: how dense tensor bytes travel (elasticdl/rpc/bulk.py).
 TENSOR_TRANSPORTS = ("grpc", "tcp")
-
-
-def flag(default: Any, help: str, commands: tuple[str, ...] = COMMANDS, aliases: tuple[str, ...] = ()):
-    """A field that is a flag as it is (str, int, float or bool)."""
-    return field(default=default, metadata={"help": help, "commands": commands, "aliases": aliases})
-
-
-def structured(
-    text: str,
-    help: str,
-    parse: Callable[[str], Any],
-    render: Callable[[Any], str],
-    commands: tuple[str, ...] = COMMANDS,
-    aliases: tuple[str, ...] = (),
-):
-    """A field typed as text on the command line (default ``text``), held as ``parse(text)``.
-
-    ``parse`` raises ConfigError naming the flag; ``render(parse(t))`` parses back to the same value.
-    """
-    return field(
-        default_factory=lambda: parse(text),
-        metadata={"help": help, "commands": commands, "aliases": aliases, "text": text,
-                  "parse": parse, "render": render},
-    )
-
-
-# ---------------------------------------------------------------- parsing and writing back
-
-
-def parse_kv_params(text: str, flag: str) -> dict[str, Any]:
-    """Parse ``"a=1;b=2.5;c='x';d=True"`` into keyword arguments (Python literals, else strings)."""
-    params: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in text.split(";"))):
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep or not key.isidentifier():
-            raise ConfigError(
-                f"{flag} must look like \"a=1;b=2.5;c='x'\". Cannot parse {item!r} in {text!r}."
-            )
-        raw = raw.strip()
-        try:
-            params[key] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError, TypeError):  # TypeError: e.g. {[]: 1}, an unhashable key
-            params[key] = raw  # a bare word such as relu
-    return params
-
-
-def _literal(value: Any) -> str:
-    """Python source that ``ast.literal_eval`` reads back as ``value``: repr, but infinities as 1e999."""
-    if isinstance(value, float) and math.isinf(value):
-        return "1e999" if value > 0 else "-1e999"
-    if isinstance(value, list):
-        return "[" + ", ".join(map(_literal, value)) + "]"
-    if isinstance(value, tuple):
-        return "(" + ", ".join(map(_literal, value)) + ("," if len(value) == 1 else "") + ")"
-    if isinstance(value, set) and value:
-        return "{" + ", ".join(map(_literal, value)) + "}"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in value.items()) + "}"
-    return repr(value)
-
-
-def render_kv_params(params: dict[str, Any]) -> str:
-    """The text ``parse_kv_params`` reads back as ``params``."""
-    return ";".join(f"{key}={_literal(value)}" for key, value in params.items())
-
-
-def _kv_params(flag: str) -> Callable[[str], dict[str, Any]]:
-    return lambda text: parse_kv_params(text, flag)
-
-
-def _option(parse: Callable[[str, str], Any], flag: str) -> Callable[[str], Any]:
-    """A Kubernetes flag's parser, raising ConfigError with its message."""
-
-    def parse_flag(text: str) -> Any:
-        try:
-            return parse(text, flag)
-        except OptionError as err:
-            raise ConfigError(str(err)) from None
-
-    return parse_flag
-
-
-def _render_pairs(pairs: dict[str, str]) -> str:
-    return ",".join(f"{name}={value}" for name, value in pairs.items())
-
-
-def _render_volumes(volumes: list[Volume]) -> str:
-    specs = []
-    for v in volumes:
-        parts = [f"claim_name={v.claim_name}" if v.claim_name else f"host_path={v.host_path}",
-                 f"mount_path={v.mount_path}"]
-        parts += [f"sub_path={v.sub_path}"] if v.sub_path else []
-        parts += ["read_only=true"] if v.read_only else []
-        specs.append(",".join(parts))
-    return ";".join(specs)
-
-
-def _parse_priority(text: str) -> float:
-    try:
-        return parse_priority_spec(text)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-
-
-def _render_priority(fraction: float) -> str:
-    return {1.0: "high", 0.0: "low"}.get(fraction, repr(float(fraction)))
-
-
-def _parse_endpoints(text: str) -> list[str]:
-    endpoints = [e.strip() for e in text.split(",") if e.strip()]
-    if text.strip() and not endpoints:
-        raise ConfigError(f"--etcd_endpoints names no endpoint (host:port[,host:port]). Received: {text!r}")
-    return endpoints
-
-
-# ---------------------------------------------------------------- the sections
+# A count of which 0 means nothing (a batch, an epoch, a worker): at least 1.
+AT_LEAST_1 = Bounds(low=1)
 
 
 @dataclass
@@ -160,10 +52,10 @@ class TrainingSection:
     )
     model_params: dict[str, Any] = structured(
         "", "Keyword arguments for the model function: \"a=1;b=2.5;c='x'\".",
-        _kv_params("--model_params"), render_kv_params,
+        kv_params("--model_params"), render_kv_params,
     )
-    minibatch_size: int = flag(64, "Records per minibatch.")
-    num_epochs: int = flag(1, "Passes over the training data.", commands=("train",))
+    minibatch_size: int = flag(64, "Records per minibatch.", bounds=AT_LEAST_1)
+    num_epochs: int = flag(1, "Passes over the training data.", commands=("train",), bounds=AT_LEAST_1)
     num_threads_per_process: int = flag(
         0,
         "TensorFlow intra-op threads per worker (0: the machine's cores shared "
@@ -174,6 +66,7 @@ class TrainingSection:
         "keras.layers.Embedding layers whose table (input_dim x output_dim x 4 bytes) is larger "
         "than this many MiB become elasticdl.layers.Embedding: their rows live on the parameter "
         "servers, sharded by id (0: every Embedding; a negative value: none).",
+        bounds=Bounds(low=None),
     )
     wire_dtype: str = flag(
         "float32",
@@ -220,10 +113,11 @@ class DataSection:
         "", "Reader options: \"has_header=True\" for CSV files with a header line; \"columns=a,b,c\" to "
         "read only these columns of Parquet files; \"records=columns\" to give dataset_fn a dict of column "
         "tensors per Parquet row instead of a serialized tf.train.Example (records=examples, the default).",
-        _kv_params("--data_reader_params"), render_kv_params,
+        kv_params("--data_reader_params"), render_kv_params,
     )
     num_minibatches_per_task: int = flag(
-        8, "Minibatches per task, when --records_per_task is not given."
+        8, "Minibatches per task, when --records_per_task is not given.",
+        bounds=AT_LEAST_1,
     )
     records_per_task: int = flag(
         0, "Records per task (0: --minibatch_size x --num_minibatches_per_task)."
@@ -291,6 +185,7 @@ class ConsistencySection:
         1,
         "Sync mode: gradients gathered (and averaged) per model version.",
         commands=("train",),
+        bounds=AT_LEAST_1,
     )
     use_async: bool = flag(
         False, "Apply each gradient as it arrives, without version checks.", commands=("train",)
@@ -306,12 +201,14 @@ class ConsistencySection:
         "Async only: pull the model every N steps, applying the worker's own gradients "
         "locally in between.",
         commands=("train",),
+        bounds=AT_LEAST_1,
     )
     push_steps: int = flag(
         1,
         "Async only: push the mean of the gradients of every N steps (local SGD), applying "
         "each step's gradients locally in between; pulls happen after a push.",
         commands=("train",),
+        bounds=AT_LEAST_1,
     )
     overlap_communication: bool = flag(
         False,
@@ -344,12 +241,7 @@ class ConsistencySection:
         return "async SGD" + pull + push + overlap
 
     def validate(self) -> None:
-        for name in ("staleness_bound", "sync_version_tolerance"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"--{name} must be 0 or more. Received: {name}={getattr(self, name)}")
-        for name in ("get_model_steps", "push_steps"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name} must be at least 1. Received: {getattr(self, name)}")
+        """The combinations that cannot work (each flag's own range: JobConfig.validate)."""
         if self.use_async:
             conflicts = [
                 f"--grads_to_wait={self.grads_to_wait}" if self.grads_to_wait != 1 else "",
@@ -392,18 +284,19 @@ class ElasticitySection:
 
     TITLE: ClassVar[str] = "Elasticity and fault handling"
 
-    num_workers: int = flag(1, "Number of workers.")
+    num_workers: int = flag(1, "Number of workers.", bounds=AT_LEAST_1)
     max_workers: int = flag(
         64,
         "Most workers the job may ever have: --num_workers and `elasticdl scale --num_workers` "
         "may not ask for more (fixed when the job starts).",
+        bounds=AT_LEAST_1,
     )
-    num_ps: int = flag(1, "Number of parameter servers.", aliases=("--num_ps_pods",))
+    num_ps: int = flag(1, "Number of parameter servers.", aliases=("--num_ps_pods",), bounds=AT_LEAST_1)
     worker_pod_priority: float = structured(
         "high",
         "Worker priority: high, low, or a fraction f (ceil(f*n) workers high, the rest low). "
         "Scaling down stops low-priority workers first.",
-        _parse_priority, _render_priority,
+        parse_priority, render_priority,
         commands=("train",),
     )
     relaunch_on_worker_failure: int = flag(
@@ -413,7 +306,8 @@ class ElasticitySection:
         commands=("train",),
     )
     task_timeout: float = flag(
-        600.0, "Seconds a task may stay in progress before it goes back to the queue."
+        600.0, "Seconds a task may stay in progress before it goes back to the queue.",
+        bounds=Bounds(low=0, low_open=True),
     )
     max_task_retries: int = flag(
         3, "Times a task may fail or time out before it is dropped and reported."
@@ -422,7 +316,7 @@ class ElasticitySection:
         "",
         "etcd (v3) endpoints host:port[,host:port]: the master keeps the task ledger there under "
         "/elasticdl/<job_name>/ and a restarted master resumes the job (empty: in memory).",
-        _parse_endpoints, ",".join,
+        parse_endpoints, ",".join,
         commands=("train",),
     )
 
@@ -511,27 +405,27 @@ class KubernetesSection:
     image_pull_policy: str = flag("Always", "Kubernetes: Always, IfNotPresent or Never.")
     master_resource_request: dict[str, str] = structured(
         "cpu=0.1,memory=1024Mi", "Kubernetes: the master pod's requests, like cpu=1,memory=4096Mi,gpu=1.",
-        _option(parse_resources, "--master_resource_request"), _render_pairs,
+        option(parse_resources, "--master_resource_request"), render_pairs,
     )
     master_resource_limit: dict[str, str] = structured(
         "", "Kubernetes: the master pod's limits (empty: its requests).",
-        _option(parse_resources, "--master_resource_limit"), _render_pairs,
+        option(parse_resources, "--master_resource_limit"), render_pairs,
     )
     worker_resource_request: dict[str, str] = structured(
         "cpu=1,memory=4096Mi", "Kubernetes: each worker pod's requests (gpu=N asks for nvidia.com/gpu).",
-        _option(parse_resources, "--worker_resource_request"), _render_pairs,
+        option(parse_resources, "--worker_resource_request"), render_pairs,
     )
     worker_resource_limit: dict[str, str] = structured(
         "", "Kubernetes: each worker pod's limits (empty: its requests).",
-        _option(parse_resources, "--worker_resource_limit"), _render_pairs,
+        option(parse_resources, "--worker_resource_limit"), render_pairs,
     )
     ps_resource_request: dict[str, str] = structured(
         "cpu=1,memory=4096Mi", "Kubernetes: each PS pod's requests.",
-        _option(parse_resources, "--ps_resource_request"), _render_pairs,
+        option(parse_resources, "--ps_resource_request"), render_pairs,
     )
     ps_resource_limit: dict[str, str] = structured(
         "", "Kubernetes: each PS pod's limits (empty: its requests).",
-        _option(parse_resources, "--ps_resource_limit"), _render_pairs,
+        option(parse_resources, "--ps_resource_limit"), render_pairs,
     )
     master_pod_priority: str = flag(
         "", "Kubernetes: the master pod's PriorityClass (high, low or a class name; empty: the default)."
@@ -543,12 +437,12 @@ class KubernetesSection:
         "",
         "Kubernetes: volumes for every pod: claim_name=c,mount_path=/data or "
         "host_path=/x,mount_path=/data, several separated by ';'.",
-        _option(parse_volumes, "--volume"), _render_volumes,
+        option(parse_volumes, "--volume"), render_volumes,
     )
     envs: dict[str, str] = structured(
         "", "Kubernetes: extra environment for every pod: NAME=value,NAME2=value2. "
         "Every value counts as a secret: it is kept in the job's Secret.",
-        _option(parse_envs, "--envs"), _render_pairs,
+        option(parse_envs, "--envs"), render_pairs,
     )
     cluster_spec: str = flag(
         "",

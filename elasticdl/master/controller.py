@@ -25,11 +25,11 @@ from elasticdl.data.errors import BadRecordError
 from elasticdl.errors import TrainingDivergedError
 from elasticdl.launch.exits import ProcessExit
 from elasticdl.master.clocks import WorkerClocks
-from elasticdl.master.evaluation_service import EvaluationService, FrozenSnapshot, TaskDispatcher
+from elasticdl.master.evaluation_rounds import EvaluationRounds
+from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
 from elasticdl.master.events import *  # noqa: F403  (the vocabulary: ``c.Tick``, ``c.EndEpoch``, ...)
 from elasticdl.master.events import (
     Decision,
-    DropSnapshot,
     EndEpoch,
     EpochEndDeferred,
     EpochEnded,
@@ -45,13 +45,15 @@ from elasticdl.master.events import (
     OpenEpoch,
     PSRelaunched,
     PSRollback,
-    PSUnavailable,
-    RecordEvaluation,
+    PSSilent,
     RelaunchPS,
+    ReplacePS,
     ReplaceWorker,
     RoleExited,
     SaveLedger,
     ScaleRequested,
+    SnapshotFailed,
+    SnapshotTaken,
     StopRequested,
     StoreLost,
     TellLiveWorkers,
@@ -70,13 +72,12 @@ MAX_PS_RELAUNCHES = 3
 # long. A worker between two tasks is not gone; told at once, the PS would apply a version with
 # fewer gradients and refuse that worker's next one as stale.
 LIVE_WORKERS_SETTLE_SECONDS = 1.0
-# Epoch ends whose snapshot is taken at once while rounds queue up behind a slow one; later
-# ones take theirs when they start. With the running round's, that stays below the PS's limit
-# (MAX_SNAPSHOTS in elasticdl/ps/server.py evicts the oldest past 4).
-MAX_FROZEN_ROUNDS = 2
 # Once every task and evaluation is done, workers leave at their next request for a task; one
 # still there this long later is frozen or hung, and is killed rather than holding the job open.
 WORKERS_LEAVE_SECONDS = 10.0
+# A PS that answers no probe this long is frozen or hung (a gray failure): it is killed, and
+# relaunched like a PS that died. Long enough for a PS busy writing a large checkpoint.
+PS_SILENT_SECONDS = 60.0
 
 
 class Controller:
@@ -131,9 +132,8 @@ class Controller:
         self._ending: EndEpoch | None = None  # issued, its outcome not back yet
         self._end_held = False  # an end found a PS away: not asked again before the next Tick
         self._deferred_epoch: int | None = None  # the last epoch whose end was deferred (logged once)
-        # (reason, epoch, snapshot taken at the epoch's end) waiting to start
-        self._eval_queue: list[tuple[str, int | None, FrozenSnapshot | None]] = []
-        self._round_epochs: dict[int, int | None] = {}
+        self.rounds = (EvaluationRounds(self.evaluation, evaluation_steps, fires_epoch_ends=command == "train")
+                       if self.evaluation is not None else None)
         self._live_workers_told = -1
         # A tell found a PS away: not told again before the next Tick. Told again at once, the
         # job's feed would alternate TellLiveWorkers and LiveWorkersNotTold forever and never
@@ -144,8 +144,10 @@ class Controller:
         self.outcome: Finish | Fail | None = None
         self.replaced: list[ReplaceWorker] = []  # workers killed for making no progress
         self._done_since: float | None = None  # when all_done first held with workers still there
+        self._ps_silent_since: dict[int, float] = {}
+        self._ps_replaced: set[int] = set()  # killed for silence, exit not seen yet
         if command == "evaluate":
-            self._eval_queue.append(("evaluate", None, None))
+            self.rounds.queue("evaluate", None)
 
     # ------------------------------------------------------------ entry points
 
@@ -176,7 +178,7 @@ class Controller:
             return False
         if self.command == "train" and self.epoch_done < self.tasks.epoch:
             return False
-        return not self._eval_queue and not (self.evaluation is not None and self.evaluation.busy)
+        return self.rounds is None or self.rounds.idle
 
     # ------------------------------------------------------------ events
 
@@ -208,6 +210,12 @@ class Controller:
                 # Asked again once per poll, after the job looked at which roles exited: asked at
                 # once, a PS whose exit was not seen yet kept the job from ever seeing it.
                 self._end_held = self._tell_held = False
+                if self.rounds is not None:
+                    self.rounds.tick()
+            case PSSilent(indices=indices):
+                return self._on_ps_silent(indices)
+            case SnapshotTaken() | SnapshotFailed() if self.rounds is not None:
+                return self.rounds.on_snapshot(event)
             case HandoutsFenced(handouts=handouts, marks=marks):
                 self.tasks.fenced(list(handouts), marks)
             case LiveWorkersNotTold():
@@ -229,21 +237,28 @@ class Controller:
             exit_.index, exit_.returncode, exit_.log_tail, job_done=self.dispatcher.finished
         ))
 
+    def _on_ps_silent(self, indices: tuple[int, ...]) -> list[Decision]:
+        now = self._clock()
+        self._ps_silent_since = {i: self._ps_silent_since.get(i, now) for i in indices}
+        decisions: list[Decision] = []
+        for index, since in sorted(self._ps_silent_since.items()):
+            if now - since >= PS_SILENT_SECONDS and index not in self._ps_replaced:
+                self._ps_replaced.add(index)
+                reason = f"it answered no probe for {now - since:.0f} s (frozen or hung)"
+                logger.warning("parameter server %d makes no progress: %s; killing it", index, reason)
+                decisions.append(ReplacePS(index, reason))
+        return decisions
+
     def _on_ps_exit(self, exit_: ProcessExit) -> list[Decision]:
+        self._ps_replaced.discard(exit_.index)
+        self._ps_silent_since.pop(exit_.index, None)
         if self.dispatcher.finished:
             return []  # the job is ending: the PS is no longer needed
         self.ps_relaunches += 1
         if self.ps_relaunches > self.max_ps_relaunches or self.command != "train":
             return [Fail(describe_exit(exit_, "died"))]
-        if self.evaluation is not None and self.evaluation.busy:
-            self.evaluation.suspend()  # its snapshot died with the PS: run the round again once it is back
         self._live_workers_told = -1  # the new PS knows nothing yet
-        decisions: list[Decision] = [RelaunchPS(exit_)]
-        for i, (reason, epoch, frozen) in enumerate(self._eval_queue):
-            if frozen is not None:  # it died with the PS too: such a round takes its snapshot when it starts
-                self._eval_queue[i] = (reason, epoch, None)
-                decisions.append(DropSnapshot(frozen.round_id, best_effort=True))
-        return decisions
+        return [RelaunchPS(exit_)] + (self.rounds.ps_died() if self.rounds is not None else [])
 
     def _on_version(self, version: int) -> list[Decision]:
         # Monotone: worker reports and PS polls arrive out of order; a PS restored from a
@@ -259,14 +274,8 @@ class Controller:
             return []  # not the end this controller asked for
         self.epoch_done = epoch
         decisions: list[Decision] = []
-        if self.evaluation is not None:
-            frozen = None
-            try:  # the model as this epoch left it, even when a round is still running
-                if sum(f is not None for _, _, f in self._eval_queue) < MAX_FROZEN_ROUNDS:
-                    frozen = self.evaluation.freeze()
-            except PSUnavailable:
-                pass  # a PS is restarting: the round takes its snapshot when it starts
-            self._eval_queue.append(("final" if ending.final else f"epoch {epoch + 1}", epoch, frozen))
+        if self.rounds is not None:  # evaluated on the model as this epoch left it
+            decisions += self.rounds.queue("final" if ending.final else f"epoch {epoch + 1}", epoch)
         else:
             decisions.append(FireEpochEnd(epoch))
         if not self.wait_for_epoch_callbacks:
@@ -302,8 +311,8 @@ class Controller:
                 return decisions + [end]  # its outcome comes back as an event before anything else
             if self._ending is not None:
                 return decisions
-        if self.evaluation is not None:
-            decisions += self._advance_evaluation()
+        if self.rounds is not None:
+            decisions += self.rounds.advance(self.model_version)
         if self.all_done:
             self.dispatcher.finish()  # workers get END and exit
         if self.workers and self.all_done:
@@ -379,7 +388,15 @@ class Controller:
             count = len(self.dispatcher.active_workers())
             if count >= self._live_workers_told:
                 self._fewer_live_since = None  # a dip that ended does not count towards the next one
-            if count and count != self._live_workers_told and not self._tell_held and self._settled(count):
+            # 0 is told once training is over, at once, before the final model is read: with
+            # nobody left to push, a PS applies the gradients still pending in its average, whose
+            # records the ledger already counts done (the job ended with them in no model).
+            # Between epochs a pending gradient just waits for the next epoch's first pushes.
+            if count == 0 and self.tasks.finished:
+                settled = self._live_workers_told > 0
+            else:
+                settled = count > 0 and self._settled(count)
+            if settled and count != self._live_workers_told and not self._tell_held:
                 self._live_workers_told = count
                 decisions.append(TellLiveWorkers(count))
         return decisions
@@ -407,36 +424,6 @@ class Controller:
         self._ending = EndEpoch(epoch, final=finished and epoch == self.tasks.epoch,
                                 sync_model=self.evaluation is None)
         return self._ending
-
-    def _advance_evaluation(self) -> list[Decision]:
-        evaluation = self.evaluation
-        decisions: list[Decision] = []
-        if evaluation.busy and evaluation.current.suspended:
-            try:
-                lost = evaluation.restart()
-            except PSUnavailable:
-                return decisions  # the relaunched PS is not serving yet
-            self._round_epochs[evaluation.current.round_id] = self._round_epochs.pop(lost, None)
-            logger.warning("a PS restarted during evaluation round %d: evaluating again", lost)
-            decisions.append(DropSnapshot(lost, best_effort=True))  # still held by the PS that did not restart
-        result = evaluation.poll()
-        if result is not None:
-            decisions.append(RecordEvaluation(result))
-            epoch = self._round_epochs.pop(result.round_id, None)
-            if epoch is not None and self.command == "train":
-                # The callbacks see the parameters that were evaluated, not newer ones.
-                decisions.append(FireEpochEnd(epoch, dict(result.metrics), snapshot=result.round_id))
-            decisions.append(DropSnapshot(result.round_id))
-        try:
-            if not evaluation.busy and self._eval_queue:
-                reason, epoch, frozen = self._eval_queue[0]
-                self._round_epochs[evaluation.start(reason, frozen).round_id] = epoch
-                self._eval_queue.pop(0)
-            elif evaluation.due(self.model_version):
-                self._round_epochs[evaluation.start(f"every {self.evaluation_steps} versions").round_id] = None
-        except PSUnavailable:
-            pass  # a PS is restarting: start the round at a later event
-        return decisions
 
     # ------------------------------------------------------------ helpers
 

@@ -69,7 +69,6 @@ class EvaluationService:
         self,
         shards: Sequence[Shard],
         metrics_fn: Callable[[], dict[str, Any]],
-        snapshot: Callable[[int], int],
         evaluation_steps: int = 0,
         start_delay_secs: float = 0.0,
         throttle_secs: float = 0.0,
@@ -79,7 +78,6 @@ class EvaluationService:
     ):
         self._shards = list(shards)
         self._metrics_fn = metrics_fn
-        self._snapshot = snapshot
         self.evaluation_steps = evaluation_steps
         self._clock = clock
         self._not_before = clock() + start_delay_secs
@@ -109,22 +107,18 @@ class EvaluationService:
             and now - self._last_start >= self._throttle
         )
 
-    def freeze(self) -> FrozenSnapshot:
-        """Take a round's snapshot now (an epoch ended), to evaluate once the running round is
-        done: the round evaluates the model as it was at the epoch's end, not when the workers
-        are next free. Raises what the snapshot call raises (a PS restarting)."""
+    def reserve_round(self) -> int:
+        """A new round's id, which is also the id of its snapshot on the PS. The service takes no
+        snapshot itself: the controller decides ``TakeSnapshot(round_id)``, and starts the round
+        on the answer (an epoch's end may take its snapshot now and start its round later)."""
         round_id = self._next_round
-        version = self._snapshot(round_id)  # may raise: the id is not used up
         self._next_round += 1
-        return FrozenSnapshot(round_id, version)
+        return round_id
 
-    def start(self, reason: str, frozen: FrozenSnapshot | None = None) -> EvaluationRound:
-        """Called by the job loop alone; the snapshot (unless ``frozen`` holds one taken earlier)
-        is taken without holding the lock."""
+    def start(self, reason: str, frozen: FrozenSnapshot) -> EvaluationRound:
+        """Start a round on the snapshot ``frozen`` (called by the job loop alone)."""
         if self.current is not None:
             raise RuntimeError("an evaluation round is already running")
-        if frozen is None:
-            frozen = self.freeze()
         with self._lock:
             return self._begin(frozen.round_id, frozen.model_version, reason)
 
@@ -151,16 +145,13 @@ class EvaluationService:
             if self.current is not None:
                 self.current.suspended = True
 
-    def restart(self) -> int:
-        """Run the suspended round again on a fresh snapshot; returns the lost round's id.
-
-        The new round has a new id (and snapshot id), so late reports of the lost round's
-        tasks are refused. Raises what the snapshot call raises (e.g. the PS is not back yet).
-        """
+    def restart(self, frozen: FrozenSnapshot) -> int:
+        """Run the suspended round again on the fresh snapshot ``frozen``; returns the lost
+        round's id. The new round has a new id (and snapshot id), so late reports of the lost
+        round's tasks are refused."""
         lost = self.current
         if lost is None:
             raise RuntimeError("no evaluation round to restart")
-        frozen = self.freeze()  # may raise: the lost round stays, suspended
         with self._lock:
             self.current = None
             self._begin(frozen.round_id, frozen.model_version, lost.reason if lost.reason.endswith(_AGAIN) else lost.reason + _AGAIN)

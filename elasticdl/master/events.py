@@ -34,15 +34,19 @@ __all__ = [
     "OpenEpoch",
     "PSRelaunched",
     "PSRollback",
-    "PSUnavailable",
+    "PSSilent",
     "RecordEvaluation",
     "RelaunchPS",
+    "ReplacePS",
     "ReplaceWorker",
     "RoleExited",
     "SaveLedger",
     "ScaleRequested",
+    "SnapshotFailed",
+    "SnapshotTaken",
     "StopRequested",
     "StoreLost",
+    "TakeSnapshot",
     "TaskReported",
     "TellLiveWorkers",
     "Tick",
@@ -50,13 +54,6 @@ __all__ = [
     "VersionReported",
     "describe_exit",
 ]
-
-class PSUnavailable(Exception):
-    """A parameter server does not answer (it is being relaunched): try again at a later event.
-
-    Raised by the PS calls the job injects into the cores (the evaluation snapshot); it never
-    reaches the user, so it stays outside the error tree on purpose."""
-
 
 # ---------------------------------------------------------------- events
 
@@ -140,6 +137,30 @@ class HandoutsFenced:
 
 
 @dataclass(frozen=True)
+class SnapshotTaken:
+    """The answer to ``TakeSnapshot``: every PS holds snapshot ``round_id`` of model ``version``."""
+
+    round_id: int
+    version: int
+
+
+@dataclass(frozen=True)
+class SnapshotFailed:
+    """The answer to ``TakeSnapshot`` when a PS did not answer (it is being relaunched)."""
+
+    round_id: int
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class PSSilent:
+    """A probe of every PS completed: these did not answer within its deadline (none: all did).
+    A frozen or hung PS is silent; a dead one is not (its exit tells)."""
+
+    indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class PSRelaunched:
     """The job carried out ``RelaunchPS``: the PS restores checkpoint ``restored_version``
     (None: no checkpoint, it starts empty and the workers give it their copy)."""
@@ -153,6 +174,7 @@ class PSRelaunched:
 Event = (
     Tick | RoleExited | TaskReported | VersionReported | ScaleRequested | StopRequested | StoreLost
     | EpochEnded | EpochEndDeferred | LiveWorkersNotTold | PSRelaunched | EpochEndFired | HandoutsFenced
+    | SnapshotTaken | SnapshotFailed | PSSilent
 )
 
 
@@ -171,6 +193,15 @@ class RelaunchPS:
 class ReplaceWorker:
     """Kill a worker that stopped making progress (its task timed out, or it did not leave after
     the job's end); its exit refills its slot, as for a preempted worker."""
+
+    index: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReplacePS:
+    """Kill a PS that stopped answering (silent past ``PS_SILENT_SECONDS``); its exit brings the
+    usual relaunch (``RelaunchPS``), from the latest checkpoint."""
 
     index: int
     reason: str
@@ -241,6 +272,14 @@ class RecordEvaluation:
 
 
 @dataclass(frozen=True)
+class TakeSnapshot:
+    """Every PS copies its parameters as snapshot ``round_id`` (an evaluation round's, which
+    workers pull while training goes on). Answered by ``SnapshotTaken`` or ``SnapshotFailed``."""
+
+    round_id: int
+
+
+@dataclass(frozen=True)
 class DropSnapshot:
     """Free an evaluation round's snapshot on the PS (``best_effort``: one may be gone already)."""
 
@@ -266,8 +305,8 @@ class Fail:
 
 
 Decision = (
-    Launch | Stop | RelaunchPS | ReplaceWorker | FenceHandouts | TellLiveWorkers | EndEpoch | FireEpochBegin | FireEpochEnd | VersionChanged
-    | RecordEvaluation | DropSnapshot | SaveLedger | Finish | Fail | OpenEpoch
+    Launch | Stop | RelaunchPS | ReplacePS | ReplaceWorker | FenceHandouts | TellLiveWorkers | EndEpoch | FireEpochBegin | FireEpochEnd | VersionChanged
+    | RecordEvaluation | TakeSnapshot | DropSnapshot | SaveLedger | Finish | Fail | OpenEpoch
 )
 
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from elasticdl.errors import JobFailure
+
 # Far above what one event leads to (a PS death: a relaunch, fences, a ledger save, ...), far
 # below a loop that never ends: a controller answering itself forever is a bug, and a job that
 # spins on it never polls its roles again.
 MAX_STEPS_PER_FEED = 10_000
 
 
-class FeedLivelock(RuntimeError):
+class FeedLivelock(JobFailure, RuntimeError):
     """The controller and the executor kept answering each other: the job would spin forever."""
 
 

@@ -50,9 +50,10 @@ logger = logging.getLogger(__name__)
 
 # A worker asked to leave (scale-down) gets this long to finish its batch and report.
 WORKER_STOP_GRACE_SECS = 30.0
-# Workers report new versions as they make them; the PS is also asked this often, for the
-# versions no worker reports (e.g. while every worker evaluates).
-VERSION_POLL_SECONDS = 0.5
+# What a PS call answers while a PS is away: down or restarting (UNAVAILABLE), or frozen or hung
+# (DEADLINE_EXCEEDED: the master's calls to the PS have a deadline). The call is tried again at
+# a later Tick; the exit, or the probe's silence, brings the PS back.
+PS_AWAY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 def default_backend(config: JobConfig) -> Backend:
@@ -120,6 +121,7 @@ class Job(JobSetup, Recovery, JobEnd):
         self._server = None
         self._token = ""  # the job's token (see _start)
         self._ps = None  # the master's own PSClient
+        self._probe = None  # its look at the PS, in flight (master/ps_probe.py)
         self._trainer = None
         self._model = None  # the master's copy of the model (callbacks, export)
         self._model_params_version = 0  # the model version of the parameters in self._model
@@ -230,15 +232,13 @@ class Job(JobSetup, Recovery, JobEnd):
     # ------------------------------------------------------------ the loop
 
     def _loop(self) -> None:
-        last_render = last_version_poll = 0.0
+        last_render = 0.0
         render_every = 0.5 if self.progress.is_tty else 5.0
         while self.controller.outcome is None:
             events = self._next_events()
             events += [c.RoleExited(exit_) for exit_ in self.backend.poll_exits()]
+            events += self._probe.poll()
             now = time.monotonic()
-            if now - last_version_poll >= VERSION_POLL_SECONDS:
-                events.append(c.VersionReported(self._poll_version()))
-                last_version_poll = now
             events.append(c.Tick())
             for event in events:
                 self._feed(event)
@@ -290,6 +290,8 @@ class Job(JobSetup, Recovery, JobEnd):
                 self.backend.request_stop("worker", index, WORKER_STOP_GRACE_SECS)
             case c.FenceHandouts(handouts=handouts, task_ids=task_ids):
                 return [c.HandoutsFenced(handouts, self._fence(list(handouts), list(task_ids)))]
+            case c.ReplacePS(index=index):
+                self.backend.request_stop("ps", index, grace=0.0)  # its exit relaunches it
             case c.ReplaceWorker(index=index):
                 self.backend.request_stop("worker", index, grace=0.0)  # a frozen process takes no SIGTERM
             case c.RelaunchPS(exit=exit_):
@@ -333,12 +335,19 @@ class Job(JobSetup, Recovery, JobEnd):
             case c.RecordEvaluation(result=result):
                 if self.tensorboard is not None:
                     self.tensorboard.scalars(result.model_version, result.metrics, prefix="eval/")
+            case c.TakeSnapshot(round_id=round_id):
+                try:
+                    return [c.SnapshotTaken(round_id, self._ps.take_snapshot(round_id))]
+                except grpc.RpcError as err:
+                    if err.code() not in PS_AWAY:
+                        raise
+                    return [c.SnapshotFailed(round_id, str(err.details()))]  # a PS is restarting
             case c.DropSnapshot(round_id=round_id, best_effort=best_effort):
                 try:
                     self._ps.drop_snapshot(round_id)
                 except grpc.RpcError as err:
                     # A PS that is down held no snapshot any more: its snapshots went with it.
-                    if not best_effort and err.code() != grpc.StatusCode.UNAVAILABLE:
+                    if not best_effort and err.code() not in PS_AWAY:
                         raise
                     logger.info("snapshot %d not dropped on every PS (%s): a PS is away, and its "
                                 "snapshots went with it", round_id, err.code().name)
@@ -363,7 +372,7 @@ class Job(JobSetup, Recovery, JobEnd):
             stats = self._ps_stats()
             version = self._sync_model() if decision.sync_model else 0
         except grpc.RpcError as err:
-            if err.code() != grpc.StatusCode.UNAVAILABLE:
+            if err.code() not in PS_AWAY:
                 raise
             return [c.EpochEndDeferred(decision.epoch)]
         self._epoch_telemetry(stats, decision.epoch)
@@ -385,27 +394,16 @@ class Job(JobSetup, Recovery, JobEnd):
 
     # ------------------------------------------------------------ PS calls
 
-    def _take_snapshot(self, round_id: int) -> int:
-        try:
-            return self._ps.take_snapshot(round_id)
-        except grpc.RpcError as err:
-            if err.code() == grpc.StatusCode.UNAVAILABLE:
-                raise c.PSUnavailable(str(err.details())) from None
-            raise
-
     def _ps_stats(self) -> list:
         """Every PS's stats; checkpoint writes that failed since the last look are logged."""
         stats = self._ps.stats()
+        self._note_stats(stats)
+        return stats
+
+    def _note_stats(self, stats: list) -> None:
         for message in self._checkpoint_failures.note(stats):
             logger.error("a checkpoint could not be written (%s); training goes on, the PS tries again "
                          "at its next checkpoint", message)
-        return stats
-
-    def _poll_version(self) -> int:
-        try:
-            return min(s.version for s in self._ps_stats())
-        except grpc.RpcError:
-            return 0  # a PS is restarting: ask again at the next poll (the controller ignores lower versions)
 
     def _serving_model(self):
         """The master's model with its embedding tables pulled in from the PS (serving needs no PS)."""

@@ -19,6 +19,7 @@ from elasticdl.launch.api import RoleExitedError
 from elasticdl.master import controller as c
 from elasticdl.master.evaluation_service import EvaluationService
 from elasticdl.master.preflight import check_eval_metrics
+from elasticdl.master.ps_probe import PSProbe
 from elasticdl.master.servicer import MasterServicer
 from elasticdl.proto import elasticdl_pb2_grpc
 from elasticdl.rpc import auth
@@ -27,15 +28,16 @@ from elasticdl.rpc.channel import make_server
 logger = logging.getLogger(__name__)
 
 PS_START_TIMEOUT = 120.0
+# The master looks at its PS this often, for the versions no worker reports (for example while
+# every worker evaluates) and for a PS that stopped answering.
+VERSION_POLL_SECONDS = 0.5
 
 
 def write_job_config(config: JobConfig) -> str:
-    """runs/<job>/job_config.json, every role's ``--job_config``; its path."""
+    """runs/<job>/job_config.json, every role's ``--job_config``; its path. Owner-only (0600):
+    it holds the --envs values, which count as secrets."""
     os.makedirs(config.job.run_dir, exist_ok=True)
-    path = os.path.join(config.job.run_dir, "job_config.json")
-    with open(path, "w") as f:
-        f.write(config.to_json())
-    return path
+    return auth.write_private(os.path.join(config.job.run_dir, "job_config.json"), config.to_json())
 
 
 class JobSetup:
@@ -85,6 +87,7 @@ class JobSetup:
         )
         self._ps = PSClient(self.ps_addresses, token=self._token)
         self._ps.term = self.state.term
+        self._probe = PSProbe(self._ps, VERSION_POLL_SECONDS, time.monotonic, on_stats=self._note_stats)
         self._model.stop_training = False  # Keras callbacks set it to end training
         self._start_evaluation_service()
         if cfg.outputs.tensorboard_log_dir:
@@ -131,7 +134,6 @@ class JobSetup:
         self.evaluation = EvaluationService(
             make_shards(files, cfg.effective_records_per_task),
             metrics_fn=self.checked.spec.eval_metrics_fn,
-            snapshot=self._take_snapshot,
             evaluation_steps=cfg.evaluation.evaluation_steps,
             start_delay_secs=cfg.evaluation.evaluation_start_delay_secs,
             throttle_secs=cfg.evaluation.evaluation_throttle_secs,

@@ -16,7 +16,7 @@ from typing import Any
 from elasticdl.config import JobConfig
 from elasticdl.config.paths import MIN_FREE_BYTES, check_writable_dir
 from elasticdl.data.columns import select
-from elasticdl.data.errors import BadRecord, BadRecordError, DataError
+from elasticdl.data.errors import BadRecord, BadRecordError, CorruptRecordError, DataError, NoDataFilesError
 from elasticdl.data.sources import (
     check_parquet_schemas,
     count_records,
@@ -52,20 +52,22 @@ def check_inputs(config: JobConfig, command: str = "train") -> list[tuple[str, i
     """The checks that need no TensorFlow: the flags, the model-zoo file, the data files and
     their records; (path, records) of the data the command reads. A typo fails in a fraction
     of a second, not after TensorFlow's import (seconds)."""
+    return _check_inputs(config, command)[0]
+
+
+def _check_inputs(config: JobConfig, command: str) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """check_inputs, and (path, records) of --validation_data when `train` evaluates it."""
     config.validate(command)
     model_def_path(config.training.model_zoo, config.training.model_def)
-    data = {"train": config.data.training_data, "evaluate": config.data.validation_data,
-            "predict": config.data.prediction_data}[command]
-    files = [(path, count_records(path, config.data.has_header)) for path in resolve_data_files(data)]
-    check_parquet_schemas([path for path, _ in files], config.data.columns)
-    if sum(n for _, n in files) == 0:
-        raise ModelSpecError(f"the data in {data!r} holds no records")
+    flag = {"train": "--training_data", "evaluate": "--validation_data", "predict": "--prediction_data"}[command]
+    files = count_data(flag, config.flag_value(flag[2:]), config.data.has_header)
+    validation = []
     if config.data.validation_data and command == "train":
-        validation = resolve_data_files(config.data.validation_data)  # fail now on a typo, not after training
-        check_parquet_schemas([path for path, _ in files] + validation, config.data.columns)
-        files_read = [path for path, _ in files] + validation
-    else:
-        files_read = [path for path, _ in files]
+        # Checked as the training data is, now: evaluation reads it only after an epoch.
+        validation = count_data("--validation_data", config.data.validation_data, config.data.has_header,
+                                optional=True)
+    files_read = [path for path, _ in files + validation]
+    check_parquet_schemas(files_read, config.data.columns)
     if config.data.records == "columns":
         other = [path for path in files_read if record_format(path) != "parquet"]
         if other:
@@ -73,13 +75,49 @@ def check_inputs(config: JobConfig, command: str = "train") -> list[tuple[str, i
                 f"{other[0]}: --data_reader_params records=columns reads Parquet files (.parquet, .pq), and this "
                 f"is {record_format(other[0])}: drop records=columns, or convert the data to Parquet"
             )
+    return files, validation
+
+
+def count_data(flag: str, spec: str, has_header: bool, optional: bool = False) -> list[tuple[str, int]]:
+    """(path, records) of every file ``spec`` names, each counted from its framing; a DataError
+    naming ``flag`` when a file cannot be read or is in no format the readers know, and when the
+    files hold no record at all. The same rules for every flag that names data (``optional``:
+    the command runs without it too)."""
+    try:
+        paths = resolve_data_files(spec)
+    except NoDataFilesError as err:
+        raise NoDataFilesError(f"{flag}: {err}") from None
+    files = []
+    for path in paths:
+        try:
+            files.append((path, count_records(path, has_header)))
+        except CorruptRecordError as err:
+            raise DataError(
+                f"{flag}: {path} cannot be read as {record_format(path)} (record {err.index} at byte "
+                f"{err.offset}: {err.problem}): it is truncated, corrupt or in another format. Regenerate "
+                f"it, or remove it from {flag}."
+            ) from None
+        except DataError as err:
+            raise DataError(f"{flag}: {err}") from None
+        except OSError as err:
+            raise DataError(
+                f"{flag}: cannot read {path}: {err.strerror or err}. Make it readable by this user, "
+                f"or remove it from {flag}."
+            ) from None
+    if sum(n for _, n in files) == 0:
+        header = " (a CSV header line is no record)" if has_header else ""
+        raise DataError(
+            f"{flag} {spec!r} holds no records: {len(files)} file{'s' if len(files) > 1 else ''}, "
+            f"all empty{header}. Name data with at least one record"
+            + (f", or drop {flag}." if optional else ".")
+        )
     return files
 
 
 def check_job(config: JobConfig, command: str = "train", before_tensorflow=None) -> CheckedJob:
     """Every submit-time check. ``before_tensorflow`` runs once the checks that need no
     TensorFlow passed, before the model zoo is imported (the CLI sets TensorFlow up there)."""
-    files = check_inputs(config, command)
+    files, validation = _check_inputs(config, command)
     if before_tensorflow is not None:
         before_tensorflow()
     spec = load_model_spec(config.training.model_zoo, config.training.model_def,
@@ -108,6 +146,10 @@ def check_job(config: JobConfig, command: str = "train", before_tensorflow=None)
     features, trainer = _check_one_batch(spec, config, files, has_header, metrics, mode)
     if command == "train":
         _check_room_for_the_model(config, optimizer_spec, trainer)
+    if validation and metrics:
+        # A first batch of --validation_data through dataset_fn, the model and the metrics, as
+        # the evaluation reads it (after an epoch of training): other features fail now.
+        _check_one_batch(spec, config, validation, has_header, metrics, Mode.EVALUATION)
     return CheckedJob(config, spec, optimizer_spec, files, features)
 
 

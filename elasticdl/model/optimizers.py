@@ -47,11 +47,12 @@ MAX_LEARNING_RATE = 100.0
 
 
 def learning_rate_problem(value: float) -> str:
-    """Why ``value`` (not the 0 sentinel) is no learning rate a PS takes; '' when it is one."""
+    """Why ``value`` is no learning rate a PS takes; '' when it is one. 0 is one: no update
+    (the optimizer's own rate is asked for with no rate at all, None)."""
     if not math.isfinite(value):
         return f"learning rate {value} is not a finite number"
-    if value <= 0:
-        return f"learning rate {value} is not positive (send 0 for the optimizer's own rate)"
+    if value < 0:
+        return f"learning rate {value} is negative (0 applies no update; send none for the optimizer's own rate)"
     if value > MAX_LEARNING_RATE:
         return (
             f"learning rate {value:g} is above {MAX_LEARNING_RATE:g}, the largest a parameter server "

@@ -190,7 +190,7 @@ class Trainer:
             # Traced: Keras's eager apply_gradients took 32 ms per step on the 5M-parameter model
             # (more than the gradient, 20 ms), the traced one a few (docs/benchmarks.md).
             self._local_apply = tf.function(self._apply_local_eager)
-        if learning_rate:
+        if learning_rate is not None:  # 0 is a rate: no update
             self._local_optimizer.learning_rate = learning_rate
         names = tuple(name for name in self.variables if name in grads)
         if names:

@@ -298,7 +298,8 @@ class ParameterServer:
 
     def set_learning_rate(self, learning_rate: float | None, term: int = 0) -> None:
         """The master's rate for pushes that bring none (None: the optimizer's own).
-        ValueError for a rate that is not finite, not positive or too large (state unchanged);
+        ValueError for a rate that is not finite, negative or too large (state unchanged; 0 is a
+        rate: pushes then change nothing);
         StaleTermError from a master of an older term."""
         problem = learning_rate_problem(learning_rate) if learning_rate is not None else ""
         if problem:
@@ -308,7 +309,7 @@ class ParameterServer:
             before, self._learning_rate = self._learning_rate, learning_rate
         logger.info(
             "learning rate set to %s by the master (was %s)",
-            learning_rate or "the optimizer's own", before or "the optimizer's own",
+            _rate(learning_rate), _rate(before),
         )
 
     def pull(
@@ -398,9 +399,8 @@ class ParameterServer:
         """Log a worker's rate when it moved by 10% or more since the one last logged: each step
         of a schedule, without a line per push for a rate that decays a little every version."""
         logged = self._logged_push_rate
-        if logged is None or abs(learning_rate - logged) >= 0.1 * logged:
-            logger.info("learning rate %g from the workers' schedule (was %s)", learning_rate,
-                        "the optimizer's own" if logged is None else f"{logged:g}")
+        if logged is None or (learning_rate != logged and abs(learning_rate - logged) >= 0.1 * logged):
+            logger.info("learning rate %g from the workers' schedule (was %s)", learning_rate, _rate(logged))
             self._logged_push_rate = learning_rate
 
     def set_live_workers(self, count: int) -> None:
@@ -553,3 +553,7 @@ def _check_push_fields(version: int, learning_rate: float | None) -> None:
     problem = learning_rate_problem(learning_rate) if learning_rate is not None else ""
     if problem:
         raise GradientError(problem)
+
+
+def _rate(learning_rate: float | None) -> str:
+    return "the optimizer's own" if learning_rate is None else f"{learning_rate:g}"

@@ -124,7 +124,8 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                               f"{name!r} appears twice in one push (a gradient and a non-trainable change)")
             grads[name] = NonTrainableChange(change)
-        lr = head.learning_rate if head.learning_rate != 0 else None  # the core refuses a bad one
+        # Absent: the master's or the optimizer's rate; 0 is a rate (no update). The core refuses a bad one.
+        lr = head.learning_rate if head.HasField("learning_rate") else None
         # Asked for (a unary push of a small model), the new parameters are written into the
         # reply under the PS lock, as a pull would: the worker then skips its next pull.
         encode = (functools.partial(_encode_push_reply, wire_dtype=head.wire_dtype or "float32")
@@ -188,11 +189,12 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         return elasticdl_pb2.Empty()
 
     def set_learning_rate(self, request, context):
-        problem = learning_rate_problem(request.value) if request.value != 0 else ""
+        value = request.value if request.HasField("value") else None  # absent: the optimizer's own
+        problem = learning_rate_problem(value) if value is not None else ""
         if problem:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{problem}; the rate in use is unchanged")
         try:
-            self._server.set_learning_rate(request.value or None, request.term)
+            self._server.set_learning_rate(value, request.term)
         except StaleTermError as err:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
         return elasticdl_pb2.Empty()

@@ -133,7 +133,7 @@ class DirectUpdatingStrategy(GradientUpdatingStrategy):
         staleness = max(0, shard.version - version)
         scale = self._staleness_scale(staleness)
         if scale != 1.0:
-            learning_rate = (learning_rate or shard.optimizer.learning_rate) * scale
+            learning_rate = (shard.optimizer.learning_rate if learning_rate is None else learning_rate) * scale
         self.telemetry.accepted(shard.version, staleness)
         shard.apply(grads, learning_rate)
         return PushResult(PushOutcome.APPLIED, shard.version)

@@ -233,7 +233,7 @@ class PSClient:
         self,
         grads_by_ps: dict[int, dict[str, np.ndarray]],
         versions: list[int],
-        learning_rate: float,
+        learning_rate: float | None,
         worker_id: int,
         want_parameters: bool = False,
         batch: BatchPosition | None = None,
@@ -250,7 +250,7 @@ class PSClient:
         return dict(zip(grads_by_ps, answers))
 
     def _push_one(
-        self, ps: int, part: dict, version: int, learning_rate: float, worker_id: int, want_parameters: bool,
+        self, ps: int, part: dict, version: int, learning_rate: float | None, worker_id: int, want_parameters: bool,
         batch: BatchPosition | None = None,
     ) -> PushAnswer:
         """Dense gradients larger than STREAM_ABOVE_BYTES stream in 1 MB messages (the non-trainable
@@ -463,42 +463,53 @@ class PSClient:
 
     def take_snapshot(self, snapshot_id: int) -> int:
         """Freeze the parameters on every PS; returns the (lowest) version frozen."""
-        futures = [s.take_snapshot.future(elasticdl_pb2.Snapshot(snapshot_id=snapshot_id)) for s in self._stubs]
+        request = elasticdl_pb2.Snapshot(snapshot_id=snapshot_id)
+        futures = [s.take_snapshot.future(request, timeout=COMMAND_TIMEOUT_SECONDS) for s in self._stubs]
         return min(f.result().version for f in futures)
 
     def drop_snapshot(self, snapshot_id: int) -> None:
-        futures = [s.drop_snapshot.future(elasticdl_pb2.Snapshot(snapshot_id=snapshot_id)) for s in self._stubs]
+        request = elasticdl_pb2.Snapshot(snapshot_id=snapshot_id)
+        futures = [s.drop_snapshot.future(request, timeout=COMMAND_TIMEOUT_SECONDS) for s in self._stubs]
         for future in futures:
             future.result()
 
-    def set_learning_rate(self, learning_rate: float) -> None:
-        request = elasticdl_pb2.LearningRate(value=learning_rate, term=self.term)
-        futures = [s.set_learning_rate.future(request) for s in self._stubs]
+    def set_learning_rate(self, learning_rate: float | None) -> None:
+        """Every PS's rate for pushes that bring none; None: back to the optimizer's own."""
+        request = elasticdl_pb2.LearningRate(value=learning_rate, term=self.term)  # None: no value
+        futures = [s.set_learning_rate.future(request, timeout=COMMAND_TIMEOUT_SECONDS) for s in self._stubs]
         for future in futures:
             future.result()
 
     def set_live_workers(self, count: int) -> None:
-        futures = [s.set_live_workers.future(elasticdl_pb2.LiveWorkers(count=count)) for s in self._stubs]
+        request = elasticdl_pb2.LiveWorkers(count=count)
+        futures = [s.set_live_workers.future(request, timeout=COMMAND_TIMEOUT_SECONDS) for s in self._stubs]
         for future in futures:
             future.result()
 
     def stats(self) -> list[PSStats]:
-        futures = [s.get_stats.future(elasticdl_pb2.Empty()) for s in self._stubs]
-        return [
-            PSStats(
-                version=r.version,
-                pushes_accepted=r.pushes_accepted,
-                pushes_rejected_stale=r.pushes_rejected_stale,
-                pushes_rejected_invalid=r.pushes_rejected_invalid,
-                staleness={c.staleness: c.count for c in r.staleness},
-                grads_to_wait=r.grads_to_wait,
-                checkpoint_failures=r.checkpoint_failures,
-                checkpoint_error=r.checkpoint_error,
-                records_applied=r.records_applied,
-                term=r.term,
-            )
-            for r in (f.result() for f in futures)
-        ]
+        """Every PS's stats (a PS that does not answer within the command deadline raises:
+        a frozen PS must not freeze the master with it)."""
+        return [stats_of(f.result()) for f in self.stats_futures(COMMAND_TIMEOUT_SECONDS)]
+
+    def stats_futures(self, timeout: float) -> list[grpc.Future]:
+        """One ``get_stats`` call per PS, in flight: the master probes its PS without waiting."""
+        return [s.get_stats.future(elasticdl_pb2.Empty(), timeout=timeout) for s in self._stubs]
+
+
+def stats_of(r) -> PSStats:
+    """A ``get_stats`` answer as ``PSStats``."""
+    return PSStats(
+        version=r.version,
+        pushes_accepted=r.pushes_accepted,
+        pushes_rejected_stale=r.pushes_rejected_stale,
+        pushes_rejected_invalid=r.pushes_rejected_invalid,
+        staleness={c.staleness: c.count for c in r.staleness},
+        grads_to_wait=r.grads_to_wait,
+        checkpoint_failures=r.checkpoint_failures,
+        checkpoint_error=r.checkpoint_error,
+        records_applied=r.records_applied,
+        term=r.term,
+    )
 
 
 def _encode_rows(name: str, rows: IndexedRows) -> elasticdl_pb2.IndexedRows:

@@ -4,7 +4,10 @@ A :class:`Leadership` is the leader lock held on a lease; a :class:`Registration
 address published on a lease. Each has a thread (:class:`_KeepAlive`) refreshing the lease
 every ttl/3. When the lease is gone anyway (the process was cut off from the store for
 longer than the ttl while the store kept running), a leadership is *lost* (``on_lost``:
-another master may lead now) and a registration publishes its address again.
+another master may lead now) and a registration publishes its address again. On a store no
+other process can reach (the master's own in-memory store, without --etcd_endpoints) there is
+no other master: its leases do not expire, so a paused master never fences itself
+(``MemoryBackend.shared``).
 
 Both are made by a :class:`~elasticdl.store.api.StateStore`
 (``acquire_leadership``, ``publish_address``) and use only its backend primitives

@@ -36,10 +36,17 @@ class _Unavailable(ConnectionError):
 class MemoryBackend:
     """What :class:`MemoryStateStore` instances share: a small key-value store with leases
     and revisions, like etcd's. Each store gets its own unless given one (tests share one
-    to play two masters). Set ``available = False`` to play an outage."""
+    to play two masters). Set ``available = False`` to play an outage.
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic):
+    ``shared=False``: no other store will ever use this backend (the master's own, without
+    --etcd_endpoints). No rival can then take a lease over, so leases do not expire: a master
+    paused for longer than its ttl (SIGSTOP, a swapped-out host) keeps leading when it wakes,
+    instead of fencing itself against a rival that cannot exist.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, shared: bool = True):
         self.clock = clock
+        self.shared = shared
         self.available = True
         self.lock = threading.Lock()
         self.revision = 0
@@ -52,6 +59,8 @@ class MemoryBackend:
         """Call under ``lock``: raise during an outage, expire leases."""
         if not self.available:
             raise _Unavailable("the in-memory store is unavailable (simulated outage)")
+        if not self.shared:
+            return  # leases expire so that a rival may take over; there is none
         now = self.clock()
         for lease_id, (_, expires) in list(self.leases.items()):
             if expires <= now:
@@ -72,7 +81,7 @@ class MemoryStateStore(StateStore):
 
     def __init__(self, job_name: str, backend: MemoryBackend | None = None, retry: RetryPolicy | None = None):
         super().__init__(job_name, retry)
-        self.backend = backend or MemoryBackend()
+        self.backend = backend or MemoryBackend(shared=False)  # its own: no rival can reach it
 
     def describe(self) -> str:
         return "the in-memory state store"

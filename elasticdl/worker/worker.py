@@ -459,7 +459,7 @@ class Worker:
                 self.pushes += 1
                 policy.batch_pushed()
                 if policy.applies_locally:
-                    self.trainer.apply_locally(grads, lr or None)
+                    self.trainer.apply_locally(grads, lr)
                 return loss
         logger.warning("skipped a batch: its gradients were stale %d times in a row", MAX_PUSH_TRIES)
         return loss
@@ -489,7 +489,7 @@ class Worker:
         parts = self.ps.split(grads)
         self._with_ps_retries(self._settle_exchange)  # at most one in flight
         if policy.applies_locally:  # on what the settled exchange pulled, if it did
-            self.trainer.apply_locally(grads, lr or None)
+            self.trainer.apply_locally(grads, lr)
         pull = policy.pulls_after_push()
         position = self._batch_position
 
@@ -501,7 +501,7 @@ class Worker:
         policy.exchange_started()
         return loss
 
-    def _exchange_once(self, parts: list, versions: list[int], lr: float, position: BatchPosition | None,
+    def _exchange_once(self, parts: list, versions: list[int], lr: float | None, position: BatchPosition | None,
                        request: PullRequest | None):
         """The background half of an exchange: only calls to the PS (their answers are taken
         on the worker's thread, by _settle_exchange)."""
@@ -593,7 +593,7 @@ class Worker:
             return self._nonfinite_batch(loss)
         self._nonfinite_in_row = 0
         self._accumulator.add(grads, self._batch_position)
-        self.trainer.apply_locally(grads, self._learning_rate() or None)
+        self.trainer.apply_locally(grads, self._learning_rate())
         self.batches_trained += 1
         policy.batch_accumulated()
         return loss
@@ -670,10 +670,12 @@ class Worker:
             time.sleep(pause)
             blocked, pause = pause, min(pause * 2, 0.2)
 
-    def _learning_rate(self) -> float:
+    def _learning_rate(self) -> float | None:
+        """The model zoo's rate for this version; None: the optimizer's own (0 is a rate: no update)."""
         if self.spec.learning_rate_scheduler is None:
-            return 0.0  # the optimizer's own
-        return float(self.spec.learning_rate_scheduler(self.model_version))
+            return None
+        rate = self.spec.learning_rate_scheduler(self.model_version)
+        return None if rate is None else float(rate)
 
     def _initialize_ps(self) -> None:
         """The first worker to get here gives the PS its freshly built model; the rest pull."""

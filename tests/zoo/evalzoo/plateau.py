@@ -1,6 +1,6 @@
 """A model that stops improving after epoch 2, whatever the workers' timing: y = w * x on
 x = y = 1, w from 0, plain SGD (no momentum) whose learning rate drops to 1e-9 at epoch 3
-(the PS takes no rate of 0: that means the optimizer's own).
+(a rate of 0 would stop it outright; 1e-9 leaves a trace of improvement below min_delta).
 
 Each step moves w a tenth of the way to 1, so the validation error falls by more than 0.1 in
 epochs 1 and 2 and by less than 1e-8 after: with min_delta 1e-4, EarlyStopping(patience=2)
