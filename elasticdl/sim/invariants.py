@@ -17,6 +17,13 @@ def at_the_end(world) -> None:
     versions = [ps.core.shard.version for ps in world.ps if ps is not None and ps.alive]
     if not world.mode.use_async and len(set(versions)) > 1:
         world.violation(f"sync shards ended at different versions {versions}")
+    if master.evaluation is not None:
+        if not master.evaluation.results:
+            world.violation("the job ended without an evaluation")
+        for result in master.evaluation.results:
+            if result.records != world.val_records:
+                world.violation(f"evaluation round {result.round_id} ({result.reason}) counted {result.records} "
+                                f"records, the validation data has {world.val_records}")
     done = sum(e.records_done for e in master.tasks.epochs)
     expected = world.records * world.epochs
     if done != expected:

@@ -17,12 +17,13 @@ import logging
 from elasticdl.data.sources import Shard
 from elasticdl.master import controller as c
 from elasticdl.master.clocks import WorkerClocks
-from elasticdl.master.evaluation_service import TaskDispatcher
+from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
 from elasticdl.master.feed import FeedLivelock, feed
 from elasticdl.master.instance_manager import InstanceManager, Launch, Stop
 from elasticdl.master.task_manager import Task, TaskManager
 from elasticdl.model import checkpoint
 from elasticdl.sim.leader import SimLeadership
+from elasticdl.sim.model import eval_metrics
 from elasticdl.sim.scheduler import Sleep
 from elasticdl.sim.transport import Unavailable
 from elasticdl.store.errors import StateStoreError
@@ -54,7 +55,13 @@ class SimMaster:
                                  seed=world.seed, clock=world.clock, gate_epochs=True,
                                  fences_pushes=True)
         self.instances = InstanceManager(mode.num_workers)
-        self.dispatcher = TaskDispatcher(self.tasks, None)
+        self.evaluation = None
+        if world.validation is not None:
+            val = [Shard(world.validation.path, s, min(s + RECORDS_PER_TASK, world.val_records))
+                   for s in range(0, world.val_records, RECORDS_PER_TASK)]
+            self.evaluation = EvaluationService(val, eval_metrics, evaluation_steps=world.evaluation_steps,
+                                                task_timeout=TASK_TIMEOUT, clock=world.clock)
+        self.dispatcher = TaskDispatcher(self.tasks, self.evaluation)
         self.clocks = WorkerClocks()
         self.events: list = []
         self.controller: c.Controller | None = None
@@ -100,7 +107,8 @@ class SimMaster:
             else:
                 world.oracle_emptied_all()
         self.controller = c.Controller("train", self.dispatcher, self.instances, self.clocks,
-                                       sync_mode=not world.mode.use_async, keeps_ledger=True, clock=world.clock)
+                                       sync_mode=not world.mode.use_async, keeps_ledger=True, clock=world.clock,
+                                       evaluation_steps=world.evaluation_steps)
         for decision in self.controller.start():
             self.carry_out(decision)
 
@@ -169,6 +177,16 @@ class SimMaster:
                 return self._end_epoch(decision)
             case c.FireEpochEnd(epoch=epoch):
                 return [c.EpochEndFired(epoch)]
+            case c.TakeSnapshot(round_id=round_id):
+                try:
+                    return [c.SnapshotTaken(round_id, min(self._each(lambda ps: ps.take_snapshot(round_id))))]
+                except Unavailable as err:
+                    return [c.SnapshotFailed(round_id, str(err))]  # a PS is restarting
+            case c.DropSnapshot(round_id=round_id):
+                try:
+                    self._each(lambda ps: ps.drop_snapshot(round_id))
+                except Unavailable:
+                    pass  # a PS that is down held no snapshot any more
             case c.OpenEpoch(epoch=epoch):
                 self.tasks.open_epoch(epoch)
             case c.SaveLedger():
@@ -262,8 +280,10 @@ class SimMaster:
         task = self.dispatcher.get_task(worker_id)
         return dataclasses.replace(task) if isinstance(task, Task) else task
 
-    def rpc_report(self, task_id: int, worker_id: int, err: str, records: int, interrupted: bool, handout: int):
-        outcome = self.dispatcher.report(task_id, worker_id, err, records, interrupted=interrupted, handout=handout)
+    def rpc_report(self, task_id: int, worker_id: int, err: str, records: int, interrupted: bool, handout: int,
+                   states=None):
+        outcome = self.dispatcher.report(task_id, worker_id, err, records, states, interrupted=interrupted,
+                                         handout=handout)
         self.events.append(c.TaskReported(task_id, worker_id, outcome.accepted))
         return outcome.accepted
 

@@ -89,6 +89,19 @@ class SimPS:
             params = {n: np.array(v) for n, v in self.core.shard.params.items()}
         return PushAnswer(result.outcome, result.version, result.reason, params)
 
+    def rpc_pull_snapshot(self, snapshot_id: int, ids: list[int]):
+        """(version, params, rows) of an evaluation snapshot; None when this PS holds none (NOT_FOUND)."""
+        try:
+            _, version, params = self.core.pull_snapshot(snapshot_id)
+            mine = np.array([i for i in ids if i % self.core.settings.num_ps == self.ps_id], np.int64)
+            rows = {}
+            if mine.size and EMBEDDING in self.core.shard.embeddings:
+                looked_up = self.core.lookup_embeddings(EMBEDDING, mine, create=False, snapshot_id=snapshot_id)
+                rows = {int(i): np.array(r, np.float32) for i, r in zip(mine, looked_up)}
+        except KeyError:
+            return None
+        return version, {n: np.array(v) for n, v in params.items()}, rows
+
     def rpc_push_model(self, params: dict) -> bool:
         return self.core.push_model(params)[0]
 
@@ -118,6 +131,14 @@ class SimPS:
     def save_checkpoint(self) -> str:
         self._serving()
         return self._observe(self.core.save_checkpoint)
+
+    def take_snapshot(self, round_id: int) -> int:
+        self._serving()
+        return self.core.take_snapshot(round_id)
+
+    def drop_snapshot(self, round_id: int) -> None:
+        self._serving()
+        self.core.drop_snapshot(round_id)
 
     def version(self) -> int:
         self._serving()

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from elasticdl.master.task_manager import NoTask
+from elasticdl.master.task_manager import NoTask, TaskType
 from elasticdl.model.embedding.table import IndexedRows
+from elasticdl.model.metrics import MetricsAccumulator
 from elasticdl.rpc.batch_position import BatchPosition
-from elasticdl.sim.model import Dataset, LinearModel, split
+from elasticdl.sim.model import EMBEDDING_IDS, Dataset, LinearModel, eval_metrics, split
 from elasticdl.sim.modes import Mode
 from elasticdl.sim.scheduler import Await, Sleep
 from elasticdl.sim.transport import Call, Unavailable
@@ -57,10 +58,12 @@ class Accumulated:
 
 
 class SimWorker:
-    def __init__(self, index: int, mode: Mode, data: Dataset, names: list[str]) -> None:
+    def __init__(self, index: int, mode: Mode, data: Dataset, names: list[str],
+                 validation: Dataset | None = None) -> None:
         self.index = index
         self.mode = mode
         self.data = data
+        self.validation = validation
         self.num_ps = mode.num_ps
         self.model = LinearModel(names, mode.embedding)
         self.policy = ConsistencyPolicy(
@@ -83,6 +86,9 @@ class SimWorker:
                 return
             if order is NoTask.WAIT:
                 yield Sleep(WAIT_SECONDS)
+                continue
+            if order.type is TaskType.EVALUATION:
+                yield from self.evaluate_task(order)
                 continue
             self.progress = 0
             self.policy.task_started()
@@ -123,6 +129,30 @@ class SimWorker:
                 self.policy.accumulation_dropped()
             raise
         return (self.progress if interrupted else end - start), interrupted
+
+    def evaluate_task(self, order):
+        """worker.evaluate_task: the round's snapshot from every PS, the metrics' states reported;
+        a snapshot gone with a PS hands the task back whole (interrupted, 0 records)."""
+        metrics = MetricsAccumulator(eval_metrics())
+        indices = list(range(order.shard.start, order.shard.end))
+        ids = list(range(EMBEDDING_IDS)) if self.model.embedding else []
+        try:
+            if not self.built:
+                yield from self._initialize_ps()
+                self.built = True
+            for ps in range(self.num_ps):
+                pulled = yield Call(f"ps-{ps}", "pull_snapshot", (order.snapshot_id, ids))
+                if pulled is None:
+                    raise Unavailable(f"ps-{ps} holds no snapshot {order.snapshot_id}")
+                self.model.set_params(pulled[1])
+                self.model.rows.update(pulled[2])
+            self.policy.snapshot_loaded()  # the next training batch pulls first
+        except Unavailable:
+            yield Sleep(WAIT_SECONDS)
+            yield from self._master("report", (order.task_id, self.index, "", 0, True, 0, None))
+            return
+        metrics.update(self.validation.targets[indices], self.model.predict(self.validation, indices))
+        yield from self._master("report", (order.task_id, self.index, "", len(indices), False, 0, metrics.states()))
 
     # ------------------------------------------------------------ one batch
 

@@ -7,6 +7,7 @@ invariant violated. Everything it does follows from the seed.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 from elasticdl import fs
@@ -28,6 +29,7 @@ from elasticdl.store.memory import MemoryBackend
 # Once the nemesis stops, the job must end within this much simulated time: a requeue after
 # the task timeout, a few relaunches, the epochs left (a job here trains for a few seconds).
 PROGRESS_BOUND = 60.0
+EVALUATION_SHARE = 0.4  # of the seeds run an evaluation at each epoch's end (and every 3 versions, some)
 MAX_STEPS = 400_000
 
 
@@ -53,6 +55,16 @@ class World:
         self.epochs = self.rng.randint(1, 3)
         self.names = variable_names(self.mode.num_ps)
         self.data = Dataset.generate(self.rng, self.records, len(self.names))
+        # Evaluation from a generator of its own (derived from the seed): the schedules of seeds
+        # without it stay as they were before evaluation was simulated.
+        evaluation = random.Random(f"{seed}-evaluation")
+        self.validation: Dataset | None = None
+        self.val_records, self.evaluation_steps = 0, 0
+        if evaluation.random() < EVALUATION_SHARE:
+            self.val_records = evaluation.choice((4, 6))
+            self.evaluation_steps = evaluation.choice((0, 3))
+            self.validation = Dataset.generate(evaluation, self.val_records, len(self.names))
+            self.validation.path = "sim://validation"
         self.network = Network(self.scheduler)
         self.oracle = Oracle(self.mode.num_ps, now=self.clock)
         self.checkpoint_dir = f"memory://elasticdl-sim/{seed}/ckpt" if self.mode.checkpoints else ""
@@ -200,7 +212,7 @@ class World:
         self.exits.append(ProcessExit("ps", ps_id, -9, ""))
 
     def start_worker(self, index: int) -> None:
-        worker = SimWorker(index, self.mode, self.data, self.names)
+        worker = SimWorker(index, self.mode, self.data, self.names, self.validation)
         worker.now, worker.send = self.clock, self.network.send
 
         def exited(returncode: int, tail: str) -> None:
