@@ -283,6 +283,22 @@ def test_the_probe_names_the_ps_that_did_not_answer_in_time_and_reports_the_vers
     assert probe.poll() == [c.PSSilent(()), c.VersionReported(8)]
 
 
+def test_the_job_goes_through_named_phases():
+    ctl, dispatcher, ps, _ = make(workers=1, epochs=1, tasks=1, with_eval=True)
+    ctl.start()
+    assert ctl.phase is c.Phase.RUNNING
+    ctl.step(c.TaskReported(0, 0, dispatcher.report(take(dispatcher, 0).task_id, 0, "", 10, {}).accepted))
+    assert ctl.phase is c.Phase.ENDING_EPOCH  # EndEpoch is out, its answer not back
+    ctl.step(c.EpochEnded(0))
+    assert ctl.phase is c.Phase.FINAL_EVALUATION
+    run_round(ctl, dispatcher)
+    assert ctl.phase is c.Phase.LEAVING and dispatcher.finished
+    ctl.step(exit_of(0))
+    assert ctl.phase is c.Phase.FINISHED
+    assert ctl.phases == [c.Phase.RUNNING, c.Phase.ENDING_EPOCH, c.Phase.FINAL_EVALUATION, c.Phase.LEAVING,
+                          c.Phase.FINISHED]
+
+
 def test_a_deferred_epoch_end_is_asked_again_at_the_next_tick():
     """Not at once: the job feeds an event's follow-ups before it polls the roles again, so an
     end asked again at once, deferred again by the PS that is down, kept it from ever seeing

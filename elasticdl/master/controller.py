@@ -43,6 +43,7 @@ from elasticdl.master.events import (
     HandoutsFenced,
     LiveWorkersNotTold,
     OpenEpoch,
+    Phase,
     PSRelaunched,
     PSRollback,
     PSSilent,
@@ -142,6 +143,8 @@ class Controller:
         self._fewer_live_since: float | None = None
         self._saved_seq = -1
         self.outcome: Finish | Fail | None = None
+        self._phase = Phase.RUNNING
+        self.phases: list[Phase] = [Phase.RUNNING]  # every phase the job went through, in order
         self.replaced: list[ReplaceWorker] = []  # workers killed for making no progress
         self._done_since: float | None = None  # when all_done first held with workers still there
         self._ps_silent_since: dict[int, float] = {}
@@ -164,8 +167,29 @@ class Controller:
         for decision in decisions:
             if isinstance(decision, Finish | Fail):
                 self.outcome = decision
-                return decisions[: decisions.index(decision) + 1]
+                decisions = decisions[: decisions.index(decision) + 1]
+                break
+        phase = self.phase
+        if phase != self._phase:
+            logger.info("job phase: %s -> %s", self._phase, phase)
+            self.phases.append(phase)
+            self._phase = phase
         return decisions
+
+    @property
+    def phase(self) -> Phase:
+        """Where the job is, derived from the state the controller keeps (one place, named)."""
+        if self.outcome is not None:
+            return Phase.FINISHED if isinstance(self.outcome, Finish) else Phase.FAILED
+        if self._ending is not None or self._end_held:
+            return Phase.ENDING_EPOCH
+        if self.all_done:
+            return Phase.LEAVING
+        if self.dispatcher.main_finished and self.command != "evaluate":
+            return Phase.FINAL_EVALUATION
+        if self.instances.desired == 0 and not self.workers:
+            return Phase.SCALED_TO_ZERO
+        return Phase.RUNNING
 
     @property
     def all_done(self) -> bool:

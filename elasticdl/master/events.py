@@ -9,6 +9,7 @@ docs/architecture.md's tables are checked against them (tests/test_docs.py).
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from elasticdl.errors import ElasticDLError
@@ -35,6 +36,7 @@ __all__ = [
     "PSRelaunched",
     "PSRollback",
     "PSSilent",
+    "Phase",
     "RecordEvaluation",
     "RelaunchPS",
     "ReplacePS",
@@ -54,6 +56,18 @@ __all__ = [
     "VersionReported",
     "describe_exit",
 ]
+
+class Phase(enum.StrEnum):
+    """Where the job is, as the controller sees it (logged at each change; in the report)."""
+
+    RUNNING = "running"  # tasks are handed out (train: an epoch's; evaluate, predict: theirs)
+    ENDING_EPOCH = "ending epoch"  # an epoch's end is asked for (or waits for a PS that is away)
+    SCALED_TO_ZERO = "scaled to zero"  # no worker wanted: waiting for `elasticdl scale`
+    FINAL_EVALUATION = "final evaluation"  # every task is done, evaluation rounds are left
+    LEAVING = "leaving"  # everything is done: the workers are told to leave
+    FINISHED = "finished"
+    FAILED = "failed"
+
 
 # ---------------------------------------------------------------- events
 

@@ -57,6 +57,7 @@ class JobEnd:
             report.add_tasks(self.main_tasks, self.progress)
             if self.controller is not None:
                 report.stopped_early = self.controller.stop_reason
+                report.phases = [str(p) for p in self.controller.phases]
                 report.add_instances(self.instances, self.controller.ps_relaunches, self.controller.replaced)
                 report.ps_rollbacks = [r.to_dict() for r in self.controller.rollbacks]
                 report.records_possibly_missing = self.records_possibly_missing + sum(

@@ -19,6 +19,7 @@ from elasticdl import store
 from elasticdl.config import JobConfig
 from elasticdl.errors import JobFailedError
 from elasticdl.master.task_manager import TaskManager
+from elasticdl.model import checkpoint_owner
 
 logger = logging.getLogger(__name__)
 
@@ -56,12 +57,24 @@ class JobState:
         self._ledger = None
         self._leadership = None
         self.resumed = False
+        # The checkpoint lineage this run writes (elasticdl/model/checkpoint_owner.py); None
+        # without --checkpoint_dir or for evaluate and predict, which only read checkpoints.
+        self.lineage: checkpoint_owner.Lineage | None = None
 
     @property
     def term(self) -> int:
-        """The leadership term: the lock key's create revision, higher for every new leader. The
-        PS refuse commands of an older term, and each term writes its own checkpoint lineage."""
-        return self._leadership.revision if self._leadership is not None else 0
+        """The leadership term: the lock key's create revision, higher for every new leader, above
+        the checkpoint lineage's base (a fresh store starts its revisions low again, and a new
+        lineage's cuts must sort after every older one's). The PS refuse commands of an older
+        term, and each term writes its own checkpoint files."""
+        revision = self._leadership.revision if self._leadership is not None else 0
+        return revision + self.lineage.term_base if self.lineage is not None else revision
+
+    @property
+    def term_floor(self) -> int:
+        """The terms of this run's checkpoint lineage lie above it: a rollback or a resume restores,
+        and the PS prune, only cuts above it. -1 (any) without a lineage."""
+        return self.lineage.term_base if self.lineage is not None else -1
 
     @property
     def outages(self) -> list:
@@ -93,6 +106,15 @@ class JobState:
             raise JobFailedError(f"etcd at {','.join(cfg.elasticity.etcd_endpoints)} is unreachable: {err}") from None
         if not self.keeps_ledger:
             return False
+        resumed = self._open_ledger(tasks)
+        if cfg.checkpoints.checkpoint_dir:  # resumed or not, before any PS writes to it
+            directory = cfg.checkpoints.checkpoint_dir
+            self.lineage = checkpoint_owner.claim(directory, cfg.job.job_name, resumed, checkpoint_owner.continues(
+                directory, cfg.checkpoints.checkpoint_dir_for_init))
+        return resumed
+
+    def _open_ledger(self, tasks: TaskManager | None) -> bool:
+        cfg = self.config
         self._ledger = store.ResilientStore(
             self._store,
             on_outage=lambda o: logger.warning("etcd was unreachable for %.1fs; the ledger is written again", o.seconds),

@@ -26,6 +26,8 @@ from elasticdl.data.sources import (
     resolve_data_files,
 )
 from elasticdl.mode import Mode
+from elasticdl.model.checkpoint import resolve_checkpoint
+from elasticdl.model.checkpoint_owner import check_owner, continues
 from elasticdl.model.non_trainable import NonTrainableChange
 from elasticdl.model.optimizers import (
     OptimizerSpec,
@@ -117,6 +119,9 @@ def count_data(flag: str, spec: str, has_header: bool, optional: bool = False) -
 def check_job(config: JobConfig, command: str = "train", before_tensorflow=None) -> CheckedJob:
     """Every submit-time check. ``before_tensorflow`` runs once the checks that need no
     TensorFlow passed, before the model zoo is imported (the CLI sets TensorFlow up there)."""
+    if command == "train" and config.checkpoints.checkpoint_dir:  # before any process starts
+        directory = config.checkpoints.checkpoint_dir
+        check_owner(directory, config.job.job_name, continues(directory, config.checkpoints.checkpoint_dir_for_init))
     files, validation = _check_inputs(config, command)
     if before_tensorflow is not None:
         before_tensorflow()
@@ -150,6 +155,8 @@ def check_job(config: JobConfig, command: str = "train", before_tensorflow=None)
         # A first batch of --validation_data through dataset_fn, the model and the metrics, as
         # the evaluation reads it (after an epoch of training): other features fail now.
         _check_one_batch(spec, config, validation, has_header, metrics, Mode.EVALUATION)
+    if config.checkpoints.checkpoint_dir_for_init:  # damaged or incomplete: exit 2 now, not a PS's death later
+        resolve_checkpoint(config.checkpoints.checkpoint_dir_for_init)
     return CheckedJob(config, spec, optimizer_spec, files, features)
 
 

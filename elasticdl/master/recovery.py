@@ -13,6 +13,7 @@ import logging
 import grpc
 
 from elasticdl.master import controller as c
+from elasticdl.master.cut_recovery import latest_cut, read_cut, rewind_to_cut, skipped_bad_records
 from elasticdl.master.report import JobReport
 
 logger = logging.getLogger(__name__)
@@ -24,24 +25,21 @@ class Recovery:
     def _restore_latest_checkpoint(self) -> None:
         """A resumed job: the PS come back from the latest cut; the ledger goes back to its data
         position once they serve (``_rewind_to_restored_cut``)."""
-        from elasticdl.model import checkpoint
-
-        directory = self.config.checkpoints.checkpoint_dir
-        if checkpoint.complete_versions(directory):
-            self._resume_cut = checkpoint.resolve_checkpoint(directory)
+        cut = latest_cut(self.config.checkpoints.checkpoint_dir, self.state.term_floor)  # this lineage's
+        if cut is not None:
+            self._resume_cut = cut.path
             logger.info("the parameter servers restore the latest checkpoint, %s", self._resume_cut)
 
     def _rewind_to_restored_cut(self) -> None:
         """A resumed ledger says which records were done; the model holds those of the cut the PS
         restored. The records after the cut's data position are trained again (none without one)."""
-        from elasticdl.model import checkpoint
-
-        cut = self._resume_cut
-        if cut:
-            version, marks, _ = checkpoint.cut_position(cut)
-            again = self.main_tasks.rewind(marks, cause="master restart")
+        cut = read_cut(self._resume_cut) if self._resume_cut else None
+        if cut is not None:
+            rewound = rewind_to_cut(self.main_tasks, cut, "master restart",
+                                    skipped_bad_records(self.dispatcher.bad_records(), self.checked.files))
+            self.records_possibly_missing += rewound.possibly_missing
             logger.warning("resumed at the checkpoint of version %d: %d records after its data position are "
-                           "trained again", version, again)
+                           "trained again", cut.version, rewound.retrained)
         else:
             self.records_possibly_missing = sum(e.records_done for e in self.main_tasks.epochs)
             logger.warning("resumed without a checkpoint in --checkpoint_dir: the parameter servers start from "
@@ -73,16 +71,12 @@ class Recovery:
         the latest complete cut: the dead PS restores it, the survivors roll back to it, every
         hand-out made so far is fenced, and the ledger returns to the cut's data position, so
         every record's update is in the model exactly once. Without one, it starts empty."""
-        from elasticdl.model import checkpoint
-
         cfg = self.config
         args = list(self._ps_args[exit_.index])
         port = self.ps_addresses[exit_.index].rsplit(":", 1)[1]
         args += ["--port", port]
-        cut = ""
-        if cfg.checkpoints.checkpoint_dir and checkpoint.complete_versions(cfg.checkpoints.checkpoint_dir):
-            cut = checkpoint.resolve_checkpoint(cfg.checkpoints.checkpoint_dir)
-        if not cut or self.main_tasks is None:
+        cut = latest_cut(cfg.checkpoints.checkpoint_dir, self.state.term_floor)  # this lineage's, verified
+        if cut is None or self.main_tasks is None:
             # Async workers pull every --get_model_steps batches, rounded up to a whole push
             # with --push_steps (they pull only right after a push); with overlap, one batch's
             # push is in flight besides.
@@ -97,18 +91,18 @@ class Recovery:
             )
             self.backend.start("ps", exit_.index, args)
             return c.PSRelaunched(exit_.index, None, missing=missing)
-        version, marks, _ = checkpoint.cut_position(cut)
-        fence = self.main_tasks.fence_all()
+        version, fence = cut.version, self.main_tasks.fence_all()
         logger.error("%s; relaunching it on port %s from the checkpoint %s; every PS goes back to version %d",
-                     c.describe_exit(exit_, "died"), port, cut, version)
-        self.backend.start("ps", exit_.index, args + ["--restore_from", cut, "--fence", str(fence)])
+                     c.describe_exit(exit_, "died"), port, cut.path, version)
+        self.backend.start("ps", exit_.index, args + ["--restore_from", cut.path, "--fence", str(fence)])
         survivors = [i for i in range(self._ps.num_ps) if i != exit_.index]
         try:
-            self._ps.restore(cut, fence, only=survivors)
+            self._ps.restore(cut.path, fence, only=survivors)
         except grpc.RpcError as err:  # another PS is down too: its own relaunch restores the same cut
-            logger.error("a surviving PS could not go back to %s: %s", cut, err.details())
-        again = self.main_tasks.rewind(marks, cause="rollback")
-        return c.PSRelaunched(exit_.index, version, retrained=again)
+            logger.error("a surviving PS could not go back to %s: %s", cut.path, err.details())
+        rewound = rewind_to_cut(self.main_tasks, cut, "rollback",
+                                skipped_bad_records(self.dispatcher.bad_records(), self.checked.files))
+        return c.PSRelaunched(exit_.index, version, retrained=rewound.retrained, missing=rewound.possibly_missing)
 
     def _fence(self, handouts: list[int], task_ids: list[int]) -> dict[int, int] | None:
         """Fence task hand-outs on every PS; each task's lowest applied mark (None: a PS is away)."""

@@ -60,13 +60,17 @@ class JobReport:
     ps_relaunches: int = 0
     # Workers killed for making no progress (a task timed out, or still there after the end).
     workers_replaced: list = field(default_factory=list)
+    phases: list = field(default_factory=list)  # the controller's phases, in order (the last: where it ended)
     # Each PS that came back older than the model it held: its updates after to_version are
     # lost (to_version None: it restarted empty and took a worker's copy of its variables).
     ps_rollbacks: list[dict] = field(default_factory=list)
     # Per epoch, records trained again by cause ("rollback", "master restart", "worker died",
     # "task failed", "timeout"): updates that were lost and trained again, never applied twice.
     records_retrained: list[dict] = field(default_factory=list)
-    # Records whose updates may be missing from the model: only without --checkpoint_dir.
+    # Records whose updates may be missing from the model: without --checkpoint_dir (a PS restarted
+    # empty, a master resumed), or after a rollback to a cut older than the last epoch's start
+    # (checkpoint writes had failed): the ledger counted them done, the cut does not hold them
+    # (elasticdl/master/cut_recovery.py).
     records_possibly_missing: int = 0
     # The check made at the end: every PS applied the gradients of exactly the records the ledger
     # counts as done (ps/data_position.py). {"records_applied": [per PS], "records_done": n, "holds": bool}

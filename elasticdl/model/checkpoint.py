@@ -21,29 +21,45 @@ followed by a ``.committed`` marker, and only marked shards count (elasticdl/fs/
 Embedding tables are saved as their ids, rows and per-row slots;
 restoring keeps the rows whose ``id % num_ps`` is this PS. Non-trainable variables
 (``non_trainable:<name>``) are placed like the trainable ones (``param:<name>``).
+
+A shard counts only once its checksum verifies (elasticdl/model/checkpoint_integrity.py):
+a damaged or partial newest cut is passed over, by name in the log, for the previous complete
+one (``usable_cuts``); a damaged cut named explicitly (``version-<N>``) is an error naming the
+file. A checkpoint directory belongs to one job, and each start of it is a *lineage* whose
+terms lie above every term on disk before it (elasticdl/model/checkpoint_owner.py): pruning and
+discarding take a ``floor`` and only ever touch terms above it, the lineage's own.
 """
 
 from __future__ import annotations
 
-import io
 import json
+import logging
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from elasticdl import fs
-from elasticdl.errors import JobFailure, UserError
+from elasticdl.errors import JobFailure
+from elasticdl.model.checkpoint_integrity import (
+    READ_ERRORS,
+    CheckpointError,
+    DamagedCheckpointError,
+    open_shard,
+    verify_shard,
+    with_checksum,
+)
 from elasticdl.model.embedding.table import TableInfo
 from elasticdl.model.sharding import ps_for_variable
 
+__all__ = ["CheckpointError", "CheckpointWriteError", "DamagedCheckpointError", "ShardState", "TableState"]
+
+logger = logging.getLogger(__name__)
+
 _VERSION_DIR = re.compile(r"^version-(\d+)$")
 _SHARD_FILE = re.compile(r"^ps-(\d+)-of-(\d+)(?:\.term-(\d+))?\.npz$")
-
-
-class CheckpointError(UserError, ValueError):
-    """No usable checkpoint where one was asked for."""
 
 
 class CheckpointWriteError(JobFailure, OSError):
@@ -83,7 +99,7 @@ def save_shard(checkpoint_dir: str, ps_id: int, num_ps: int, state: ShardState) 
         if not fs.is_remote(version_dir) and not os.path.isdir(version_dir):
             os.makedirs(version_dir, exist_ok=True)
             _fsync_dir(checkpoint_dir)  # the new version directory's entry
-        write_atomically(path, lambda f: np.savez(f, **_arrays(state)))
+        write_atomically(path, lambda f: np.savez(f, **with_checksum(_arrays(state))))
     except OSError as err:
         raise CheckpointWriteError(
             f"could not write checkpoint {path}: {err.strerror or err}"
@@ -130,16 +146,37 @@ def _arrays(state: ShardState) -> dict[str, np.ndarray]:
     return arrays
 
 
-def complete_versions(checkpoint_dir: str) -> list[int]:
-    """Versions with a complete cut (every shard of one term), oldest first: by term, then
-    version, so the latest is the newest term's newest cut."""
-    cuts = []
-    for entry in fs.listdir(checkpoint_dir) if fs.isdir(checkpoint_dir) else []:
-        match = _VERSION_DIR.match(entry)
-        cut = match and _complete_term(fs.join(checkpoint_dir, entry))
-        if cut:
-            cuts.append((cut[0], int(match.group(1))))
-    return [version for _, version in sorted(cuts)]
+@dataclass(frozen=True)
+class Cut:
+    """A complete cut: every shard of one term at one version, its files in PS order."""
+
+    version: int
+    term: int
+    num_ps: int
+    directory: str
+    files: tuple[str, ...]
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """Newer cuts sort later: by term (a newer lineage's are above), then version."""
+        return self.term, self.version
+
+
+def complete_versions(checkpoint_dir: str, floor: int = -1) -> list[int]:
+    """Versions with a complete cut (every shard of one term above ``floor``), oldest first: by
+    term, then version, so the latest is the newest term's newest cut. Structural only: the
+    files are not read (``usable_cuts`` verifies them)."""
+    return [cut.version for cut in _cuts(checkpoint_dir, floor)]
+
+
+def _version_dirs(checkpoint_dir: str) -> list[tuple[int, str]]:
+    entries = fs.listdir(checkpoint_dir) if fs.isdir(checkpoint_dir) else []
+    return [(int(m.group(1)), fs.join(checkpoint_dir, e)) for e in entries if (m := _VERSION_DIR.match(e))]
+
+
+def _cuts(checkpoint_dir: str, floor: int = -1) -> list[Cut]:
+    cuts = [cut for version, path in _version_dirs(checkpoint_dir) if (cut := _cut_of(path, version, floor))]
+    return sorted(cuts, key=lambda cut: cut.key)
 
 
 def _all_shard_files(version_dir: str) -> list[tuple[int, int, int, str]]:
@@ -152,39 +189,81 @@ def _all_shard_files(version_dir: str) -> list[tuple[int, int, int, str]]:
     return found
 
 
-def _complete_term(version_dir: str) -> tuple[int, int] | None:
-    """(term, num_ps) of the newest term whose every shard is in ``version_dir``; None if none."""
+def _cut_of(version_dir: str, version: int | None = None, floor: int = -1) -> Cut | None:
+    """The newest term's complete cut in ``version_dir`` (terms above ``floor``); None if none."""
+    by_cut: dict[tuple[int, int], dict[int, str]] = {}
+    for ps_id, num_ps, term, path in _all_shard_files(version_dir):
+        if term > floor:
+            by_cut.setdefault((term, num_ps), {})[ps_id] = path
+    complete = [cut for cut, files in by_cut.items() if set(files) == set(range(cut[1]))]
+    if not complete:
+        return None
+    term, num_ps = max(complete)
+    files = by_cut[(term, num_ps)]
+    return Cut(version_of(version_dir) if version is None else version, term, num_ps, version_dir,
+               tuple(files[i] for i in range(num_ps)))
+
+
+def _missing_shards(version_dir: str) -> str:
+    """What an incomplete version directory lacks, for a message."""
     by_cut: dict[tuple[int, int], set[int]] = {}
     for ps_id, num_ps, term, _ in _all_shard_files(version_dir):
         by_cut.setdefault((term, num_ps), set()).add(ps_id)
-    complete = [cut for cut, ids in by_cut.items() if ids == set(range(cut[1]))]
-    return max(complete) if complete else None
+    if not by_cut:
+        return "it holds no ps-*-of-*.npz file"
+    (term, num_ps), ids = max(by_cut.items())
+    missing = ", ".join(shard_file_name(i, num_ps, term) for i in range(num_ps) if i not in ids)
+    return f"{missing} {'is' if num_ps - len(ids) == 1 else 'are'} missing"
 
 
-def _shard_files(version_dir: str) -> list[tuple[int, int, str]]:
-    """(ps_id, num_ps, path) of the complete cut's files (the newest term's, if two are complete)."""
-    cut = _complete_term(version_dir)
-    if cut is None:
-        return []
-    return [(i, n, path) for i, n, term, path in _all_shard_files(version_dir) if (term, n) == cut]
+def verify_cut(cut: Cut) -> None:
+    """DamagedCheckpointError unless every shard of ``cut`` reads whole and verifies."""
+    for path in cut.files:
+        verify_shard(path)
 
 
-def _is_complete(version_dir: str) -> bool:
-    return _complete_term(version_dir) is not None
+def usable_cuts(checkpoint_dir: str, floor: int = -1) -> Iterator[Cut]:
+    """The complete cuts (terms above ``floor``) whose shards verify, newest first. A damaged
+    or incomplete cut newer than the one returned is named in the log: the job, evaluate and
+    predict say which checkpoint they passed over, and why."""
+    cuts = _cuts(checkpoint_dir, floor)
+    told = False
+    for cut in reversed(cuts):
+        try:
+            verify_cut(cut)
+        except DamagedCheckpointError as err:
+            logger.warning("passed over checkpoint %s: %s; using the previous complete checkpoint", cut.directory, err)
+            continue
+        if not told:
+            told = True
+            _say_incomplete_after(checkpoint_dir, cut, floor, {c.directory for c in cuts})
+        yield cut
+
+
+def _say_incomplete_after(checkpoint_dir: str, chosen: Cut, floor: int, complete: set[str]) -> None:
+    for version, path in sorted(_version_dirs(checkpoint_dir)):
+        terms = [term for _, _, term, _ in _all_shard_files(path) if term > floor]
+        if path not in complete and terms and (max(terms), version) > chosen.key:
+            logger.warning("checkpoint %s is incomplete (%s): using %s, the newest complete one before it",
+                           path, _missing_shards(path), chosen.directory)
 
 
 def cut_position(path: str) -> tuple[int, dict[int, int], list[int]]:
     """(version, marks, records applied per shard) of the cut at ``path`` (a version directory or
-    a checkpoint dir: its latest complete cut). ``marks`` is each task's lowest mark over the
-    shards: the records every shard applied (in sync mode all shards agree)."""
-    version_dir = resolve_checkpoint(path)
+    a checkpoint dir: its latest usable cut). ``marks`` is each task's lowest mark over the
+    shards: the records every shard applied (in sync mode all shards agree). A file that cannot
+    be read is a DamagedCheckpointError, never another exception."""
+    cut = _resolve_cut(path)
     marks: dict[int, int] | None = None
     applied, version = [], 0
-    for _, _, file in sorted(_shard_files(version_dir)):
-        with np.load(_local_or_bytes(file)) as data:
-            version = int(data["__version__"])
-            shard = {int(t): int(e) for t, e in data["__marks__"]} if "__marks__" in data.files else {}
-            applied.append(int(data["__records_applied__"]) if "__records_applied__" in data.files else 0)
+    for file in cut.files:
+        with open_shard(file) as data:
+            try:
+                version = int(data["__version__"])
+                shard = {int(t): int(e) for t, e in data["__marks__"]} if "__marks__" in data.files else {}
+                applied.append(int(data["__records_applied__"]) if "__records_applied__" in data.files else 0)
+            except READ_ERRORS as err:
+                raise DamagedCheckpointError(file, f"its data position is unreadable ({type(err).__name__}: {err})") from None
         if marks is None:
             marks = shard
         else:  # a task a shard never saw was applied up to its start there: drop it
@@ -192,18 +271,37 @@ def cut_position(path: str) -> tuple[int, dict[int, int], list[int]]:
     return version, marks or {}, applied
 
 
-def resolve_checkpoint(path: str) -> str:
-    """A version directory: ``path`` itself, or the latest complete one under it."""
-    if _VERSION_DIR.match(fs.basename(path if fs.is_remote(path) else os.path.normpath(path))):
-        if not _is_complete(path):
-            raise CheckpointError(f"checkpoint {path} is incomplete: some ps-*-of-*.npz files are missing")
-        return path
-    versions = complete_versions(path)
-    if not versions:
-        raise CheckpointError(
-            f"no complete checkpoint under {path} (expected version-<N>/ps-<i>-of-<n>.npz)"
-        )
-    return fs.join(path, f"version-{versions[-1]}")
+def resolve_checkpoint(path: str, floor: int = -1) -> str:
+    """A version directory: ``path`` itself if its cut verifies, or the latest usable cut under it
+    (terms above ``floor``: a lineage's own)."""
+    return _resolve_cut(path, floor).directory
+
+
+def _is_version_dir(path: str) -> bool:
+    return bool(_VERSION_DIR.match(fs.basename(path if fs.is_remote(path) else os.path.normpath(path))))
+
+
+def _resolve_cut(path: str, floor: int = -1) -> Cut:
+    if _is_version_dir(path):
+        cut = _cut_of(path)
+        if cut is None:
+            raise CheckpointError(f"checkpoint {path} is incomplete: {_missing_shards(path)}. Pass its parent "
+                                  "directory to use the newest complete checkpoint, or name another version-<N>")
+        try:
+            verify_cut(cut)
+        except DamagedCheckpointError as err:
+            raise CheckpointError(
+                f"{err}. Pass the checkpoint directory {path.rstrip('/').rsplit('/', 1)[0]} to use the newest "
+                "checkpoint that verifies, or name an older version-<N>"
+            ) from None
+        return cut
+    for cut in usable_cuts(path, floor):
+        return cut
+    damaged = len(_cuts(path, floor))
+    raise CheckpointError(
+        f"no complete checkpoint under {path} (expected version-<N>/ps-<i>-of-<n>.npz)"
+        + (f": {damaged} complete ones are damaged (see the log)" if damaged else "")
+    )
 
 
 def version_of(version_dir: str) -> int:
@@ -212,9 +310,24 @@ def version_of(version_dir: str) -> int:
                                               else os.path.normpath(version_dir))).group(1))
 
 
+def max_term(checkpoint_dir: str) -> int:
+    """The highest term of any shard file under ``checkpoint_dir`` (0: none, or only older files)."""
+    return max((term for _, path in _version_dirs(checkpoint_dir) for _, _, term, _ in _all_shard_files(path)),
+               default=0)
+
+
 def load_shard(path: str, ps_id: int, num_ps: int) -> ShardState:
     """This PS's part of the checkpoint at ``path`` (re-sharded for ``num_ps``)."""
-    version_dir = resolve_checkpoint(path)
+    cut = _resolve_cut(path)
+    try:
+        return _load_cut(cut, ps_id, num_ps)
+    except DamagedCheckpointError:
+        raise
+    except READ_ERRORS as err:  # damaged after it verified (the file changed under us)
+        raise DamagedCheckpointError(cut.directory, f"unreadable ({type(err).__name__}: {err})") from None
+
+
+def _load_cut(cut: Cut, ps_id: int, num_ps: int) -> ShardState:
     params: dict[str, np.ndarray] = {}
     non_trainable: dict[str, np.ndarray] = {}
     slots: dict[str, dict[str, np.ndarray]] = {}
@@ -222,16 +335,15 @@ def load_shard(path: str, ps_id: int, num_ps: int) -> ShardState:
     version = step = term = 0
     marks: dict[int, int] = {}
     records_applied = 0
-    files = sorted(_shard_files(version_dir))
-    for shard_id, saved_num_ps, file in files:
-        with np.load(_local_or_bytes(file)) as data:
+    for shard_id, file in enumerate(cut.files):
+        with open_shard(file) as data:
             for name, table in _tables_in(data, ps_id, num_ps).items():
                 tables.setdefault(name, []).append(table)
             version = int(data["__version__"])
             step = max(step, int(data["__step__"]))
             if "__term__" in data.files:
                 term = int(data["__term__"])
-            if shard_id == ps_id and saved_num_ps == num_ps and "__marks__" in data.files:
+            if shard_id == ps_id and cut.num_ps == num_ps and "__marks__" in data.files:
                 # This shard's own data position: a batch it applied and another shard did not
                 # (async) is skipped here when the job trains it again, applied there.
                 marks = {int(t): int(e) for t, e in data["__marks__"]}
@@ -246,17 +358,12 @@ def load_shard(path: str, ps_id: int, num_ps: int) -> ShardState:
                     slot_name, _, name = rest.partition(":")
                     if ps_for_variable(name, num_ps) == ps_id:
                         slots.setdefault(name, {})[slot_name] = data[key]
-    if files and files[0][1] != num_ps:  # re-sharded: the position every old shard reached
-        _, marks, applied = cut_position(version_dir)
+    if cut.num_ps != num_ps:  # re-sharded: the position every old shard reached
+        _, marks, applied = cut_position(cut.directory)
         records_applied = min(applied)
     embeddings = {name: _concatenate(parts) for name, parts in tables.items()}
     return ShardState(version=version, step=step, params=params, slots=slots, embeddings=embeddings,
                       marks=marks, records_applied=records_applied, term=term, non_trainable=non_trainable)
-
-
-def _local_or_bytes(file: str):
-    """What np.load reads: a local path, or a remote shard's bytes."""
-    return io.BytesIO(fs.read_bytes(file)) if fs.is_remote(file) else file
 
 
 def _tables_in(data, ps_id: int, num_ps: int) -> dict[str, TableState]:
@@ -292,26 +399,33 @@ def _concatenate(parts: list[TableState]) -> TableState:
     )
 
 
-def discard_after(checkpoint_dir: str, version: int, ps_id: int, term: int) -> list[str]:
-    """Remove this PS's shard files of versions after ``version`` written by terms up to ``term``:
-    the timeline a rollback to ``version`` abandoned. Training that version again writes them
-    anew; a file left from before could otherwise complete a cut with shards of the new timeline.
+def discard_after(checkpoint_dir: str, version: int, ps_id: int, term: int, floor: int = -1) -> list[str]:
+    """Remove this PS's shard files of versions after ``version`` written by terms in (``floor``,
+    ``term``]: the timeline a rollback to ``version`` abandoned, in this lineage only (an older
+    lineage's cuts are not this job's to remove). Training that version again writes them anew;
+    a file left from before could otherwise complete a cut with shards of the new timeline.
     Returns the removed paths."""
     removed = []
-    for entry in fs.listdir(checkpoint_dir) if fs.isdir(checkpoint_dir) else []:
-        match = _VERSION_DIR.match(entry)
-        if not match or int(match.group(1)) <= version:
+    for number, path in _version_dirs(checkpoint_dir):
+        if number <= version:
             continue
-        for shard_id, _, shard_term, path in _all_shard_files(fs.join(checkpoint_dir, entry)):
-            if shard_id == ps_id and shard_term <= term:
-                fs.remove(path)
-                removed.append(path)
+        for shard_id, _, shard_term, file in _all_shard_files(path):
+            if shard_id == ps_id and floor < shard_term <= term:
+                fs.remove(file)
+                removed.append(file)
     return removed
 
 
-def prune(checkpoint_dir: str, keep_max: int) -> None:
-    """Keep the newest ``keep_max`` complete versions (0 keeps all)."""
+def prune(checkpoint_dir: str, keep_max: int, floor: int = -1) -> None:
+    """Keep the newest ``keep_max`` complete cuts of terms above ``floor`` (0 keeps all): a
+    lineage prunes only its own older cuts, never another lineage's (elasticdl/model/checkpoint_owner.py)."""
     if keep_max <= 0:
         return
-    for version in complete_versions(checkpoint_dir)[:-keep_max]:
-        fs.rmtree(fs.join(checkpoint_dir, f"version-{version}"))
+    for cut in _cuts(checkpoint_dir, floor)[:-keep_max]:
+        files = _all_shard_files(cut.directory)
+        if all(term > floor for _, _, term, _ in files):
+            fs.rmtree(cut.directory)
+            continue
+        for _, _, term, file in files:  # another lineage's shards share the version: theirs stay
+            if term > floor:
+                fs.remove(file)

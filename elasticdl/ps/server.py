@@ -17,6 +17,7 @@ import numpy as np
 
 from elasticdl import fs
 from elasticdl.model import checkpoint
+from elasticdl.model.checkpoint_owner import lineage_floor
 from elasticdl.model.embedding.table import EmbeddingError, FrozenTable, TableInfo, check_ids
 from elasticdl.model.optimizers import Optimizer, learning_rate_problem
 from elasticdl.ps.data_position import DataPosition
@@ -183,7 +184,9 @@ class ParameterServer:
         gone; removed so that they never make a cut with the new timeline's files."""
         if not self.settings.checkpoint_dir:
             return
-        for path in checkpoint.discard_after(self.settings.checkpoint_dir, version, self.settings.ps_id, self.term):
+        directory = self.settings.checkpoint_dir  # only this lineage's files (model/checkpoint_owner.py)
+        for path in checkpoint.discard_after(directory, version, self.settings.ps_id, self.term,
+                                             lineage_floor(directory, self.term)):
             logger.info("removed %s: written after the checkpoint the job went back to", path)
 
     def fence(self, handouts: list[int], task_ids: list[int], term: int) -> dict[int, int]:
@@ -519,7 +522,8 @@ class ParameterServer:
                     self.checkpoint_error = message
                 logger.error("%s; training goes on and the next checkpoint tries again", message, exc_info=not expected)
                 raise
-            checkpoint.prune(self.settings.checkpoint_dir, self.settings.keep_checkpoint_max)
+            directory = self.settings.checkpoint_dir  # only this lineage's cuts (model/checkpoint_owner.py)
+            checkpoint.prune(directory, self.settings.keep_checkpoint_max, lineage_floor(directory, self.term))
             self._last_checkpoint_version = state.version
         logger.info("checkpoint at version %d", state.version)
         return path
