@@ -17,6 +17,7 @@ import logging
 from elasticdl.data.sources import Shard
 from elasticdl.master import controller as c
 from elasticdl.master.clocks import WorkerClocks
+from elasticdl.master.cut_recovery import latest_cut, rewind_to_cut
 from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
 from elasticdl.master.feed import FeedLivelock, feed
 from elasticdl.master.instance_manager import InstanceManager, Launch, Stop
@@ -97,13 +98,13 @@ class SimMaster:
                 self.resumed = True
         self.tasks.start_term(self.term)
         world.network.endpoints["master"] = self  # it serves once it leads and its ledger is back
-        cut = self._latest_cut() if self.resumed else ""
+        # Job._restore_latest_checkpoint and _rewind_to_restored_cut, on the shared cut_recovery.
+        cut = latest_cut(world.checkpoint_dir) if self.resumed else None
         for ps_id in range(world.mode.num_ps):
-            world.start_ps(ps_id, restore_from=cut, fence=0, delay=0.0)
+            world.start_ps(ps_id, restore_from=cut.path if cut else "", fence=0, delay=0.0)
         if self.resumed:
-            if cut:
-                _, marks, _ = checkpoint.cut_position(cut)
-                self.tasks.rewind(marks, cause="master restart")
+            if cut is not None:
+                rewind_to_cut(self.tasks, cut, "master restart")
             else:
                 world.oracle_emptied_all()
         self.controller = c.Controller("train", self.dispatcher, self.instances, self.clocks,
@@ -111,12 +112,6 @@ class SimMaster:
                                        evaluation_steps=world.evaluation_steps)
         for decision in self.controller.start():
             self.carry_out(decision)
-
-    def _latest_cut(self) -> str:
-        directory = self.world.checkpoint_dir
-        if directory and checkpoint.complete_versions(directory):
-            return checkpoint.resolve_checkpoint(directory)
-        return ""
 
     # ------------------------------------------------------------ the loop (Job._loop)
 
@@ -214,25 +209,24 @@ class SimMaster:
     def _relaunch_ps(self, exit_) -> c.PSRelaunched:
         """Job._relaunch_ps: from the latest complete cut, the survivors rolled back to it."""
         world = self.world
-        cut = self._latest_cut()
-        if not cut:
+        cut = latest_cut(world.checkpoint_dir)  # the newest verified cut (a damaged one is passed over)
+        if cut is None:
             mode = world.mode
             between_pulls = -(-mode.get_model_steps // mode.push_steps) * mode.push_steps + int(mode.overlap)
             missing = between_pulls * 2 * max(1, len(self.controller.workers))
             world.start_ps(exit_.index, restore_from="", fence=0)
             return c.PSRelaunched(exit_.index, None, missing=missing)
-        version, marks, _ = checkpoint.cut_position(cut)
         fence = self.tasks.fence_all()
-        world.start_ps(exit_.index, restore_from=cut, fence=fence)
+        world.start_ps(exit_.index, restore_from=cut.path, fence=fence)
         for ps_id, ps in enumerate(world.ps_list()):
             if ps_id == exit_.index:
                 continue
             try:
-                ps.roll_back(cut, self.term, fence)
+                ps.roll_back(cut.path, self.term, fence)
             except (Unavailable, checkpoint.CheckpointError, ValueError, OSError):
                 pass  # another PS is down too: its own relaunch restores the same cut
-        again = self.tasks.rewind(marks, cause="rollback")
-        return c.PSRelaunched(exit_.index, version, retrained=again)
+        rewound = rewind_to_cut(self.tasks, cut, "rollback")
+        return c.PSRelaunched(exit_.index, cut.version, retrained=rewound.retrained, missing=rewound.possibly_missing)
 
     def _fence(self, handouts: list[int], task_ids: list[int]) -> dict[int, int] | None:
         try:
