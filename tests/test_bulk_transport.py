@@ -79,6 +79,26 @@ def test_a_refused_push_over_tcp_is_refused_as_over_grpc(bulk_ps):
         client.close()
 
 
+def test_the_ticket_travels_over_tcp_and_the_ps_checks_it(bulk_ps):
+    """A push's ticket (elasticdl/rpc/trust.py) rides in the frame's head, as over gRPC."""
+    from elasticdl.rpc import trust
+    from elasticdl.rpc.batch_position import BatchPosition
+
+    bulk_ps.core.verifier = trust.TicketVerifier("key")
+    issued = trust.mint_ticket("key", trust.TicketFields(task_id=5, handout=2, worker_id=0, start=0, end=64))
+    client = ps_client.PSClient([bulk_ps.address], tensor_transport="tcp")
+    try:
+        before = ps_state(bulk_ps.core)
+        forged = client.push_gradients({0: grads()}, [0], 0.0, worker_id=0, batch=BatchPosition(5, 2, 64, 64, b"x"))[0]
+        assert not forged.accepted and "does not verify" in forged.reason
+        assert client._bulk[0]  # it went over the socket
+        assert_same(ps_state(bulk_ps.core), before)
+        own = client.push_gradients({0: grads()}, [0], 0.0, worker_id=0, batch=BatchPosition(5, 2, 32, 32, issued))[0]
+        assert own.applied and bulk_ps.core.position.marks == {5: 32}
+    finally:
+        client.close()
+
+
 def _connect(bulk_ps, token: bytes | None) -> socket.socket:
     conn = socket.create_connection(("127.0.0.1", bulk_ps.bulk.port), timeout=10)
     if token is not None:

@@ -264,3 +264,33 @@ def test_the_python_enum_names_every_member_of_the_protocols():
     assert [o.name for o in PushOutcome] == [v.name for v in elasticdl_pb2.PushOutcome.DESCRIPTOR.values]
     assert [o for o in PushOutcome if o.accepted] == [PushOutcome.APPLIED, PushOutcome.ACCEPTED_PENDING]
     assert [o for o in PushOutcome if o.applied] == [PushOutcome.APPLIED]
+
+
+RECONNECT_MODES = {
+    "sync": dict(),
+    "sync-tolerance": dict(sync_version_tolerance=2),
+    "async": dict(use_async=True),
+    "async-get-model-steps": dict(use_async=True, get_model_steps=4),
+    "ssp": dict(use_async=True, staleness_bound=2),
+    "push-steps": dict(use_async=True, push_steps=3),
+    "overlap": dict(use_async=True, overlap=True),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(RECONNECT_MODES))
+@pytest.mark.parametrize("event", ["ps_reconnected", "snapshot_loaded"])
+def test_after_a_reconnect_every_mode_pulls_before_it_computes_or_pushes(mode, event):
+    # Issue 25: async kept must_pull() False after a reconnect, and pushed version -1.
+    policy = ConsistencyPolicy(num_ps=2, **RECONNECT_MODES[mode])
+    pull(policy, 3, 3)
+    if policy.accumulates:
+        policy.batch_accumulated()  # gradients kept to push: a pull would not come before the push
+    elif policy.overlap:
+        policy.exchange_started()  # an exchange in flight: the batch would compute on what is held
+    assert not policy.must_pull_before_push()
+    getattr(policy, event)()
+    assert policy.versions == [-1, -1]
+    assert policy.must_pull() and policy.must_pull_before_push()
+    request, _ = pull(policy, 1, 2)
+    assert request.versions == (-1, -1)
+    assert not policy.must_pull_before_push() and policy.versions == [1, 2]

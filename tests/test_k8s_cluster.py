@@ -28,6 +28,7 @@ from elasticdl.launch.kubernetes.pod_state import PodTable
 from elasticdl.launch.kubernetes.submit import submit
 from elasticdl.launch.kubernetes.watch import PodWatchLoop
 from elasticdl.rpc import auth as security
+from elasticdl.rpc import trust
 
 PY = sys.executable
 
@@ -176,7 +177,7 @@ def _config(**overrides) -> JobConfig:
 
 @pytest.fixture
 def backend_env(cluster, tmp_path, monkeypatch):
-    """The job's token Secret, the same token for this test process, and role files."""
+    """The job's token and keys Secrets, the same token and key for this test process, and role files."""
     token = security.new_token()
     config = _config()
     client = cluster.client()
@@ -185,6 +186,12 @@ def backend_env(cluster, tmp_path, monkeypatch):
     token_file.write_text(token)
     token_file.chmod(0o600)  # a token file every user may read is refused
     monkeypatch.setenv(security.TOKEN_FILE_ENV, str(token_file))
+    # The job key: a Secret of its own for the PS pods, and a file for this test process, the master.
+    client.create_secret(manifests.keys_secret_manifest(config, "the-job-key", None))
+    key_file = tmp_path / "job-key"
+    key_file.write_text("the-job-key")
+    key_file.chmod(0o600)
+    monkeypatch.setenv(trust.JOB_KEY_FILE_ENV, str(key_file))
     config_file, optimizer_file = tmp_path / "job_config.json", tmp_path / "optimizer.json"
     config_file.write_text(config.to_json())
     optimizer_file.write_text(json.dumps({"name": "SGD", "config": {"learning_rate": 0.1}}))
@@ -246,6 +253,10 @@ def test_an_image_that_cannot_be_pulled_is_an_exit_with_a_clear_reason(cluster, 
 
 
 def test_a_pod_that_cannot_be_scheduled_is_reported(tmp_path, caplog, monkeypatch):
+    key_file = tmp_path / "job-key"  # the master's: it mints the worker's credential
+    key_file.write_text("k")
+    key_file.chmod(0o600)
+    monkeypatch.setenv(trust.JOB_KEY_FILE_ENV, str(key_file))
     with FakeCluster(tmp_path, capacity=0) as cluster:
         backend = KubernetesBackend(_config(), cluster.client(), watch_timeout_seconds=2,
                                     pending_warning_seconds=0.3)
@@ -295,3 +306,25 @@ def test_detach_returns_once_submitted(cluster, tmp_path):
     assert json.loads(result.stdout)["master_pod"] == "elasticdl-detached-master"
     assert cluster.client().get_pod("elasticdl-detached-master") is not None
     assert os.environ.get("KUBECONFIG") != cluster.kubeconfig  # the test process was not touched
+
+
+def test_the_job_key_reaches_ps_pods_only_and_each_worker_pod_its_own_credential(cluster, backend_env):
+    """The keys Secret is mounted in PS (and master) pods; a worker pod gets its credential, not the key."""
+    backend, ps_args = backend_env
+    backend.start("ps", 0, ps_args)
+    backend.start("worker", 1, ["--job_config", ps_args[1], "--worker_id", "1"])
+    ps = cluster.api.store.get("pods", "default", "elasticdl-unit-ps-0")["spec"]
+    worker = cluster.api.store.get("pods", "default", "elasticdl-unit-worker-1")["spec"]
+
+    def secrets(spec):
+        return {v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
+
+    def env(spec):
+        return {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+
+    assert secrets(ps) == {"elasticdl-unit-token", "elasticdl-unit-keys"}
+    assert env(ps)[trust.JOB_KEY_FILE_ENV] == f"{manifests.KEYS_MOUNT}/{trust.JOB_KEY_FILE_NAME}"
+    assert secrets(worker) == {"elasticdl-unit-token"} and trust.JOB_KEY_FILE_ENV not in env(worker)
+    assert env(worker)[trust.WORKER_CREDENTIAL_ENV] == trust.worker_credential("the-job-key", 1)
+    master = manifests.master_pod_manifest(_config(), "train")["spec"]
+    assert secrets(master) == {"elasticdl-unit-token", "elasticdl-unit-keys"}

@@ -165,7 +165,7 @@ def test_yaml_writes_the_master_manifests_instead_of_submitting(tmp_path):
     job = submit(k8s_config(yaml=str(out), **FULL), "train", client=object())  # no cluster is touched
     assert job.yaml == str(out)
     docs = list(yaml.safe_load_all(out.read_text()))
-    assert [d["kind"] for d in docs] == ["Secret", "Service", "Pod"]
+    assert [d["kind"] for d in docs] == ["Secret", "Secret", "Service", "Pod"]  # the token's, the keys'
     for doc in docs:
         validate(doc)
 

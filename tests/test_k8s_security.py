@@ -301,6 +301,7 @@ def test_the_role_is_enough_for_the_backend_and_no_more(tmp_path, monkeypatch):
     token = security.new_token()
     with FakeCluster(tmp_path, master_rules=deploy_role_rules()) as cluster:
         cluster.client().create_secret(manifests.secret_manifest(config, token, None))  # the submitter's
+        cluster.client().create_secret(manifests.keys_secret_manifest(config, "the-job-key", None))
         master = cluster.client(kubeconfig=cluster.master_kubeconfig)
         token_file = tmp_path / "token"
         token_file.write_text(token)

@@ -263,3 +263,13 @@ def test_accumulated_rows_are_averaged_and_non_trainable_changes_summed():
     assert position is None and acc.batches == 2
     assert grads["table"].ids.tolist() == [5, 7] and grads["table"].values.tolist() == [[2.0], [2.0]]
     assert grads["bn/moving_mean"].values.tolist() == [4.0, 4.0]  # what the 2 steps did to the copy
+
+
+def test_an_accumulated_push_refused_as_stale_is_pushed_again_as_it_is_once_pulled():
+    worker, ps, _ = _worker(ConsistencyPolicy(use_async=True, push_steps=2))
+    worker.train_batch(None, None)
+    ps.refusals = [PushOutcome.REJECTED_STALE]  # the mean of batches 1-2: too far ahead of a rolled-back PS
+    worker.train_batch(None, None)
+    # Applied locally already, so never computed again: the same mean, after a pull.
+    assert worker.trainer.computed == 2 and [g["w"].tolist() for g, _ in ps.pushes] == [[1.5, 1.5]]
+    assert ps.pulls == 1 and worker.pushes == 1 and worker.consistency.unpushed == 0

@@ -227,6 +227,13 @@ class ConsistencySection:
         "Divide each gradient's learning rate by its staleness (at least 1).",
         commands=("train",),
     )
+    max_gradient_norm_ratio: float = flag(
+        1000.0,
+        "A parameter server refuses (and counts) a gradient whose norm is more than this many times "
+        "the running norm of the gradients it applied (0: no such check; a gradient beyond float32 "
+        "is always refused). The report's staleness.gradients_refused counts them.",
+        commands=("train",),
+    )
 
     @property
     def description(self) -> str:

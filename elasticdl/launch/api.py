@@ -14,7 +14,7 @@ import grpc
 
 from elasticdl.errors import JobFailure
 from elasticdl.launch.exits import ProcessExit
-from elasticdl.rpc import auth
+from elasticdl.rpc import auth, trust
 
 # The environment of every role process, on every backend (a user's --envs override it).
 ROLE_ENV = {
@@ -89,6 +89,13 @@ class Backend(abc.ABC):
         this backend starts gets it (never on a command line). By default the one in
         ``$ELASTICDL_TOKEN_FILE`` (a pod's mounted Secret); TokenError without one."""
         return auth.require_token("the master")
+
+    def job_key(self) -> str:
+        """The job key (elasticdl/rpc/trust.py): the master signs tickets and worker credentials
+        with it, and this backend hands it to the PS it starts, never to a worker (each worker
+        gets its own credential). By default the one in ``$ELASTICDL_JOB_KEY_FILE`` (the master
+        pod's mounted keys Secret); TokenError without one."""
+        return trust.require_job_key("the master")
 
     @abc.abstractmethod
     def ps_addresses(self, num_ps: int, timeout: float) -> list[str]:

@@ -14,7 +14,12 @@ importing when the scale-up came.)
 
 Every child gets the job's token (``token()``) in a 0600 file in a 0700 directory of the
 backend's own, named by ``$ELASTICDL_TOKEN_FILE`` in its environment: never on its
-command line, which every local user can read.
+command line, which every local user can read. The job key (``job_key()``,
+elasticdl/rpc/trust.py) goes the same way to the PS only (``$ELASTICDL_JOB_KEY_FILE``); each
+worker gets its own credential instead (``$ELASTICDL_WORKER_CREDENTIAL``; a warm spare, with
+its command line on its stdin). All children run as the user who started the job, so locally
+this keeps an honest worker from holding what it must not; only separate users (or
+Kubernetes pods) make it a boundary against a hostile one.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import grpc
 from elasticdl.launch.api import ROLE_ENV, Backend, BackendError, ProcessExit, RoleExitedError
 from elasticdl.launch.child import PARENT_PID_ENV
 from elasticdl.launch.warm import ROLE_MODULES
-from elasticdl.rpc import auth
+from elasticdl.rpc import auth, trust
 from elasticdl.rpc.channel import bind_local
 
 logger = logging.getLogger(__name__)
@@ -87,6 +92,8 @@ class LocalBackend(Backend):
         self._ready_dir = ""  # 0700: each PS's bound port (see ps_addresses) and the token file
         self._token: str | None = None
         self._token_file = ""
+        self._job_key: str | None = None
+        self._job_key_file = ""
         os.makedirs(log_dir, exist_ok=True)
 
     def bind_master(self, server: grpc.Server) -> str:
@@ -116,6 +123,27 @@ class LocalBackend(Backend):
             self._token_file = auth.write_private(os.path.join(self._private_dir(), "token"), token + "\n")
         return self._token_file
 
+    def job_key(self) -> str:
+        """The key in ``$ELASTICDL_JOB_KEY_FILE`` if it is set, else a fresh one for this job."""
+        if self._job_key is None:
+            inherited = trust.job_key()
+            self._job_key = inherited if inherited is not None else trust.new_job_key()
+        return self._job_key
+
+    def _child_job_key_file(self) -> str:
+        if not self._job_key_file or not os.path.exists(self._job_key_file):
+            self._job_key_file = auth.write_private(
+                os.path.join(self._private_dir(), trust.JOB_KEY_FILE_NAME), self.job_key() + "\n")
+        return self._job_key_file
+
+    def _role_env(self, role: str, index: int | None) -> dict[str, str]:
+        """What only this role instance gets: the PS, the job key; worker ``index``, its credential."""
+        if role == "ps":
+            return {trust.JOB_KEY_FILE_ENV: self._child_job_key_file()}
+        if role == "worker" and index is not None:
+            return {trust.WORKER_CREDENTIAL_ENV: trust.worker_credential(self.job_key(), index)}
+        return {}
+
     def ps_addresses(self, num_ps: int, timeout: float) -> list[str]:
         files = [self._ready_file(i) for i in range(num_ps)]
         deadline = time.monotonic() + timeout
@@ -135,9 +163,9 @@ class LocalBackend(Backend):
             if os.path.exists(ready):
                 os.remove(ready)  # a relaunched PS announces its new port
             args = [*args, "--ready_file", ready]
-        popen = self._use_spare(role, args) if not env else None
+        popen = self._use_spare(role, args, self._role_env(role, index)) if not env else None
         if popen is None:
-            popen = self._spawn([ROLE_MODULES[role], *args], env)
+            popen = self._spawn([ROLE_MODULES[role], *args], {**(env or {}), **self._role_env(role, index)})
         log_path = os.path.join(self.log_dir, f"{role}-{index}.log")
         self._children[(role, index)] = _Child(role, index, popen, log_path, self.echo)
         # Beside its log: a spare's command line names no role index, so tools (the chaos
@@ -159,11 +187,13 @@ class LocalBackend(Backend):
 
     def _start_spare(self, role: str) -> None:
         module_args = ["elasticdl.launch.warm", role, *self._kept[role]]
-        popen = self._spawn(module_args, None, stdin=subprocess.PIPE)
+        # A PS spare may hold the job key from its start; a worker's credential names its index,
+        # which comes with its command line (_use_spare).
+        popen = self._spawn(module_args, self._role_env(role, None), stdin=subprocess.PIPE)
         self._spares.setdefault(role, []).append(popen)
         logger.debug("started a warm %s spare (pid %d)", role, popen.pid)
 
-    def _use_spare(self, role: str, args: list[str]) -> subprocess.Popen | None:
+    def _use_spare(self, role: str, args: list[str], env: dict[str, str]) -> subprocess.Popen | None:
         """A spare of ``role`` running ``args`` (its replacement is started), or None."""
         spares = self._spares.get(role, [])
         while spares:
@@ -173,7 +203,8 @@ class LocalBackend(Backend):
             try:
                 # With the wall-clock time: the spare's start-up clock runs from here (it may
                 # still be importing, and read this line later).
-                popen.stdin.write((json.dumps({"args": args, "sent": time.time()}) + "\n").encode())
+                order = {"args": args, "sent": time.time(), "env": env}  # a pipe: no other process reads it
+                popen.stdin.write((json.dumps(order) + "\n").encode())
                 popen.stdin.close()
             except (OSError, ValueError):  # it died (its output, if any, was an import error)
                 _terminate([popen], 1.0)
@@ -185,6 +216,9 @@ class LocalBackend(Backend):
 
     def _spawn(self, module_args: list[str], env: dict[str, str] | None, stdin=subprocess.DEVNULL) -> subprocess.Popen:
         child_env = {**ROLE_ENV, **os.environ, **(env or {})}
+        for name in (trust.JOB_KEY_FILE_ENV, trust.WORKER_CREDENTIAL_ENV):  # the master's own, or a user's
+            if name not in (env or {}):
+                child_env.pop(name, None)
         child_env[PARENT_PID_ENV] = str(os.getpid())
         child_env[auth.TOKEN_FILE_ENV] = self._child_token_file()
         return subprocess.Popen(

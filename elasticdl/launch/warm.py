@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import select
 import sys
 import time
@@ -50,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     line = sys.stdin.readline()
     if not line.strip():
         return 0  # not needed: the job ended (or the backend stopped) first
-    order = json.loads(line)  # {"args": the role's command line, "sent": its time.time()}
+    order = json.loads(line)  # {"args": the role's command line, "sent": its time.time(), "env": its own}
+    os.environ.update(order.get("env", {}))  # a worker's credential: known only once its index is
     assigned_at = time.monotonic() - max(0.0, time.time() - order["sent"])
     return module.main(order["args"], assigned_at=assigned_at)
 

@@ -208,6 +208,7 @@ class Job(JobSetup, Recovery, JobEnd):
             if self.command == "train":
                 stats = self._ps_stats()
                 report.staleness = self._epoch_telemetry(stats)
+                report.note_refusals()  # the gradient guard's (ps/gradient_guard.py)
                 report.exactly_once = self._check_exactly_once(stats)
             self._finish(report)
             succeeded = True

@@ -22,7 +22,7 @@ from elasticdl.master.preflight import check_eval_metrics
 from elasticdl.master.ps_probe import PSProbe
 from elasticdl.master.servicer import MasterServicer
 from elasticdl.proto import elasticdl_pb2_grpc
-from elasticdl.rpc import auth
+from elasticdl.rpc import auth, trust
 from elasticdl.rpc.channel import make_server
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,8 @@ class JobSetup:
         self._token = self.backend.token()
         self._server = make_server(token=self._token)
         servicer = MasterServicer(self.dispatcher, self.progress, self.clocks,
-                                  scale=self.request_scale, notify=self._events.put)
+                                  scale=self.request_scale, notify=self._events.put,
+                                  job_key=self.backend.job_key())  # worker credentials, tickets (rpc/trust.py)
         elasticdl_pb2_grpc.add_MasterServicer_to_server(servicer, self._server)
         self.master_address = self.backend.bind_master(self._server)
         self._server.start()
@@ -85,7 +86,8 @@ class JobSetup:
             "parameter servers at %s%s", ", ".join(self.ps_addresses),
             f" ({cfg.consistency.description})" if self.command == "train" else "",
         )
-        self._ps = PSClient(self.ps_addresses, token=self._token)
+        self._ps = PSClient(self.ps_addresses, token=self._token,  # the master's commands need its credential
+                            master_credential=trust.master_credential(self.backend.job_key()))
         self._ps.term = self.state.term
         self._probe = PSProbe(self._ps, VERSION_POLL_SECONDS, time.monotonic, on_stats=self._note_stats)
         self._model.stop_training = False  # Keras callbacks set it to end training

@@ -8,6 +8,7 @@ failed and the error, and still raises that error (its exit code is in ``exit_co
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass, field
 
@@ -16,6 +17,8 @@ from elasticdl.master.evaluation_service import EvaluationService, TaskDispatche
 from elasticdl.master.instance_manager import InstanceManager
 from elasticdl.master.progress import TrainingProgress
 from elasticdl.master.task_manager import TaskManager
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -86,6 +89,19 @@ class JobReport:
     # PS checkpoint writes that failed during the job (training went on; the next one retried).
     checkpoint_failures: int = 0
     checkpoint_errors: list[str] = field(default_factory=list)  # distinct messages, the first few
+    # Gradients the PS' gradient guard refused (never applied): beyond float32, or far beyond the
+    # running norm (--max_gradient_norm_ratio). A model that stopped improving may be why.
+    gradients_refused: int = 0
+
+    def note_refusals(self) -> None:
+        """Name the gradient guard's refusals (from ``staleness``), with a warning when there are any."""
+        self.gradients_refused = int(self.staleness.get("gradients_refused", 0))
+        if self.gradients_refused:
+            logger.warning(
+                "the parameter servers refused %d gradients as far beyond the running norm or beyond float32 "
+                "(never applied; the PS logs say which): if the model stopped improving, this may be why. "
+                "Look for exploding gradients (a lower learning rate, clipping) or a rogue caller; "
+                "--max_gradient_norm_ratio sets the bound (0: no ratio check)", self.gradients_refused)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)

@@ -17,6 +17,7 @@ from elasticdl.master.progress import TrainingProgress
 from elasticdl.master.task_manager import NoTask, ReportOutcome, TaskType
 from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
 from elasticdl.rpc import codec as tensor_codec
+from elasticdl.rpc.trust import WORKER_CREDENTIAL_HEADER, TicketFields, credential_problem, mint_ticket
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,11 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
         clocks: WorkerClocks,
         scale: Callable[[int], str] | None = None,
         notify: Callable[[Event], None] | None = None,
+        job_key: str = "",
     ):
+        """``job_key`` (elasticdl/rpc/trust.py; the job always gives it): calls naming a worker id
+        must carry that worker's credential, and training tasks go out with a signed ticket."""
+        self._job_key = job_key
         self._tasks = dispatcher
         self._scale = scale
         self._notify = notify or (lambda event: None)  # the job loop's event queue
@@ -52,9 +57,27 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
         self._clocks = clocks
         self._waiting = threading.BoundedSemaphore(MAX_WAITING_TASK_REQUESTS)
 
+    def _check_worker(self, worker_id: int, context) -> None:
+        """PERMISSION_DENIED unless the call carries worker ``worker_id``'s credential: only the
+        workers this master launched get tasks and report, each as itself."""
+        if not self._job_key:
+            return
+        sent = dict(context.invocation_metadata() or ()).get(WORKER_CREDENTIAL_HEADER, "")
+        problem = credential_problem(self._job_key, worker_id, str(sent))
+        if problem:
+            logger.warning("refused a call naming worker %d: %s", worker_id, problem)
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, problem)
+
+    def _ticket(self, worker_id: int, task) -> bytes:
+        if not self._job_key or task.type is not TaskType.TRAINING:
+            return b""
+        fields = TicketFields(task.task_id, task.handout, worker_id, task.shard.start, task.shard.end)
+        return mint_ticket(self._job_key, fields)
+
     def get_task(self, request, context):
         if request.worker_id < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"worker_id {request.worker_id} is negative")
+        self._check_worker(request.worker_id, context)
         # Held while no task is there (e.g. between two epochs), so the worker gets the next one
         # when it comes; a few requests at a time, so reports always find a server thread.
         if self._waiting.acquire(blocking=False):
@@ -83,9 +106,11 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
             read_ahead=None if ahead is None else elasticdl_pb2.TaskRange(path=ahead.path, start=ahead.start,
                                                                           end=ahead.end),
             footers=[elasticdl_pb2.FileFooter(path=path, size=size, footer=footer) for path, size, footer in footers],
+            ticket=self._ticket(request.worker_id, task),
         )
 
     def report_task_result(self, request, context):
+        self._check_worker(request.worker_id, context)
         try:
             states = tensor_codec.decode_list(request.metric_states)
         except tensor_codec.TensorDecodeError as err:
@@ -117,6 +142,7 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
                 f"clock {request.clock} must be in [0, {MAX_CLOCK}] and blocked_seconds "
                 f"{request.blocked_seconds} >= 0 and finite",
             )
+        self._check_worker(request.worker_id, context)
         view = self._clocks.report(
             request.worker_id, request.clock, self._tasks.active_workers(), request.blocked_seconds
         )
@@ -127,6 +153,7 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
     def report_progress(self, request, context):
         if request.model_version < -1:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"model_version {request.model_version} is below -1")
+        self._check_worker(request.worker_id, context)
         outcome = self._tasks.progress(request.task_id, request.worker_id, request.records_done)
         if not outcome.accepted:  # the worker's reporter logs it; its version is not taken either
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"progress refused: {outcome.reason}")

@@ -241,7 +241,7 @@ class TaskManager(LedgerPersistence):
             del self._doing[doing.task.task_id]
             self._take_back(doing, "worker died", doing.progress)
         if gone:
-            logger.info("worker %d is gone; its tasks %s go back to todo once fenced", worker_id,
+            logger.info("worker %d is gone; requeued tasks %s (what the PS did not apply, once fenced)", worker_id,
                         [t.task_id for t in mine])
         return mine
 

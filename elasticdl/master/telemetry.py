@@ -21,6 +21,7 @@ class StalenessSummary:
     staleness: dict[int, int] = field(default_factory=dict)  # staleness -> applied gradients
     blocked_seconds: float = 0.0  # workers waiting for the staleness bound, summed
     records_applied: int = 0  # summed over the PS, as pushes_accepted is
+    gradients_refused: int = 0  # by the PS's gradient guard: beyond float32, or far beyond the running norm
 
     @property
     def records_per_push(self) -> float:
@@ -43,7 +44,8 @@ class StalenessSummary:
         rejected as stale, or workers held back by the staleness bound for a second or more.
         (Some stale rejections are sync SGD's normal price; an epoch without any of these is
         only in the job's summary.)"""
-        return bool(self.pushes_rejected_invalid or self.rejected_rate > 0.5 or self.blocked_seconds >= 1.0)
+        return bool(self.pushes_rejected_invalid or self.gradients_refused or self.rejected_rate > 0.5
+                    or self.blocked_seconds >= 1.0)
 
     def minus(self, earlier: StalenessSummary) -> StalenessSummary:
         """The counts since ``earlier`` (counters only grow)."""
@@ -56,6 +58,7 @@ class StalenessSummary:
             {k: v for k, v in sorted(hist.items()) if v > 0},
             self.blocked_seconds - earlier.blocked_seconds,
             self.records_applied - earlier.records_applied,
+            self.gradients_refused - earlier.gradients_refused,
         )
 
     def to_dict(self) -> dict:
@@ -68,11 +71,15 @@ class StalenessSummary:
             "staleness_histogram": {str(k): v for k, v in sorted(self.staleness.items())},
             "seconds_blocked_by_bound": round(self.blocked_seconds, 3),
             "records_per_push": round(self.records_per_push, 2),
+            "gradients_refused": self.gradients_refused,
         }
 
     def describe(self) -> str:
         hist = " ".join(f"{k}:{v}" for k, v in sorted(self.staleness.items())) or "-"
         blocked = f"; workers blocked by the bound {self.blocked_seconds:.2f}s" if self.blocked_seconds else ""
+        if self.gradients_refused:  # the model may have stopped improving because of them
+            blocked += (f"; {self.gradients_refused} gradients refused by the gradient guard (never applied: "
+                        "see the PS logs; --max_gradient_norm_ratio)")
         return (
             f"pushes accepted {self.pushes_accepted}, rejected as stale {self.pushes_rejected_stale} "
             f"({self.rejected_rate:.1%}), invalid {self.pushes_rejected_invalid}; "
@@ -91,5 +98,6 @@ def summarize(ps_stats, blocked_seconds: float) -> StalenessSummary:
         summary.pushes_rejected_invalid += stats.pushes_rejected_invalid
         hist.update(stats.staleness)
         summary.records_applied += stats.records_applied
+        summary.gradients_refused += getattr(stats, "gradients_refused", 0)  # a PS of an older build: none
     summary.staleness = dict(sorted(hist.items()))
     return summary

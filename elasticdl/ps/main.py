@@ -20,6 +20,7 @@ from elasticdl.ps.server import SERVER_THREADS, ParameterServer, PSSettings
 from elasticdl.ps.servicer import PServerServicer
 from elasticdl.rpc.auth import TokenError, require_token
 from elasticdl.rpc.channel import POD_IP_ENV, add_service, bind_role, make_server
+from elasticdl.rpc.trust import TicketVerifier, require_job_key
 
 logger = logging.getLogger("elasticdl.ps")
 
@@ -37,6 +38,7 @@ def settings_from_config(config: JobConfig, ps_id: int) -> PSSettings:
         sync_version_tolerance=config.consistency.sync_version_tolerance,
         lr_staleness_modulation=config.consistency.lr_staleness_modulation,
         minibatch_size=config.training.minibatch_size,
+        max_gradient_norm_ratio=config.consistency.max_gradient_norm_ratio,
     )
 
 
@@ -60,6 +62,7 @@ def main(argv: list[str] | None = None, assigned_at: float | None = None) -> int
     args = parser.parse_args(argv)
     try:  # first: a PS without the job's token would serve anyone who reaches its port
         token = require_token(f"parameter server {args.ps_id}")
+        verifier = TicketVerifier(require_job_key(f"parameter server {args.ps_id}"))  # checks pushes' tickets
     except TokenError as err:
         return report_exit(f"elasticdl ps-{args.ps_id}", err)
 
@@ -72,7 +75,7 @@ def main(argv: list[str] | None = None, assigned_at: float | None = None) -> int
     settings = dataclasses.replace(settings_from_config(config, args.ps_id), term=args.term, fence_floor=args.fence)
     if args.restore_from:
         settings = dataclasses.replace(settings, checkpoint_dir_for_init=args.restore_from, restore_position=True)
-    core = ParameterServer(settings, make_optimizer(spec))
+    core = ParameterServer(settings, make_optimizer(spec), verifier=verifier)
     core.restore()
     server = make_server(max_workers=SERVER_THREADS, token=token)  # see MAX_WAITING_PULLS
     servicer = PServerServicer(core)

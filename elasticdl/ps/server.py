@@ -21,7 +21,9 @@ from elasticdl.model.checkpoint_owner import lineage_floor
 from elasticdl.model.embedding.table import EmbeddingError, FrozenTable, TableInfo, check_ids
 from elasticdl.model.optimizers import Optimizer, learning_rate_problem
 from elasticdl.ps.data_position import DataPosition
+from elasticdl.ps.gradient_guard import DEFAULT_MAX_NORM_RATIO, GradientGuard
 from elasticdl.ps.parameters import GradientError, ParameterShard
+from elasticdl.ps.push_checks import check_push
 from elasticdl.ps.strategies import (
     AverageUpdatingStrategy,
     DirectUpdatingStrategy,
@@ -31,6 +33,7 @@ from elasticdl.ps.strategies import (
 )
 from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.rpc.push_outcome import PushOutcome
+from elasticdl.rpc.trust import TicketVerifier
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +76,9 @@ class PSSettings:
     # Restore the checkpoint's data position too: only within the run that made it (a relaunch,
     # a resumed job). A new job started from a checkpoint numbers its tasks afresh.
     restore_position: bool = False
+    # A gradient whose norm is more than this many times the running norm is refused (0: never;
+    # one beyond float32 always is): ps/gradient_guard.py.
+    max_gradient_norm_ratio: float = DEFAULT_MAX_NORM_RATIO
 
 
 class StaleTermError(ValueError):
@@ -94,8 +100,13 @@ class ParameterServer:
         optimizer: Optimizer,
         max_waiting_pulls: int = MAX_WAITING_PULLS,
         wait_slice: float = WAIT_SLICE_SECONDS,
+        verifier: TicketVerifier | None = None,
     ):
+        """``verifier``: the job key's (ps/main.py always gives one); with it, a push is taken
+        only under a ticket the master signed for its task, hand-out, worker and records."""
         self.settings = settings
+        self.verifier = verifier
+        self.guard = GradientGuard(settings.max_gradient_norm_ratio)
         self.shard = ParameterShard(optimizer, ps_id=settings.ps_id, num_ps=settings.num_ps)
         self.strategy = make_updating_strategy(settings)
         self._lock = threading.Lock()
@@ -352,18 +363,17 @@ class ParameterServer:
 
     def push_gradients(
         self, grads: dict[str, np.ndarray], version: int, learning_rate: float | None, encode=None,
-        batch: BatchPosition | None = None,
+        batch: BatchPosition | None = None, worker_id: int = 0,
     ):
         """The PushResult; with ``encode``, ``encode(result, params)`` called under the lock, where
         ``params`` are the live parameters when this push made a new version, else None.
-        ``batch``: where the gradient's records are (a training task's push)."""
+        ``batch``: where the gradient's records are (a training task's push), and ``worker_id``
+        the worker that names it (its ticket must be for that worker)."""
         due = None
         with self._lock:
             try:
                 self.shard.check_gradients(grads)
-                _check_push_fields(version, learning_rate)
-                if batch is not None:
-                    _check_batch(batch)
+                check_push(version, learning_rate, batch, worker_id, self.verifier)
             except EmbeddingError as err:  # bad ids or rows: the servicer answers INVALID_ARGUMENT
                 logger.warning("rejected push: %s", err)
                 self.strategy.telemetry.pushes_rejected_invalid += 1
@@ -380,8 +390,14 @@ class ParameterServer:
                 elif batch is not None and self.position.already_taken(batch):
                     # A retry of a push whose answer was lost: taken once already.
                     result = PushResult(PushOutcome.APPLIED, self.shard.version, "already applied")
+                elif refusal := self.guard.problem(grads):
+                    logger.warning("rejected push of worker %d: %s", worker_id, refusal)
+                    self.strategy.telemetry.pushes_rejected_invalid += 1
+                    result = PushResult(PushOutcome.REJECTED_INVALID, self.shard.version, refusal)
                 else:
                     result, due = self._push_locked(grads, version, learning_rate, batch)
+                    if result.accepted:
+                        self.guard.passed()
             reply = result if encode is None else encode(result, self.shard.params if result.applied else None)
         self._write_due_checkpoint(due)  # off the lock; never fails the push, which was applied
         return reply
@@ -537,26 +553,6 @@ def _under(path: str, root: str) -> bool:
         parts = path.split("/")
         return path.startswith(root.rstrip("/") + "/") and ".." not in parts
     return os.path.realpath(path).startswith(os.path.realpath(root) + os.sep)
-
-
-def _check_batch(batch: BatchPosition) -> None:
-    """GradientError for a batch position no worker sends."""
-    if min(batch.task_id, batch.handout, batch.records_end, batch.records) < 0 or batch.records > batch.records_end:
-        raise GradientError(
-            f"batch position {batch}: task, hand-out, end and records are never negative, and a batch "
-            "never holds more records than end at"
-        )
-
-
-def _check_push_fields(version: int, learning_rate: float | None) -> None:
-    """GradientError for a push's version or learning rate that no worker sends."""
-    if version < 0:
-        raise GradientError(
-            f"gradient computed on version {version}: a version is never negative (pull before pushing)"
-        )
-    problem = learning_rate_problem(learning_rate) if learning_rate is not None else ""
-    if problem:
-        raise GradientError(problem)
 
 
 def _rate(learning_rate: float | None) -> str:

@@ -18,6 +18,7 @@ from elasticdl.ps.server import ParameterServer, StaleTermError
 from elasticdl.rpc import codec as tensor_codec
 from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.rpc.push_outcome import PushOutcome
+from elasticdl.rpc.trust import MASTER_CREDENTIAL_HEADER
 
 # Exported tables stream in chunks of about this many bytes (gRPC moves small messages faster).
 TABLE_CHUNK_BYTES = 4 * 1024 * 1024
@@ -50,6 +51,17 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         self._server = server
         self.bulk_port = 0  # the port of its raw-TCP transport (ps/bulk_server.py), once started
         self.bulk_host = ""  # the address it listens on
+
+    def _check_master(self, context) -> None:
+        """PERMISSION_DENIED unless the call carries the master's credential (a PS with the job
+        key): checkpoints, restores, fences, live workers, snapshots and the rate are the master's."""
+        verifier = self._server.verifier
+        if verifier is None:
+            return
+        sent = dict(context.invocation_metadata() or ()).get(MASTER_CREDENTIAL_HEADER, "")
+        problem = verifier.master_problem(str(sent))
+        if problem:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, problem)
 
     @property
     def model_bytes(self) -> int:
@@ -131,15 +143,16 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         encode = (functools.partial(_encode_push_reply, wire_dtype=head.wire_dtype or "float32")
                   if head.return_parameters else None)
         batch = None
-        if head.task_id or head.handout or head.records_end or head.records:
-            batch = BatchPosition(head.task_id, head.handout, head.records_end, head.records)
+        if head.task_id or head.handout or head.records_end or head.records or head.ticket:
+            batch = BatchPosition(head.task_id, head.handout, head.records_end, head.records, head.ticket)
         try:
-            result = self._server.push_gradients(grads, head.version, lr, encode, batch)
+            result = self._server.push_gradients(grads, head.version, lr, encode, batch, head.worker_id)
         except EmbeddingError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         return result if encode is not None else _push_reply(result)
 
     def save_checkpoint(self, request, context):
+        self._check_master(context)
         if request.at_version < 0 or request.term < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "at_version and term are never negative")
         try:
@@ -157,6 +170,7 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         return elasticdl_pb2.SaveCheckpointResponse(path=path, version=self._server.shard.version)
 
     def restore(self, request, context):
+        self._check_master(context)
         if request.term < 0 or request.fence < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "term and fence are never negative")
         try:
@@ -168,6 +182,7 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         return elasticdl_pb2.RestoreResponse(version=version)
 
     def fence(self, request, context):
+        self._check_master(context)
         if request.term < 0 or any(h < 0 for h in request.handouts) or any(t < 0 for t in request.task_ids):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "term, hand-outs and task ids are never negative")
         try:
@@ -179,16 +194,19 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
         )
 
     def take_snapshot(self, request, context):
+        self._check_master(context)
         _check_snapshot_id(request.snapshot_id, context)
         version = self._server.take_snapshot(request.snapshot_id)
         return elasticdl_pb2.Snapshot(snapshot_id=request.snapshot_id, version=version)
 
     def drop_snapshot(self, request, context):
+        self._check_master(context)
         _check_snapshot_id(request.snapshot_id, context)
         self._server.drop_snapshot(request.snapshot_id)
         return elasticdl_pb2.Empty()
 
     def set_learning_rate(self, request, context):
+        self._check_master(context)
         value = request.value if request.HasField("value") else None  # absent: the optimizer's own
         problem = learning_rate_problem(value) if value is not None else ""
         if problem:
@@ -246,6 +264,7 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
             )
 
     def set_live_workers(self, request, context):
+        self._check_master(context)
         if request.count < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"live worker count {request.count} is negative")
         self._server.set_live_workers(request.count)
@@ -270,6 +289,7 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
             term=self._server.term,
             bulk_port=self.bulk_port,
             bulk_host=self.bulk_host,
+            gradients_refused=self._server.guard.refused,
         )
 
 

@@ -172,16 +172,16 @@ class _CallDetails(
     pass
 
 
-class TokenCallInterceptor(
+class HeaderCallInterceptor(
     grpc.UnaryUnaryClientInterceptor,
     grpc.UnaryStreamClientInterceptor,
     grpc.StreamUnaryClientInterceptor,
     grpc.StreamStreamClientInterceptor,
 ):
-    """Adds the job's token to every outgoing call."""
+    """Adds the metadata ``key: value`` to every outgoing call."""
 
-    def __init__(self, token: str):
-        self._header = (METADATA_KEY, _PREFIX + token)
+    def __init__(self, key: str, value: str):
+        self._header = (key, value)
 
     def _details(self, details: grpc.ClientCallDetails) -> _CallDetails:
         metadata = [*(details.metadata or ()), self._header]
@@ -201,3 +201,10 @@ class TokenCallInterceptor(
 
     def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
         return continuation(self._details(client_call_details), request_iterator)
+
+
+class TokenCallInterceptor(HeaderCallInterceptor):
+    """Adds the job's token to every outgoing call."""
+
+    def __init__(self, token: str):
+        super().__init__(METADATA_KEY, _PREFIX + token)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,7 +12,9 @@ import grpc
 
 from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
 from elasticdl.rpc import codec as tensor_codec
+from elasticdl.rpc.auth import HeaderCallInterceptor
 from elasticdl.rpc.channel import make_channel, wait_for_channel
+from elasticdl.rpc.trust import WORKER_CREDENTIAL_ENV, WORKER_CREDENTIAL_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +34,7 @@ class TaskOrder:
     handout: int = 0  # training: this hand-out of the task (pushes and the report name it)
     read_ahead: tuple[str, int, int] | None = None  # (path, start, end) of the task promised next
     footers: tuple[tuple[str, int, bytes], ...] = ()  # (path, size, footer) of Parquet files the master read
+    ticket: bytes = b""  # training: the master's signature of this hand-out; every push of it carries it
 
 
 _KINDS = {
@@ -43,9 +47,16 @@ _KINDS = {
 
 
 class MasterClient:
-    def __init__(self, address: str, worker_id: int, connect_timeout: float = 60.0):
+    def __init__(self, address: str, worker_id: int, connect_timeout: float = 60.0, credential: str | None = None):
+        """``credential``: this worker's, which the master minted at launch (default:
+        ``$ELASTICDL_WORKER_CREDENTIAL``); every call carries it, and the master refuses calls
+        naming this worker id without it (elasticdl/rpc/trust.py)."""
         self.worker_id = worker_id
+        credential = os.environ.get(WORKER_CREDENTIAL_ENV, "") if credential is None else credential
         self._channel = make_channel(address)
+        if credential:
+            self._channel = grpc.intercept_channel(
+                self._channel, HeaderCallInterceptor(WORKER_CREDENTIAL_HEADER, credential))
         wait_for_channel(self._channel, address, connect_timeout)
         self._stub = elasticdl_pb2_grpc.MasterStub(self._channel)
         self._progress = _ProgressReporter(self._stub, worker_id)
@@ -58,6 +69,7 @@ class MasterClient:
             (reply.read_ahead.path, reply.read_ahead.start, reply.read_ahead.end)
             if reply.HasField("read_ahead") else None,
             tuple((f.path, f.size, f.footer) for f in reply.footers),
+            reply.ticket,
         )
 
     def report(

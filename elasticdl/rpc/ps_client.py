@@ -20,10 +20,11 @@ from elasticdl.model.sharding import partition_ids, ps_for_variable
 from elasticdl.proto import elasticdl_pb2
 from elasticdl.rpc import bulk
 from elasticdl.rpc import codec as tensor_codec
-from elasticdl.rpc.auth import job_token
+from elasticdl.rpc.auth import HeaderCallInterceptor, job_token
 from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.rpc.channel import ServiceStub, make_channel, wait_for_channel
 from elasticdl.rpc.push_outcome import PushOutcome
+from elasticdl.rpc.trust import MASTER_CREDENTIAL_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ class PSStats:
     checkpoint_error: str = ""  # the last failure's message
     records_applied: int = 0  # records whose gradients the shard applied (ps/data_position.py)
     term: int = 0  # the newest leadership term the PS heard of
+    gradients_refused: int = 0  # by the PS's gradient guard (ps/gradient_guard.py), never applied
 
 
 # The master's fence and restore calls wait at most this long for a PS: one that does not answer
@@ -97,7 +99,7 @@ COMMAND_TIMEOUT_SECONDS = 10.0
 class PSClient:
     def __init__(
         self, addresses: list[str], connect_timeout: float = 60.0, token: str | None = None,
-        wire_dtype: str = "float32", tensor_transport: str = "grpc",
+        wire_dtype: str = "float32", tensor_transport: str = "grpc", master_credential: str = "",
     ):
         """``token``: the job's (default: the one in ``$ELASTICDL_TOKEN_FILE``). ``wire_dtype``
         (--wire_dtype): what dense float32 gradients and parameters travel as; the PS keeps
@@ -105,7 +107,8 @@ class PSClient:
         pushed at the start, embedding rows and non-trainable changes always travel as float32.
         ``tensor_transport`` (--tensor_transport): "tcp" sends the streamed pulls and pushes
         (parts above STREAM_ABOVE_BYTES) as raw frames (elasticdl/rpc/bulk.py) to each PS that
-        serves them; "grpc", or a PS without such a port, streams them over gRPC."""
+        serves them; "grpc", or a PS without such a port, streams them over gRPC.
+        ``master_credential``: the master's (elasticdl/rpc/trust.py), which its commands need."""
         problem = tensor_codec.wire_dtype_problem(wire_dtype)
         if problem:
             raise ValueError(f"--{problem}")
@@ -119,6 +122,9 @@ class PSClient:
                         self.wire_dtype, self.wire_dtype)
         self.addresses = addresses
         self._channels = [make_channel(a, token) for a in addresses]
+        if master_credential:
+            header = HeaderCallInterceptor(MASTER_CREDENTIAL_HEADER, master_credential)
+            self._channels = [grpc.intercept_channel(c, header) for c in self._channels]
         for channel, address in zip(self._channels, addresses):
             wait_for_channel(channel, address, connect_timeout)
         # Streamed pulls answer in bytes: their tensors are read as views, not copied twice.
@@ -268,6 +274,7 @@ class PSClient:
         if batch is not None:
             head.task_id, head.handout = batch.task_id, batch.handout
             head.records_end, head.records = batch.records_end, batch.records
+            head.ticket = batch.ticket  # the master's signature of the hand-out: the PS checks it
         stub = self._stubs[ps]
         wire = self.wire_dtype
         large = sum(np.asarray(v).nbytes for v in dense.values()) > STREAM_ABOVE_BYTES
@@ -509,6 +516,7 @@ def stats_of(r) -> PSStats:
         checkpoint_error=r.checkpoint_error,
         records_applied=r.records_applied,
         term=r.term,
+        gradients_refused=r.gradients_refused,
     )
 
 

@@ -18,6 +18,8 @@ recognised as taken, like a retried single batch.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from elasticdl.model.embedding.table import IndexedRows
@@ -62,7 +64,7 @@ class GradientAccumulator:
                 held += grad
         if position is not None:
             records = position.records + (self._position.records if self._position is not None else 0)
-            self._position = BatchPosition(position.task_id, position.handout, position.records_end, records)
+            self._position = dataclasses.replace(position, records=records)  # keeps the task's ticket
         self.batches += 1
 
     def means(self) -> tuple[dict, BatchPosition | None]:

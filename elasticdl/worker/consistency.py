@@ -44,11 +44,14 @@ PS for all of its parameters.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from elasticdl.errors import JobFailure
 from elasticdl.rpc.push_outcome import PushOutcome
+from elasticdl.worker.batch_steps import MAX_PUSH_TRIES, BatchSteps
+from elasticdl.worker.steps import PullRequest
+
+__all__ = ["ConsistencyPolicy", "PullRequest", "PushRejectedError", "TaskTakenBackError"]
 
 if TYPE_CHECKING:
     from elasticdl.rpc.ps_client import PushAnswer
@@ -62,16 +65,35 @@ class TaskTakenBackError(RuntimeError):
     """The master took the task back (its hand-out was fenced on the PS): leave it, take the next."""
 
 
-@dataclass(frozen=True)
-class PullRequest:
-    """What to ask each PS for in a pull."""
-
-    versions: tuple[int, ...]  # the version held of each PS; -1: send every parameter
-    wait_for_newer: tuple[bool, ...]  # per PS: answer once the model moved past versions[i]
-
-
-class ConsistencyPolicy:
+class ConsistencyPolicy(BatchSteps):
     """The worker-side consistency rule and its state (the architecture's ``StalenessStrategy``).
+
+    The worker (or a simulator) drives a batch by asking ``next_step()`` and telling what
+    happened, until the step is DONE; ``task_ending()`` then flushes a task (worker/steps.py,
+    worker/batch_steps.py). A numpy stand-in, async with 1 PS:
+
+    >>> from elasticdl.rpc.ps_client import PushAnswer
+    >>> from elasticdl.worker.steps import StepKind
+    >>> policy = ConsistencyPolicy(use_async=True)
+    >>> policy.pulled(policy.pull_request(everything=True), [0])  # the first pull
+    []
+    >>> done = []
+    >>> for batch in range(2):
+    ...     policy.batch_started()
+    ...     while (step := policy.next_step()).kind is not StepKind.DONE:
+    ...         done.append(step.kind.value)
+    ...         if step.kind is StepKind.PULL:
+    ...             _ = policy.pulled(step.pull, [batch])
+    ...         elif step.kind is StepKind.COMPUTE:
+    ...             policy.computed(finite=True)
+    ...         elif step.kind is StepKind.PUSH:
+    ...             _ = policy.pushed({0: PushAnswer(PushOutcome.APPLIED, batch + 1)}, step)
+    >>> done
+    ['compute', 'push', 'pull', 'compute', 'push']
+    >>> policy.task_ending(); policy.next_step().kind.value
+    'done'
+
+    The rules underneath, asked and told one by one:
 
     >>> policy = ConsistencyPolicy(use_async=True, get_model_steps=2)
     >>> policy.pulled(policy.pull_request(), [5])  # no PS was waited for in vain
@@ -93,7 +115,9 @@ class ConsistencyPolicy:
         num_ps: int = 1,
         push_steps: int = 1,
         overlap: bool = False,
+        max_push_tries: int = MAX_PUSH_TRIES,
     ):
+        self._init_steps(max_push_tries)
         if num_ps < 1:
             raise ValueError(f"num_ps must be at least 1. Received: num_ps={num_ps}")
         if get_model_steps < 1:
@@ -118,6 +142,10 @@ class ConsistencyPolicy:
         self._fresh_from_push = False
         # A PS refused our gradient as stale: pull before computing it again.
         self._stale = False
+        # A PS reconnected (or the model was rolled back): what is held may be newer than the PS,
+        # and the versions are forgotten (-1, which every PS refuses): pull before the next
+        # compute or push, in every mode, whatever is accumulated or in flight.
+        self._refresh = False
         self.steps_since_pull = 0  # batches pushed since the last pull (async)
         self.clock = 0  # batches pushed (stale-synchronous parallel)
         self.unpushed = 0  # batches trained and applied locally, their gradients not pushed yet
@@ -189,11 +217,16 @@ class ConsistencyPolicy:
 
     def must_pull(self) -> bool:
         """Before computing a batch's gradients: pull first?"""
-        if self._stale:
+        if self._stale or self._refresh:
             return True
         if self._fresh_from_push or self.unpushed or self.in_flight:
             return False  # an exchange in flight pulls if one is due: the batch computes on what is held
         return not self.use_async or self.steps_since_pull >= self.get_model_steps
+
+    def must_pull_before_push(self) -> bool:
+        """Before pushing gradients already computed (accumulated, or retried after a PS came
+        back): pull first? Only after a reconnect, when the versions held are forgotten."""
+        return self._refresh
 
     def pulls_after_push(self) -> bool:
         """Overlap: should the exchange about to start pull after its push? As often as the
@@ -227,6 +260,8 @@ class ConsistencyPolicy:
         self._awaiting_update = [False] * self.num_ps
         self._fresh_from_push = False
         self._stale = False
+        self._refresh = False
+        self._batch_pulled = True
         self.steps_since_pull = 0
         return stalled
 
@@ -313,17 +348,23 @@ class ConsistencyPolicy:
         """A push's answer stands in for the pull of the batch right after it, not of a batch
         after a gap: between two tasks the other workers may push many versions."""
         self._fresh_from_push = False
+        self._flushing = False
 
     def snapshot_loaded(self) -> None:
         """An evaluation loaded a snapshot's parameters: the next training batch pulls first."""
         self._versions = [-1] * self.num_ps
         self._fresh_from_push = False
+        self._refresh = True  # whatever is accumulated or in flight: versions -1 are refused
         self.steps_since_pull = self.get_model_steps
 
     def ps_reconnected(self) -> None:
         """A PS was unreachable and came back, maybe older (from a checkpoint) or empty:
-        the next pull asks every PS for everything, and waits for none."""
+        the next pull asks every PS for everything, and waits for none. ``must_pull`` is True
+        until then in every mode: a gradient pushed before that pull would carry version -1,
+        which every PS refuses (async and SSP jobs failed on a PS kill that way)."""
         self._versions = [-1] * self.num_ps
         self._awaiting_update = [False] * self.num_ps
         self._fresh_from_push = False
         self._stale = False
+        self._refresh = True
+        self._forget_unsent()

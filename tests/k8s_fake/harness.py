@@ -74,6 +74,8 @@ class FakeCluster:
             "HOME": os.environ.get("HOME", "/tmp"),
             "LANG": "C.UTF-8",
             "TF_CPP_MIN_LOG_LEVEL": "2",
+            # Pods import the code under test, not another install's (a worktree on PYTHONPATH).
+            **({"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}),
             **(extra_env or {}),
         }
         self.capacity = capacity

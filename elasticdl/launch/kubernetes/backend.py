@@ -29,6 +29,7 @@ from elasticdl.launch.kubernetes.client import K8sClient, K8sConflict, K8sError
 from elasticdl.launch.kubernetes.manifests import MASTER_PORT, PS_PORT, ClusterSpec, JobNames, PodPlan
 from elasticdl.launch.kubernetes.pod_state import PodPhase, PodTable
 from elasticdl.launch.kubernetes.watch import PodWatchLoop
+from elasticdl.rpc import trust
 
 logger = logging.getLogger(__name__)
 
@@ -191,6 +192,8 @@ class KubernetesBackend(Backend):
         config_env = file_env_name("--job_config")
         if config_env in file_env:  # --envs values reach pods from the job's Secret, never in their config
             file_env[config_env] = manifests.without_secret_values(JobConfig.from_json(file_env[config_env])).to_json()
+        if role == "worker":  # its own credential, minted here; never the job key (rpc/trust.py)
+            file_env[trust.WORKER_CREDENTIAL_ENV] = trust.worker_credential(self.job_key(), index)
         port = None
         if role == "ps":
             self._ensure_ps_service(index)

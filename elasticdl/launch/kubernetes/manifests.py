@@ -21,6 +21,7 @@ from elasticdl.config import JobConfig
 from elasticdl.config import kubernetes as options
 from elasticdl.launch.api import ROLE_ENV
 from elasticdl.rpc.auth import TOKEN_FILE_ENV
+from elasticdl.rpc.trust import JOB_KEY_FILE_ENV, JOB_KEY_FILE_NAME
 
 # The master pod prints its report on one line after this marker; the client picks it up.
 REPORT_MARKER = "ELASTICDL_REPORT "
@@ -36,6 +37,11 @@ SERVICE_ACCOUNT = "elasticdl"  # dockerfiles/deploy.yaml: the master's rights (p
 TOKEN_MOUNT = "/etc/elasticdl/token"
 TOKEN_KEY = "token"  # the key of the token in the job's Secret
 ENV_KEY_PREFIX = "env."  # the Secret's key of --envs variable NAME: env.NAME
+# The job key (elasticdl/rpc/trust.py) lives in a Secret of its own, mounted in the master and PS
+# pods only: a worker (which holds the token) never sees it, so it cannot sign tickets or
+# mint another worker's credential.
+KEYS_MOUNT = "/etc/elasticdl/keys"
+KEYS_ROLES = ("master", "ps")
 RUN_AS_USER = 1000  # the non-root user of the images (dockerfiles/Dockerfile.*: USER 1000:1000)
 # The Pod Security Standard "restricted", for every pod of a job. fsGroup makes the mounted
 # token (mode 0400, owned by root) readable by the group, and volumes writable by the user.
@@ -77,6 +83,10 @@ class JobNames:
     @property
     def secret(self) -> str:
         return f"{self.prefix}-token"
+
+    @property
+    def keys_secret(self) -> str:
+        return f"{self.prefix}-keys"
 
     def labels(self, role: str, index: int = 0) -> dict[str, str]:
         return {
@@ -166,6 +176,10 @@ def pod_manifest(config: JobConfig, plan: PodPlan, spec: RoleSpec) -> dict:
         {"name": "elasticdl-token", "secret": {"secretName": names.secret, "defaultMode": 0o400}}
     ]
     mounts: list[dict[str, Any]] = [{"name": "elasticdl-token", "mountPath": TOKEN_MOUNT, "readOnly": True}]
+    if plan.role in KEYS_ROLES:
+        env.append({"name": JOB_KEY_FILE_ENV, "value": f"{KEYS_MOUNT}/{JOB_KEY_FILE_NAME}"})
+        volumes.append({"name": "elasticdl-keys", "secret": {"secretName": names.keys_secret, "defaultMode": 0o400}})
+        mounts.append({"name": "elasticdl-keys", "mountPath": KEYS_MOUNT, "readOnly": True})
     for i, volume in enumerate(config.kubernetes.volume):
         name = f"volume-{i}"
         if volume.claim_name:
@@ -256,6 +270,20 @@ def secret_manifest(config: JobConfig, token: str, owner: dict | None) -> dict:
     data = {TOKEN_KEY: token, **{env_secret_key(k): v for k, v in config.kubernetes.envs.items()}}
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": metadata,
             "immutable": True, "stringData": data}
+
+
+def keys_secret_manifest(config: JobConfig, key: str, owner: dict | None) -> dict:
+    """The job's keys Secret: the job key, for the master and PS pods only."""
+    names = JobNames(config.job.job_name)
+    metadata: dict[str, Any] = {
+        "name": names.keys_secret,
+        "namespace": config.kubernetes.namespace,
+        "labels": names.labels("master"),
+    }
+    if owner:
+        metadata["ownerReferences"] = [owner]
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": metadata,
+            "immutable": True, "stringData": {JOB_KEY_FILE_NAME: key}}
 
 
 def master_pod_manifest(config: JobConfig, command: str, cluster_spec_source: str = "") -> dict:

@@ -24,6 +24,7 @@ from elasticdl.launch.kubernetes import manifests
 from elasticdl.launch.kubernetes.client import K8sClient, K8sClusterError, K8sContainerError, K8sError
 from elasticdl.launch.kubernetes.pod_state import FATAL_WAITING, view
 from elasticdl.rpc.auth import new_token, write_private
+from elasticdl.rpc.trust import new_job_key
 
 logger = logging.getLogger(__name__)
 
@@ -64,23 +65,25 @@ def build_master_objects(config: JobConfig, command: str, token: str) -> list[di
 def submit(config: JobConfig, command: str, client: K8sClient | None = None) -> SubmittedJob:
     config.validate(command, check_paths=False)  # paths name files inside the image and volumes
     secret, service, pod = build_master_objects(config, command, new_token())
+    keys = manifests.keys_secret_manifest(config, new_job_key(), None)  # the master's and the PS' only
     name = pod["metadata"]["name"]
     job = SubmittedJob(config.job.job_name, config.kubernetes.namespace, name)
     if config.kubernetes.yaml:
         try:
-            write_private(config.kubernetes.yaml, manifests.dumps_yaml([secret, service, pod]))  # 0600
+            write_private(config.kubernetes.yaml, manifests.dumps_yaml([secret, keys, service, pod]))  # 0600
         except OSError as err:
             raise ConfigError(f"--yaml {config.kubernetes.yaml!r} cannot be written: {err}") from None
         job.yaml = config.kubernetes.yaml
-        print(f"wrote the master's Secret, Service and Pod to {config.kubernetes.yaml} (mode 0600: it holds "
-              f"the job's token and --envs values); submit them with "
+        print(f"wrote the master's Secrets, Service and Pod to {config.kubernetes.yaml} (mode 0600: it holds "
+              f"the job's token, its key and --envs values); submit them with "
               f"`kubectl apply -f {config.kubernetes.yaml}`", file=sys.stderr)
         return job
     client = client or K8sClient(config.kubernetes.namespace)
     created = client.create_pod(pod)
     owner = manifests.owner_reference(created)
     try:
-        for obj, create in ((secret, client.create_secret), (service, client.create_service)):
+        for obj, create in ((secret, client.create_secret), (keys, client.create_secret),
+                            (service, client.create_service)):
             obj["metadata"]["ownerReferences"] = [owner]
             create(obj)
     except K8sError:
