@@ -102,8 +102,8 @@ class SimPS:
             return None
         return version, {n: np.array(v) for n, v in params.items()}, rows
 
-    def rpc_push_model(self, params: dict) -> bool:
-        return self.core.push_model(params)[0]
+    def rpc_push_model(self, params: dict, version: int = 0) -> bool:
+        return self.core.push_model(params, version)[0]
 
     def rpc_push_table_infos(self, infos) -> None:
         self.core.push_embedding_table_infos(infos)

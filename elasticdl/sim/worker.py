@@ -338,8 +338,10 @@ class SimWorker:
                 yield Sleep(0.01)
             results.append(result)
         if any(not r[0] for r in results) and self.built:
-            # A PS relaunched without a checkpoint: give it our copy of its variables.
-            yield from self._each("push_model", [(dict(self.model.params),)] * self.num_ps)
+            # A PS relaunched without a checkpoint: give it our copy of its variables, at the version
+            # the other shards are at (elasticdl/worker/batch_loop.py, main c12cca3).
+            version = max((r[1] for r in results if r[0]), default=0)
+            yield from self._each("push_model", [(dict(self.model.params), version)] * self.num_ps)
             if self.model.embedding:
                 yield from self._each("push_table_infos", [(self.model.table_infos,)] * self.num_ps)
             results = yield from self._pull_all(list(request.versions))
