@@ -226,6 +226,8 @@ class SimWorker:
         parts = split(self.acc.mean(), self.num_ps)
         pending = set(range(self.num_ps))
         for _ in range(MAX_PUSH_TRIES):
+            if policy.must_pull_before_push():  # after a reconnect: versions -1 are refused
+                yield from self._pull()
             answers = yield from self._push({ps: parts[ps] for ps in pending}, policy.versions, False,
                                             self.acc.position, self.acc.keys)
             pending = policy.push_answered(answers)
@@ -262,10 +264,14 @@ class SimWorker:
         self.exchange = None
         policy = self.policy
         try:
+            if futures is None:  # its push failed (a PS was away): pushed again, after a pull if due
+                if policy.must_pull_before_push():
+                    yield from self._pull()
+                    versions = policy.versions
+                futures = self._start_push(dict(enumerate(parts)), versions, False, position, keys)
             answers = yield from self._answers(futures)
         except Unavailable:  # pushed again on the retry, as the real exchange's error is raised here
-            self.exchange = (self._start_push(dict(enumerate(parts)), versions, False, position, keys),
-                             request, parts, versions, position, keys)
+            self.exchange = (None, request, parts, versions, position, keys)
             raise
         try:
             pending = policy.push_answered(answers)
@@ -293,7 +299,8 @@ class SimWorker:
         if exchange is None:
             return
         try:
-            yield from self._answers(exchange[0])
+            if exchange[0] is not None:  # None: its push failed, nothing is in flight
+                yield from self._answers(exchange[0])
         except Unavailable:
             pass
         self.policy.exchange_dropped()
