@@ -22,7 +22,8 @@ CI_SECONDS = 120.0
 # (docs/reliability.md, "Simulation"). A violation of any other kind fails the CI run; drop a
 # pattern once its fix lands, so the class stays found if it comes back.
 KNOWN_OPEN = {
-    "async-reconnect": r"gradient computed on version -1|holds no model yet",  # planted test below
+    # (Issue 25 (a), pushes at version -1 after a reconnect, is fixed: planted back below.)
+    "push-to-an-empty-ps": r"holds no model yet",  # seed 2438: a PS relaunched twice, its cut truncated
     "sync-versions": r"sync shards ended at different versions",
     "sync-pending-at-end": r"never applied \d+ records' gradients",
     # The PS at different versions and --evaluation_steps: a round every N versions starts again
