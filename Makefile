@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test lint proto bench clean
+.PHONY: install demo test lint proto bench clean simulate
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -48,3 +48,9 @@ clean:
 # make bench QUICK=1 (tiny sizes, the smoke test), CASES=training,ps_data_plane, REPS=5
 bench: $(STAMP)
 	$(PY) -m benchmarks $(if $(QUICK),--quick) $(if $(CASES),--cases $(CASES)) $(if $(REPS),--reps $(REPS))
+
+# The deterministic simulator (docs/reliability.md, "Simulation"): SEEDS seeds of the whole job
+# under random faults; prints a replay command per failing seed and "N seeds, F faults, V invariant violations".
+SEEDS ?= 1000
+simulate: $(STAMP)
+	$(PY) -m elasticdl.sim --seeds $(SEEDS) --jobs 2

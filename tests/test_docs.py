@@ -145,6 +145,13 @@ def test_every_documented_validation_rule_is_enforced(text, overrides):
 _OTHER_PROGRAMS_FLAGS = {"--all", "--dir", "--tag_set", "--signature_def", "--help", "--logdir"}
 
 
+def _simulator_flags() -> set[str]:
+    """`python -m elasticdl.sim`'s flags (docs/reliability.md, "Simulation")."""
+    from elasticdl.sim.runner import build_parser
+
+    return {o for action in build_parser()._actions for o in action.option_strings if o.startswith("--")}
+
+
 def _parser_flags() -> set[str]:
     """Every flag of every subcommand, including those that are not JobConfig fields (scale)."""
     import argparse
@@ -164,7 +171,7 @@ def _parser_flags() -> set[str]:
 def test_docs_mention_only_real_flags(doc):
     from elasticdl.cli.legacy_flags import LEGACY_FLAGS
 
-    known = set(_config_flags()) | _parser_flags() | _OTHER_PROGRAMS_FLAGS | LEGACY_FLAGS
+    known = set(_config_flags()) | _parser_flags() | _OTHER_PROGRAMS_FLAGS | LEGACY_FLAGS | _simulator_flags()
     mentioned = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9_]*", doc.read_text(encoding="utf-8")))
     unknown = sorted(mentioned - known)
     assert not unknown, (

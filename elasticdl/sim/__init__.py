@@ -1,0 +1,1 @@
+"""A deterministic simulator of the whole job (docs/reliability.md, "Simulation")."""

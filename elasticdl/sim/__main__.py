@@ -1,0 +1,5 @@
+import sys
+
+from elasticdl.sim.runner import main
+
+sys.exit(main())

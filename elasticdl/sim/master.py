@@ -1,0 +1,289 @@
+"""The simulated master: the real Controller, task ledger and instance manager, run by an
+executor that mirrors elasticdl/master/job.py.
+
+``SimMaster.run`` is Job._loop (events that arrived, exits polled, the version polled, a Tick,
+each through ``elasticdl.master.feed.feed``), and ``carry_out`` is Job._carry_out against the
+simulated roles: start and stop workers, relaunch a PS from the latest cut (the survivors roll
+back, every hand-out is fenced, the ledger rewinds), tell the PS the live workers, end epochs
+(arming the epoch's cut), save the ledger to the state store. The workers' calls
+(``rpc_*``) are the master servicer's: they go to the task dispatcher and enqueue events.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from elasticdl.data.sources import Shard
+from elasticdl.master import controller as c
+from elasticdl.master.clocks import WorkerClocks
+from elasticdl.master.cut_recovery import latest_cut, rewind_to_cut
+from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
+from elasticdl.master.feed import FeedLivelock, feed
+from elasticdl.master.instance_manager import InstanceManager, Launch, Stop
+from elasticdl.master.task_manager import Task, TaskManager
+from elasticdl.model import checkpoint
+from elasticdl.sim.leader import SimLeadership
+from elasticdl.sim.model import eval_metrics
+from elasticdl.sim.scheduler import Sleep
+from elasticdl.sim.transport import Unavailable
+from elasticdl.store.errors import StateStoreError
+from elasticdl.store.memory import MemoryStateStore
+
+logger = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.2  # Job's poll_seconds
+VERSION_POLL_SECONDS = 0.5
+TASK_TIMEOUT = 20.0
+RECORDS_PER_TASK = 4
+FINGERPRINT = "sim"
+STORE_RETRY_BUDGET = 5.0  # RetryPolicy's default budget
+
+
+class SimMaster:
+    """One master process (a restart makes a new one, of a higher term)."""
+
+    def __init__(self, world, term: int) -> None:
+        self.world = world
+        self.term = term
+        self.alive = True
+        self.frozen = False
+        self.process = None  # its coroutine, set by the world
+        mode = world.mode
+        shards = [Shard(world.data.path, s, min(s + RECORDS_PER_TASK, world.records))
+                  for s in range(0, world.records, RECORDS_PER_TASK)]
+        self.tasks = TaskManager(shards, num_epochs=world.epochs, task_timeout=TASK_TIMEOUT, max_task_retries=3,
+                                 seed=world.seed, clock=world.clock, gate_epochs=True,
+                                 fences_pushes=True)
+        self.instances = InstanceManager(mode.num_workers)
+        self.evaluation = None
+        if world.validation is not None:
+            val = [Shard(world.validation.path, s, min(s + RECORDS_PER_TASK, world.val_records))
+                   for s in range(0, world.val_records, RECORDS_PER_TASK)]
+            self.evaluation = EvaluationService(val, eval_metrics, evaluation_steps=world.evaluation_steps,
+                                                task_timeout=TASK_TIMEOUT, clock=world.clock)
+        self.dispatcher = TaskDispatcher(self.tasks, self.evaluation)
+        self.clocks = WorkerClocks()
+        self.events: list = []
+        self.controller: c.Controller | None = None
+        self.store = (MemoryStateStore("sim", world.store_backend, retry=world.no_retry)
+                      if world.mode.store == "etcd" else None)  # each master process has its own client
+        self.leadership = SimLeadership(self.store, f"master-{term}", world.clock) if self.store else None
+        self.revision = 0  # the ledger's revision in the store (compare-and-set)
+        self.unsaved = False  # a ledger write waits for the store to come back
+        self.saved_seq = -1  # the ledger seq last written (a retry after an outage may have written it)
+        self.resumed = False
+
+    # ------------------------------------------------------------ start (Job.run, _start)
+
+    def open(self):
+        """Resume the ledger from the store (etcd-like), then the PS from the latest cut."""
+        world = self.world
+        if self.leadership is not None:
+            self.term = yield from self.leadership.acquire()
+        world.took_over(self)
+        if self.store is not None:
+            waited = 0.0
+            while True:  # the store's retry budget (RetryPolicy.budget): a short outage is ridden out
+                try:
+                    snapshot, self.revision = self.store.load_ledger()
+                    break
+                except StateStoreError:
+                    if waited >= STORE_RETRY_BUDGET:
+                        raise
+                    yield Sleep(0.1)
+                    waited += 0.1
+            if snapshot is not None:
+                self.tasks.restore(snapshot)
+                self.resumed = True
+        self.tasks.start_term(self.term)
+        world.network.endpoints["master"] = self  # it serves once it leads and its ledger is back
+        # Job._restore_latest_checkpoint and _rewind_to_restored_cut, on the shared cut_recovery.
+        cut = latest_cut(world.checkpoint_dir) if self.resumed else None
+        for ps_id in range(world.mode.num_ps):
+            world.start_ps(ps_id, restore_from=cut.path if cut else "", fence=0, delay=0.0)
+        if self.resumed:
+            if cut is not None:
+                rewind_to_cut(self.tasks, cut, "master restart")
+            else:
+                world.oracle_emptied_all()
+        self.controller = c.Controller("train", self.dispatcher, self.instances, self.clocks,
+                                       sync_mode=not world.mode.use_async, keeps_ledger=True, clock=world.clock,
+                                       evaluation_steps=world.evaluation_steps)
+        for decision in self.controller.start():
+            self.carry_out(decision)
+
+    # ------------------------------------------------------------ the loop (Job._loop)
+
+    def run(self):
+        yield from self.open()
+        last_version_poll = -1.0
+        while self.controller.outcome is None:
+            yield Sleep(POLL_SECONDS)
+            if self.leadership is not None and not self.leadership.keep_alive():
+                # Job: the keep-alive's on_lost halts the dispatcher and fails the job (exit 1).
+                self.dispatcher.halt("lost the leader lock")
+                self.world.master_stopped(self)
+                return
+            if not self.world.is_leader(self):
+                return
+            events, self.events = self.events, []
+            versions = [e.version for e in events if isinstance(e, c.VersionReported)]
+            events = [e for e in events if not isinstance(e, c.VersionReported)]
+            events += [c.VersionReported(max(versions))] if versions else []
+            events += [c.RoleExited(e) for e in self.world.poll_exits()]
+            now = self.world.clock()
+            if now - last_version_poll >= VERSION_POLL_SECONDS:
+                events.append(c.VersionReported(self._poll_version()))
+                last_version_poll = now
+            if self.unsaved:
+                self._save_ledger()
+            events.append(c.Tick())
+            for event in events:
+                try:
+                    feed(self.controller, event, self.carry_out)
+                except FeedLivelock as err:
+                    self.world.livelock(str(err))
+                    return
+        self.world.job_ended(self, self.controller.outcome)
+
+    # ------------------------------------------------------------ decisions (Job._carry_out)
+
+    def carry_out(self, decision) -> list:
+        world = self.world
+        world.acted(self)
+        match decision:
+            case Launch(index=index):
+                world.start_worker(index)
+            case Stop(index=index):
+                world.request_stop(index)
+            case c.FenceHandouts(handouts=handouts, task_ids=task_ids):
+                return [c.HandoutsFenced(handouts, self._fence(list(handouts), list(task_ids)))]
+            case c.ReplaceWorker(index=index):
+                world.kill_worker(index)  # request_stop with no grace: a frozen process takes no SIGTERM
+            case c.RelaunchPS(exit=exit_):
+                return [self._relaunch_ps(exit_)]
+            case c.TellLiveWorkers(count=count):
+                try:
+                    self._each(lambda ps: ps.set_live_workers(count))
+                except Unavailable:
+                    return [c.LiveWorkersNotTold()]
+            case c.EndEpoch():
+                return self._end_epoch(decision)
+            case c.FireEpochEnd(epoch=epoch):
+                return [c.EpochEndFired(epoch)]
+            case c.TakeSnapshot(round_id=round_id):
+                try:
+                    return [c.SnapshotTaken(round_id, min(self._each(lambda ps: ps.take_snapshot(round_id))))]
+                except Unavailable as err:
+                    return [c.SnapshotFailed(round_id, str(err))]  # a PS is restarting
+            case c.DropSnapshot(round_id=round_id):
+                try:
+                    self._each(lambda ps: ps.drop_snapshot(round_id))
+                except Unavailable:
+                    pass  # a PS that is down held no snapshot any more
+            case c.OpenEpoch(epoch=epoch):
+                self.tasks.open_epoch(epoch)
+            case c.SaveLedger():
+                return self._save_ledger()
+        return []
+
+    def _save_ledger(self) -> list:
+        """The write-behind store in short: an outage is ridden out (written again at the next
+        poll); a lost compare-and-set means another master: this one must stop."""
+        store = self.store
+        if store is None or self.tasks.seq == self.saved_seq:
+            return []
+        try:
+            snapshot = self.tasks.snapshot(FINGERPRINT)
+            self.revision = store.save_ledger(snapshot, self.revision, retry=self.world.no_retry)
+            self.saved_seq = snapshot.seq
+            self.unsaved = False
+        except StateStoreError as err:
+            if self.world.store_cut:
+                self.unsaved = True
+                return []
+            return [c.StoreLost(str(err))]
+        return []
+
+    def _relaunch_ps(self, exit_) -> c.PSRelaunched:
+        """Job._relaunch_ps: from the latest complete cut, the survivors rolled back to it."""
+        world = self.world
+        cut = latest_cut(world.checkpoint_dir)  # the newest verified cut (a damaged one is passed over)
+        if cut is None:
+            mode = world.mode
+            between_pulls = -(-mode.get_model_steps // mode.push_steps) * mode.push_steps + int(mode.overlap)
+            missing = between_pulls * 2 * max(1, len(self.controller.workers))
+            world.start_ps(exit_.index, restore_from="", fence=0)
+            return c.PSRelaunched(exit_.index, None, missing=missing)
+        fence = self.tasks.fence_all()
+        world.start_ps(exit_.index, restore_from=cut.path, fence=fence)
+        for ps_id, ps in enumerate(world.ps_list()):
+            if ps_id == exit_.index:
+                continue
+            try:
+                ps.roll_back(cut.path, self.term, fence)
+            except (Unavailable, checkpoint.CheckpointError, ValueError, OSError):
+                pass  # another PS is down too: its own relaunch restores the same cut
+        rewound = rewind_to_cut(self.tasks, cut, "rollback")
+        return c.PSRelaunched(exit_.index, cut.version, retrained=rewound.retrained, missing=rewound.possibly_missing)
+
+    def _fence(self, handouts: list[int], task_ids: list[int]) -> dict[int, int] | None:
+        try:
+            per_ps = self._each(lambda ps: ps.fence(handouts, task_ids, self.term))
+        except Unavailable:
+            return None
+        return {t: min(marks.get(t, 0) for marks in per_ps) for t in task_ids}
+
+    def _each(self, call) -> list:
+        """One call per PS, as PSClient._each makes them (in parallel: every PS that answers
+        carries it out); the first error is raised once all were made."""
+        results, error = [], None
+        for ps in self.world.ps_list():
+            try:
+                results.append(call(ps))
+            except Unavailable as err:
+                error = error or err
+        if error is not None:
+            raise error
+        return results
+
+    def _end_epoch(self, decision: c.EndEpoch) -> list:
+        try:
+            versions = [ps.stats()[0] for ps in self.world.ps_list()]
+        except Unavailable:
+            return [c.EpochEndDeferred(decision.epoch)]
+        if self.world.checkpoint_dir and not decision.final:
+            at = max(versions) + 1
+            for ps in self.world.ps_list():
+                try:
+                    ps.checkpoint_at(at, self.term)
+                except (Unavailable, checkpoint.CheckpointError):
+                    pass  # past it already (async) or away: the next cut serves
+        return [c.VersionReported(max(versions)), c.EpochEnded(decision.epoch)]
+
+    def _poll_version(self) -> int:
+        try:
+            return min(ps.version() for ps in self.world.ps_list())
+        except Unavailable:
+            return 0
+
+    # ------------------------------------------------------------ the servicer (worker calls)
+
+    def rpc_get_task(self, worker_id: int):
+        task = self.dispatcher.get_task(worker_id)
+        return dataclasses.replace(task) if isinstance(task, Task) else task
+
+    def rpc_report(self, task_id: int, worker_id: int, err: str, records: int, interrupted: bool, handout: int,
+                   states=None):
+        outcome = self.dispatcher.report(task_id, worker_id, err, records, states, interrupted=interrupted,
+                                         handout=handout)
+        self.events.append(c.TaskReported(task_id, worker_id, outcome.accepted))
+        return outcome.accepted
+
+    def rpc_progress(self, task_id: int, worker_id: int, done: int) -> bool:
+        return self.dispatcher.progress(task_id, worker_id, done).accepted
+
+    def rpc_report_clock(self, worker_id: int, clock: int, blocked: float):
+        view = self.clocks.report(worker_id, clock, self.tasks.active_workers(), blocked)
+        return view.clock, view.slowest

@@ -1,0 +1,72 @@
+"""Known bugs planted back, to show the simulator finds them (``--plant NAME``).
+
+Each is the behaviour of the code before its fix, patched in for the duration of a ``with``:
+
+- ``async-reconnect``: after a PS reconnected, the policy forgot the versions held (-1) but an
+  async worker did not pull before its next push, so every push was refused "gradient computed
+  on version -1" and the task was dropped (issue 25).
+- ``tell-livelock``: a TellLiveWorkers that found a PS away was issued again at once inside the
+  same feed, forever: the master never polled the exit that brings the PS back (issue 25).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from elasticdl.master import controller as c
+from elasticdl.worker.consistency import ConsistencyPolicy
+
+
+def _reconnected_before_the_fix(self: ConsistencyPolicy) -> None:
+    self._versions = [-1] * self.num_ps
+    self._awaiting_update = [False] * self.num_ps
+    self._fresh_from_push = False
+    self._stale = False
+
+
+def _must_pull_before_the_fix(self: ConsistencyPolicy) -> bool:
+    if self._stale:
+        return True
+    if self._fresh_from_push or self.unpushed or self.in_flight:
+        return False
+    return not self.use_async or self.steps_since_pull >= self.get_model_steps
+
+
+@contextlib.contextmanager
+def _async_reconnect() -> Iterator[None]:
+    saved = ConsistencyPolicy.ps_reconnected, ConsistencyPolicy.must_pull
+    ConsistencyPolicy.ps_reconnected, ConsistencyPolicy.must_pull = _reconnected_before_the_fix, _must_pull_before_the_fix
+    try:
+        yield
+    finally:
+        ConsistencyPolicy.ps_reconnected, ConsistencyPolicy.must_pull = saved
+
+
+@contextlib.contextmanager
+def _tell_livelock() -> Iterator[None]:
+    saved = c.Controller._on
+
+    def on(self, event):
+        decisions = saved(self, event)
+        if isinstance(event, c.LiveWorkersNotTold):
+            self._tell_held = False  # told again at once, inside the same feed
+        return decisions
+
+    c.Controller._on = on
+    try:
+        yield
+    finally:
+        c.Controller._on = saved
+
+
+PLANTS = {"async-reconnect": _async_reconnect, "tell-livelock": _tell_livelock}
+
+
+def planted(name: str | None):
+    """The context that plants bug ``name`` (none: a context that changes nothing)."""
+    if name is None:
+        return contextlib.nullcontext()
+    if name not in PLANTS:
+        raise ValueError(f"--plant must be one of {', '.join(PLANTS)}. Received: {name!r}")
+    return PLANTS[name]()

@@ -1,0 +1,112 @@
+"""The deterministic simulator (elasticdl/sim): it runs the CI budget of seeds in time, replays
+a seed exactly, raises no false alarm without faults, and finds the bugs planted back in it."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+
+import pytest
+
+from elasticdl.ps.data_position import DataPosition
+from elasticdl.sim.modes import FAMILIES
+from elasticdl.sim.planted import planted
+from elasticdl.sim.runner import main, run_seed, run_seeds
+from elasticdl.sim.world import World
+
+CI_SEEDS = 500
+CI_SECONDS = 120.0
+
+# Violations the simulator finds on today's main, each open in /work/notes/sim-findings.md
+# (docs/reliability.md, "Simulation"). A violation of any other kind fails the CI run; drop a
+# pattern once its fix lands, so the class stays found if it comes back.
+KNOWN_OPEN = {
+    # (Issue 25 (a), pushes at version -1 after a reconnect, is fixed: planted back below.)
+    "push-to-an-empty-ps": r"holds no model yet",  # seed 2438: a PS relaunched twice, its cut truncated
+    "sync-versions": r"sync shards ended at different versions",
+    "sync-pending-at-end": r"never applied \d+ records' gradients",
+    # The PS at different versions and --evaluation_steps: a round every N versions starts again
+    # and again (its snapshot's version is the lowest PS's) and the final one never runs.
+    "evaluation-rounds-forever": r"no progress: .*todo/doing \(0, 0\)",
+}
+
+
+@pytest.fixture(autouse=True)
+def quiet():
+    logging.disable(logging.CRITICAL)  # the real code logs every fault it rides out
+    yield
+    logging.disable(logging.NOTSET)
+
+
+def known(violation: str) -> bool:
+    return any(re.search(pattern, violation) for pattern in KNOWN_OPEN.values())
+
+
+def test_the_ci_budget_of_seeds_runs_in_time_and_finds_only_known_violations(capsys):
+    started = time.monotonic()
+    code = main(["--seeds", str(CI_SEEDS), "--jobs", "2"])
+    seconds = time.monotonic() - started
+    out = capsys.readouterr().out.splitlines()
+    last = re.fullmatch(r"(\d+) seeds, (\d+) faults, (\d+) invariant violations", out[-1])
+    assert last is not None, out[-1]
+    assert int(last.group(1)) == CI_SEEDS and int(last.group(2)) > CI_SEEDS // 2  # faults were injected
+    assert seconds < CI_SECONDS, f"{CI_SEEDS} seeds took {seconds:.0f}s"
+    failing = [line for line in out[:-1] if line.startswith("seed ")]
+    replays = [line for line in out if line.strip().startswith("replay: python -m elasticdl.sim --seed ")]
+    assert len(replays) == len(failing) and code == (1 if failing else 0)
+    unknown = [line for line in failing if not known(line)]
+    assert unknown == [], "new kinds of violations: " + "\n".join(unknown)
+
+
+def test_a_seed_replays_exactly():
+    first, again = run_seed(191), run_seed(191)
+    assert (first.mode, first.faults, first.violations, first.steps) == (again.mode, again.faults,
+                                                                       again.violations, again.steps)
+    assert first.faults and first.steps > 100
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_without_faults_every_mode_ends_with_every_record_applied_once(family):
+    for seed in range(25):
+        result = World(seed, family, faults=False).run()
+        assert result.violations == [] and result.outcome == "finished", (seed, result.mode, result.violations)
+
+
+def first_finding(pattern: str, plant: str | None = None, seeds: int = CI_SEEDS):
+    with planted(plant):
+        for result in run_seeds(range(seeds)):
+            if any(re.search(pattern, v) for v in result.violations):
+                return result
+    return None
+
+
+def test_finds_the_async_version_minus_one_bug_planted_back():
+    """Issue 25 (a): after a PS death an async worker's versions are -1 and it does not pull."""
+    found = first_finding(r"version -1|holds no model yet", plant="async-reconnect")
+    assert found is not None and found.mode.use_async
+    assert any(f.split()[1] in ("kill", "network", "freeze") for f in found.faults)
+
+
+def test_finds_the_tell_live_workers_livelock_planted_back():
+    """Issue 25 (b): a tell that found a PS away was repeated inside one feed, forever."""
+    found = first_finding(r"livelock", plant="tell-livelock")
+    assert found is not None and not found.mode.use_async  # sync mode tells the PS the live workers
+    assert first_finding(r"livelock", seeds=found.seed + 1) is None  # main's fix: the same seeds pass
+
+
+def test_finds_a_retried_push_applied_twice_when_the_ps_forgets_its_data_position(monkeypatch):
+    monkeypatch.setattr(DataPosition, "already_taken", lambda self, batch: False)
+    monkeypatch.setattr(DataPosition, "refused", lambda self, batch: False)
+    found = first_finding(r"gradient [2-9] times in epoch", seeds=300)
+    assert found is not None
+
+
+def test_finds_a_master_that_acts_after_its_lease_could_expire(monkeypatch):
+    """The leader invariant has teeth: a master that neither renews its lease nor stops acting
+    on its renew deadline is caught acting once its lock could have passed to another."""
+    from elasticdl.sim.leader import SimLeadership
+
+    monkeypatch.setattr(SimLeadership, "keep_alive", lambda self: True)
+    found = first_finding(r"two leaders", seeds=300)
+    assert found is not None and found.mode.store == "etcd"
