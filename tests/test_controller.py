@@ -701,6 +701,30 @@ def test_evaluation_start_delay_and_throttle_follow_the_injected_clock():
     assert evaluation.busy and evaluation.current.reason == "every 10 versions"
 
 
+def test_rounds_every_n_versions_count_from_the_jobs_version_and_stop_with_training():
+    """Found by the simulator (seed 6489): a PS restarted empty counts its versions from 0, a
+    round's snapshot carries the lowest PS version, so every round was due again at once and
+    periodic rounds ran back to back forever, after training too: the job never ended."""
+    ctl, dispatcher, ps, _ = make(workers=1, epochs=1, tasks=2, evaluation_steps=5, with_eval=True)
+    ctl.start()
+    training = [take(dispatcher, 0), take(dispatcher, 1)]  # held while the rounds run
+    ps.version = 0  # the snapshots: a PS far behind the others
+    ctl.step(c.VersionReported(30))
+    assert ctl.evaluation.busy and ctl.evaluation.current.reason == "every 5 versions"
+    run_round(ctl, dispatcher, worker=2)
+    ctl.step(c.Tick())
+    assert not ctl.evaluation.busy  # not due again at once
+    ctl.step(c.VersionReported(35))
+    assert ctl.evaluation.busy  # 5 versions of the job later
+    run_round(ctl, dispatcher, worker=2)
+    for worker, task in enumerate(training):  # training ends: the final round, no periodic one after
+        answer(ctl, report(ctl, dispatcher, task, worker))
+    assert ctl.evaluation.current.reason == "final"
+    run_round(ctl, dispatcher, worker=2)
+    ctl.step(c.VersionReported(100))
+    assert not ctl.evaluation.busy and dispatcher.finished
+
+
 def test_the_evaluate_command_runs_one_round_and_finishes():
     ctl, dispatcher, ps, _ = make(command="evaluate", workers=1)
     ps.version = 300

@@ -336,7 +336,8 @@ class Controller:
             if self._ending is not None:
                 return decisions
         if self.rounds is not None:
-            decisions += self.rounds.advance(self.model_version)
+            decisions += self.rounds.advance(
+                self.model_version, training_over=self.command == "train" and self.dispatcher.main_finished)
         if self.all_done:
             self.dispatcher.finish()  # workers get END and exit
         if self.workers and self.all_done:

@@ -52,6 +52,10 @@ class EvaluationRounds:
         self._starting: _Queued | None = None  # its snapshot is asked for, to start it on the answer
         self._restarting = 0  # the snapshot asked for the suspended round
         self._held = False  # a snapshot failed: none asked again before the next Tick
+        # The job's model version when the last round was asked for: "every N versions" counts
+        # from it. Counted from a round's snapshot version alone (the lowest PS's), a PS that
+        # restarted behind the others made every round due again at once, forever.
+        self._asked_at_version = 0
 
     @property
     def idle(self) -> bool:
@@ -111,7 +115,9 @@ class EvaluationRounds:
             return [DropSnapshot(round_id, best_effort=True)]  # nobody waits for it any more
         return []
 
-    def advance(self, model_version: int) -> list[Decision]:
+    def advance(self, model_version: int, training_over: bool = False) -> list[Decision]:
+        """What is due; ``training_over``: no round every N versions any more (the final round
+        evaluates the last model; the versions do not move, a periodic round would be the last)."""
         evaluation = self.evaluation
         if evaluation.busy and evaluation.current.suspended:
             if self._restarting or self._held:
@@ -137,7 +143,9 @@ class EvaluationRounds:
             elif not head.asked and not self._held:
                 self._queue.pop(0)
                 decisions += self._ask_to_start(head)
-        elif not self._held and evaluation.due(model_version):
+        elif (not self._held and not training_over and evaluation.due(model_version)
+              and model_version >= self._asked_at_version + self.evaluation_steps):
+            self._asked_at_version = model_version
             decisions += self._ask_to_start(_Queued(f"every {self.evaluation_steps} versions", None))
         return decisions
 
