@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test lint proto bench clean
+.PHONY: install demo test lint proto bench clean chaos
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -48,3 +48,9 @@ clean:
 # make bench QUICK=1 (tiny sizes, the smoke test), CASES=training,ps_data_plane, REPS=5
 bench: $(STAMP)
 	$(PY) -m benchmarks $(if $(QUICK),--quick) $(if $(CASES),--cases $(CASES)) $(if $(REPS),--reps $(REPS))
+
+# The random nemesis on real processes (docs/reliability.md#chaos): SEEDS jobs, one at a time, each
+# under its seeded faults, checked from outside. A violation prints its replay command.
+SEEDS ?= 20
+chaos: $(STAMP)
+	$(PY) -m tests.chaos.nemesis --seeds $(SEEDS) $(if $(FIRST),--first $(FIRST)) $(if $(CHAOS_DIR),--workdir $(CHAOS_DIR))
