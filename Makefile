@@ -51,6 +51,8 @@ bench: $(STAMP)
 
 # The random nemesis on real processes (docs/reliability.md#chaos): SEEDS jobs, one at a time, each
 # under its seeded faults, checked from outside. A violation prints its replay command.
+# make chaos SEEDS=100 FIRST=200 MODE=async CHAOS_DIR=/tmp/chaos; make chaos SEED=12 (one seed again)
 SEEDS ?= 20
 chaos: $(STAMP)
-	$(PY) -m tests.chaos.nemesis --seeds $(SEEDS) $(if $(FIRST),--first $(FIRST)) $(if $(CHAOS_DIR),--workdir $(CHAOS_DIR))
+	$(PY) -m tests.chaos.nemesis $(if $(SEED),--seed $(SEED),--seeds $(SEEDS)) $(if $(FIRST),--first $(FIRST)) \
+	    $(if $(MODE),--mode $(MODE)) $(if $(CHAOS_DIR),--workdir $(CHAOS_DIR))
