@@ -67,5 +67,6 @@ def schedule_for(plan: Plan, max_faults: int = 3) -> list[Fault]:
         trigger = rng.choice(TRIGGERS if relaunches else ("cut", "epoch", "cut"))
         hold = round(rng.uniform(1.0, 8.0), 1) if action in HOLDS else 0.0
         arg = rng.randint(1, 3) if action == "scale" else int(rng.random() < 0.7) if action == "damage_cut" else 0
-        faults.append(Fault(action, trigger, rng.choice((1, 1, 2)), rng.randrange(3), hold, arg))
+        count = rng.choice((1, 1, 2))
+        faults.append(Fault(action, trigger, 1 if trigger == "relaunch" else count, rng.randrange(3), hold, arg))
     return faults
