@@ -68,18 +68,28 @@ class Nemesis:
         for hold in list(self.holds):
             if self.job.events.count("cut") > hold.cuts_at or now >= hold.until:
                 self.holds.remove(hold)
-                hold.undo()
+                self._undo(hold)
         if self.pending:
             fault = self.pending[0]
             if self.job.events.count(fault.trigger) - self.base[0] >= fault.count:
                 self.pending.pop(0)
-                self._fire(fault)
+                try:
+                    self._fire(fault)
+                except (OSError, RuntimeError) as err:  # e.g. the cut it damages pruned meanwhile
+                    self.outcome.skipped.append(fault.describe())
+                    self.outcome.notes.append(f"nemesis: {fault.describe()} could not be done: {err}")
                 self._mark()
 
     def release_all(self) -> None:
         for hold in self.holds:
-            hold.undo()
+            self._undo(hold)
         self.holds = []
+
+    def _undo(self, hold: _Hold) -> None:
+        try:
+            hold.undo()
+        except (OSError, RuntimeError) as err:  # etcd that does not come back is the harness's failure
+            self.outcome.notes.append(f"nemesis: undoing {hold.fault.describe()} failed: {err}")
 
     def _hold(self, fault: Fault, undo) -> None:
         self.holds.append(_Hold(fault, undo, self.job.events.count("cut"), self.clock() + fault.hold_seconds))
