@@ -90,7 +90,7 @@ def check(plan: Plan, outcome: Outcome, run_dir: str, data: str) -> Verdict:
     problems: list[str] = []
     report = read_report(run_dir, plan)
     if outcome.returncode is None:
-        problems.append("hang: " + outcome.notes[0])
+        problems.append("hang: " + next((n for n in outcome.notes if "deadline" in n), "no exit code"))
     elif report is None:
         problems.append(f"exit {outcome.returncode} without a report.json")
     elif outcome.returncode == 0:
