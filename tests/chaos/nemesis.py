@@ -35,7 +35,7 @@ from tests.chaos.schedule import Fault, plan_for, schedule_for
 class Settings:
     epochs: int = 3
     max_faults: int = 3
-    deadline: float = 180.0
+    deadline: float = 240.0
     mode: str = ""
     workdir: str = ""
 

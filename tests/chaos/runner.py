@@ -22,6 +22,7 @@ from tests.chaos.schedule import Fault
 
 POLL = 0.2
 MAX_MASTER_RESTARTS = 3
+STALL = 90.0
 
 
 @dataclass
@@ -164,13 +165,23 @@ def run(plan: Plan, faults: list[Fault], data: str, run_dir: str, deadline: floa
     job.start()
     nemesis = Nemesis(job, faults)
     outcome = nemesis.outcome
+    progress, last_change = None, started
     try:
         while True:
-            if time.monotonic() - started > deadline:
+            now = time.monotonic()
+            if now - started > deadline:
                 outcome.notes.append(f"still running after the {deadline:.0f}s deadline")
                 break
             job.poll()
             nemesis.step()
+            # A stalled job is a hang well before the deadline: no new cut and no master log line
+            # for STALL s while nothing is held frozen (a sync job writes a cut every few seconds).
+            seen = (len(job.events.cuts), len(job.master_log()), len(nemesis.holds))
+            if seen != progress:
+                progress, last_change = seen, now
+            elif now - last_change > STALL and not nemesis.holds:
+                outcome.notes.append(f"no progress for {STALL:.0f}s (deadline: no new cut, no master log line)")
+                break
             code = job.master.poll()
             if code is None:
                 time.sleep(POLL)
