@@ -39,6 +39,22 @@ class Outcome:
 
 
 @dataclass
+class StallWatch:
+    """A stalled job is a hang well before the deadline: nothing it shows (cuts, master log lines)
+    changed for ``limit`` s while no fault is held (a sync job writes a cut every few seconds)."""
+
+    limit: float
+    seen: tuple = ()
+    since: float = 0.0
+
+    def stalled(self, seen: tuple, now: float, held: bool) -> bool:
+        if seen != self.seen or held:
+            self.seen, self.since = seen, now
+            return False
+        return now - self.since > self.limit
+
+
+@dataclass
 class _Hold:
     fault: Fault
     undo: object  # () -> None
@@ -165,7 +181,7 @@ def run(plan: Plan, faults: list[Fault], data: str, run_dir: str, deadline: floa
     job.start()
     nemesis = Nemesis(job, faults)
     outcome = nemesis.outcome
-    progress, last_change = None, started
+    stall = StallWatch(STALL, since=started)
     try:
         while True:
             now = time.monotonic()
@@ -174,12 +190,7 @@ def run(plan: Plan, faults: list[Fault], data: str, run_dir: str, deadline: floa
                 break
             job.poll()
             nemesis.step()
-            # A stalled job is a hang well before the deadline: no new cut and no master log line
-            # for STALL s while nothing is held frozen (a sync job writes a cut every few seconds).
-            seen = (len(job.events.cuts), len(job.master_log()), len(nemesis.holds))
-            if seen != progress:
-                progress, last_change = seen, now
-            elif now - last_change > STALL and not nemesis.holds:
+            if stall.stalled((len(job.events.cuts), len(job.master_log())), now, held=bool(nemesis.holds)):
                 outcome.notes.append(f"no progress for {STALL:.0f}s (deadline: no new cut, no master log line)")
                 break
             code = job.master.poll()

@@ -23,7 +23,7 @@ from tests.chaos.job import Events
 from tests.chaos.modes import DIGITS, MODES, Plan, mode_named, version_bounds
 from tests.chaos.nemesis import Settings, replay_command, run_seed, summary
 from tests.chaos.proxy import HealableProxy
-from tests.chaos.runner import Nemesis, Outcome, damage_newest_cut
+from tests.chaos.runner import Nemesis, Outcome, StallWatch, damage_newest_cut
 from tests.chaos.schedule import Fault, plan_for, schedule_for
 from tests.etcd_fixture import require_etcd
 
@@ -163,6 +163,17 @@ def test_faults_fire_on_their_events_and_holds_end_on_the_next_cut_or_their_time
     nemesis.step()
     assert not nemesis.holds and nemesis.outcome.injected == ["stop_worker[1]@cutx2 for <=5s", "kill_ps[0]@epochx1"]
     assert summary([])[-1] == "0 seeds, 0 faults, 0 invariant violations"
+
+
+def test_a_job_that_shows_nothing_new_for_the_limit_is_stalled_unless_a_fault_holds_it():
+    watch = StallWatch(90.0)
+    assert not watch.stalled((1, 100), 0.0, held=False)
+    assert not watch.stalled((1, 100), 90.0, held=False)
+    assert watch.stalled((1, 100), 90.5, held=False)
+    assert not watch.stalled((2, 100), 91.0, held=False)  # a new cut: progress
+    assert not watch.stalled((2, 100), 200.0, held=True)  # a frozen role: the nemesis's doing
+    assert not watch.stalled((2, 100), 280.0, held=False)  # counted from the thaw
+    assert watch.stalled((2, 100), 290.5, held=False)
 
 
 def test_the_proxy_cuts_and_heals_on_the_same_port():
