@@ -10,7 +10,7 @@ their version and the records each PS applied, elasticdl/model/checkpoint.py). A
   ``exactly_once`` says the same as the files; every epoch counts all its records; the model
   keeps its metric above the model's floor (faults did not wreck it);
 - **failed cleanly**: a report with status "failed" and the exit code the process gave (1 or 2),
-  for a fault the job cannot survive by design (``ALLOWED``); any other failure is a violation;
+  for a fault the job cannot survive by design (``check_failure``); any other failure is a violation;
 - and in either case ended before its deadline and left no process behind.
 """
 
@@ -160,8 +160,10 @@ def check_failure(plan: Plan, outcome: Outcome, report: dict, problems: list[str
     if report.get("exit_code") != outcome.returncode or outcome.returncode not in (1, 2):
         problems.append(f"exit {outcome.returncode}, the report's exit_code {report.get('exit_code')}")
     error = str(report.get("error", ""))
-    if report.get("ps_relaunches", 0) > MAX_PS_RELAUNCHES and "died" in error:
-        return f"more PS deaths than the master relaunches ({MAX_PS_RELAUNCHES})"
+    # Only deaths the nemesis caused excuse it: a relaunched PS that dies again by itself (say, on
+    # a damaged cut) is the job's failure, not the fault's.
+    if outcome.ps_kills > MAX_PS_RELAUNCHES and "died" in error:
+        return f"the nemesis killed {outcome.ps_kills} PS, more than the master relaunches ({MAX_PS_RELAUNCHES})"
     if plan.store == "etcd" and "lost the leader lock" in error and outcome.master_restarts >= MAX_MASTER_RESTARTS:
         return f"the master lost its lock after {MAX_MASTER_RESTARTS} restarts"
     first = error.strip().splitlines()[0] if error.strip() else "(no error in the report)"

@@ -36,6 +36,7 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
     master_log_tail: str = ""
     damaged: list[str] = field(default_factory=list)  # checkpoint shard files the nemesis damaged
+    ps_kills: int = 0  # PS the nemesis SIGKILLed: deaths beyond these are the job's own
 
 
 @dataclass
@@ -115,6 +116,7 @@ class Nemesis:
         job, done = self.job, True
         if fault.action == "kill_ps":
             done = job.signal_role("ps", fault.target, signal.SIGKILL) is not None
+            self.outcome.ps_kills += done
         elif fault.action == "kill_worker":
             done = job.signal_role("worker", fault.target, signal.SIGKILL) is not None
         elif fault.action in ("stop_ps", "stop_worker", "stop_master"):
@@ -144,7 +146,7 @@ class Nemesis:
             if done:
                 self.outcome.damaged.append(path)
                 if fault.arg:
-                    job.signal_role("ps", fault.target, signal.SIGKILL)
+                    self.outcome.ps_kills += job.signal_role("ps", fault.target, signal.SIGKILL) is not None
         (self.outcome.injected if done else self.outcome.skipped).append(fault.describe())
 
 

@@ -107,9 +107,11 @@ def test_a_succeeded_job_with_wrong_counts_is_a_violation(run_dir, wrong, expect
 def test_failures_are_allowed_only_for_faults_the_job_cannot_survive(run_dir):
     died = {"error": "ps-1 died (exit code -9); its last lines:", "failed_step": "training"}
     _write(run_dir, status="failed", code=1, report={**died, "ps_relaunches": 4})
-    assert _check(run_dir, code=1).kind == "failed-allowed"
-    _write(run_dir, status="failed", code=1, report={**died, "ps_relaunches": 1})
-    assert "failed (training): ps-1 died" in _check(run_dir, code=1).describe()
+    assert _check(run_dir, code=1, ps_kills=4).kind == "failed-allowed"
+    assert "failed (training): ps-1 died" in _check(run_dir, code=1, ps_kills=3).describe()
+    # One kill, and the relaunched PS died again by itself on the damaged cut (seed 19): the job's failure.
+    verdict = _check(run_dir, code=1, ps_kills=1, damaged=["ckpt/version-40/ps-0-of-3.term-1.npz"])
+    assert verdict.kind == "violation" and verdict.known == ["damaged newest checkpoint"]
     _write(run_dir, status="failed", code=1, report={"error": "gradient computed on version -1", "failed_step": "x"})
     assert _check(run_dir, code=1).known == ["async PS kill (version -1)"]
     _write(run_dir, status="failed", code=1, report={**died, "ps_relaunches": 4})
