@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test lint proto bench clean simulate
+.PHONY: install demo test lint proto bench clean simulate chaos
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,12 @@ bench: $(STAMP)
 
 # The deterministic simulator (docs/reliability.md, "Simulation"): SEEDS seeds of the whole job
 # under random faults; prints a replay command per failing seed and "N seeds, F faults, V invariant violations".
-SEEDS ?= 1000
 simulate: $(STAMP)
-	$(PY) -m elasticdl.sim --seeds $(SEEDS) --jobs 2
+	$(PY) -m elasticdl.sim --seeds $(or $(SEEDS),1000) --jobs 2
+
+# The random nemesis on real processes (docs/reliability.md#chaos): SEEDS jobs, one at a time, each
+# under its seeded faults, checked from outside. A violation prints its replay command.
+# make chaos SEEDS=100 FIRST=200 MODE=async CHAOS_DIR=/tmp/chaos; make chaos SEED=12 (one seed again)
+chaos: $(STAMP)
+	$(PY) -m tests.chaos.nemesis $(if $(SEED),--seed $(SEED),--seeds $(or $(SEEDS),20)) $(if $(FIRST),--first $(FIRST)) \
+	    $(if $(MODE),--mode $(MODE)) $(if $(CHAOS_DIR),--workdir $(CHAOS_DIR))

@@ -18,8 +18,8 @@ from elasticdl.sim.world import World
 CI_SEEDS = 500
 CI_SECONDS = 120.0
 
-# Violations the simulator finds on today's main, each open in /work/notes/sim-findings.md
-# (docs/reliability.md, "Simulation"). A violation of any other kind fails the CI run; drop a
+# Violations the simulator finds on today's main, each open in docs/reliability.md ("Known
+# gaps", with seeds that replay them). A violation of any other kind fails the CI run; drop a
 # pattern once its fix lands, so the class stays found if it comes back.
 KNOWN_OPEN = {
     # (Issue 25 (a), pushes at version -1 after a reconnect, is fixed: planted back below.)

@@ -1,8 +1,7 @@
 """The steps of a worker's batch: what ``ConsistencyPolicy.next_step()`` tells the worker to do.
 
 One batch loop carries them out in every mode (worker/batch_loop.py); a simulator may carry
-them out against a numpy model instead (docs: /work/notes/policy-api.md, the policy's
-docstring). Plain values: no TensorFlow, no gRPC.
+them out against a numpy model instead (docs/consistency.md, the policy's docstring). Plain values: no TensorFlow, no gRPC.
 """
 
 from __future__ import annotations

@@ -1,0 +1,140 @@
+"""The random nemesis on real processes: ``python -m tests.chaos.nemesis --seeds N`` (``make chaos``).
+
+Each seed runs one real job (local backend, real gRPC, a real etcd when its plan draws one),
+injects its seeded faults on the job's events, and checks the outcome from outside
+(checks.py). One line per run, a replay command under each violation, and last::
+
+    N seeds, F faults, V invariant violations
+
+Options: ``--seeds N`` (seeds 0..N-1, from ``--first``), ``--seed S`` (one seed: a replay),
+``--mode NAME`` (every seed in one mode), ``--epochs``, ``--max-faults``, ``--deadline`` (s per
+run), ``--workdir`` (runs kept there: a violation's directory is kept, a passing one removed),
+``--results FILE`` (one JSON line per run, for the figures in docs/reliability.md), ``--budget S``
+(start no seed after S seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+from tests.chaos.checks import Verdict, check
+from tests.chaos.modes import MODE_NAMES, Plan, mode_named, prepare_data
+from tests.chaos.runner import Outcome, run
+from tests.chaos.schedule import Fault, plan_for, schedule_for
+
+
+@dataclass
+class Settings:
+    epochs: int = 3
+    max_faults: int = 3
+    deadline: float = 240.0
+    mode: str = ""
+    workdir: str = ""
+
+
+@dataclass
+class Result:
+    plan: Plan
+    faults: list[Fault]
+    outcome: Outcome
+    verdict: Verdict
+    run_dir: str
+
+
+def run_seed(seed: int, settings: Settings, workdir: str) -> Result:
+    plan = plan_for(seed, settings.epochs, mode_named(settings.mode) if settings.mode else None)
+    faults = schedule_for(plan, settings.max_faults)
+    data = prepare_data(plan.mode.model, os.path.join(workdir, "data"))
+    run_dir = os.path.join(workdir, f"seed-{seed}-{plan.mode.name}")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    outcome = run(plan, faults, data, run_dir, settings.deadline)
+    return Result(plan, faults, outcome, check(plan, outcome, run_dir, data), run_dir)
+
+
+def replay_command(seed: int, settings: Settings) -> str:
+    defaults = Settings()
+    extra = "".join(f" --{name.replace('_', '-')} {getattr(settings, name)}"
+                    for name in ("epochs", "max_faults", "mode") if getattr(settings, name) != getattr(defaults, name))
+    return f"python -m tests.chaos.nemesis --seed {seed}{extra}"
+
+
+def line(result: Result) -> str:
+    plan, outcome = result.plan, result.outcome
+    faults = ", ".join(outcome.injected) or "none"
+    skipped = f" (not reached: {', '.join(outcome.skipped)})" if outcome.skipped else ""
+    restarts = f", {outcome.master_restarts} master restarts" if outcome.master_restarts else ""
+    return (f"seed {plan.seed:>4} {plan.mode.name:<10} {plan.store:<6} ps={plan.num_ps} {outcome.seconds:5.1f}s "
+            f"faults: {faults}{skipped}{restarts} -> {result.verdict.describe()}")
+
+
+def record(result: Result) -> dict:
+    return {
+        "seed": result.plan.seed, "mode": result.plan.mode.name, "store": result.plan.store,
+        "num_ps": result.plan.num_ps, "epochs": result.plan.epochs, "injected": result.outcome.injected,
+        "skipped": result.outcome.skipped, "master_restarts": result.outcome.master_restarts,
+        "seconds": round(result.outcome.seconds, 1), "verdict": result.verdict.kind,
+        "problems": result.verdict.problems, "known": result.verdict.known, "run_dir": result.run_dir,
+    }
+
+
+def summary(results: list[Result]) -> list[str]:
+    """Per mode: runs, faults injected, violations; then the last line."""
+    lines = []
+    for mode in MODE_NAMES:
+        mine = [r for r in results if r.plan.mode.name == mode]
+        if mine:
+            kinds = Counter(r.verdict.kind for r in mine)
+            lines.append(f"  {mode:<10} runs {len(mine):>3}, faults {sum(len(r.outcome.injected) for r in mine):>3}, "
+                         f"ok {kinds['ok']}, failed as allowed {kinds['failed-allowed']}, "
+                         f"violations {kinds['violation']}")
+    faults = sum(len(r.outcome.injected) for r in results)
+    violations = sum(r.verdict.kind == "violation" for r in results)
+    lines.append(f"{len(results)} seeds, {faults} faults, {violations} invariant violations")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos.nemesis", description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=20, help="run seeds FIRST..FIRST+N-1")
+    parser.add_argument("--first", type=int, default=0)
+    parser.add_argument("--seed", type=int, action="append", help="run this seed (repeatable): a replay")
+    parser.add_argument("--mode", default="", choices=("", *MODE_NAMES), help="every seed in this mode")
+    parser.add_argument("--epochs", type=int, default=Settings.epochs)
+    parser.add_argument("--max-faults", type=int, default=Settings.max_faults)
+    parser.add_argument("--deadline", type=float, default=Settings.deadline, help="seconds a run may take")
+    parser.add_argument("--workdir", default="", help="where runs go (default: a temporary directory)")
+    parser.add_argument("--results", default="", help="append one JSON line per run to this file")
+    parser.add_argument("--budget", type=float, default=0.0, help="start no seed after this many seconds (0: no limit)")
+    args = parser.parse_args(argv)
+    settings = Settings(args.epochs, args.max_faults, args.deadline, args.mode)
+    seeds = args.seed or list(range(args.first, args.first + args.seeds))
+    workdir = os.path.abspath(args.workdir) if args.workdir else tempfile.mkdtemp(prefix="elasticdl-chaos-")
+    results, started = [], time.monotonic()
+    for seed in seeds:
+        if args.budget and time.monotonic() - started > args.budget:
+            print(f"budget of {args.budget:.0f}s spent: seeds from {seed} not run", flush=True)
+            break
+        result = run_seed(seed, settings, workdir)
+        results.append(result)
+        print(line(result), flush=True)
+        if result.verdict.kind == "violation":
+            print(f"    replay: {replay_command(seed, settings)}   (kept: {result.run_dir})", flush=True)
+        else:
+            shutil.rmtree(result.run_dir, ignore_errors=True)
+        if args.results:
+            with open(args.results, "a") as f:
+                f.write(json.dumps(record(result)) + "\n")
+    print("\n".join(summary(results)), flush=True)
+    return 1 if any(r.verdict.kind == "violation" for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
