@@ -21,6 +21,8 @@ from elasticdl.launch.kubernetes.client import K8sError, K8sForbidden
 # Exception classes of the package that are deliberately outside the tree: they never reach
 # the user (each is caught and turned into something else where it is raised).
 OUTSIDE_THE_TREE = {
+    # The simulator's UNAVAILABLE: a simulated role answers it and the simulated caller rides it out.
+    "elasticdl.sim.transport.Unavailable",
     # A failed compare-and-set inside a store write; becomes LedgerConflictError/LeadershipError.
     "elasticdl.store.api._CasFailed",
     # The memory store's simulated outage; the store's retries turn it into StoreUnavailableError.

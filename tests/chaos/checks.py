@@ -26,6 +26,7 @@ import numpy as np
 
 from elasticdl.master.controller import MAX_PS_RELAUNCHES
 from elasticdl.model.checkpoint import complete_versions
+from elasticdl.model.checkpoint_integrity import verify_shard
 from tests.chaos.modes import Plan, records_per_epoch, shard_batches, version_bounds
 from tests.chaos.runner import MAX_MASTER_RESTARTS, Outcome
 
@@ -81,6 +82,8 @@ def final_cut(ckpt: str) -> tuple[str, list[Shard]] | None:
     term, num_ps = max(c for c, ids in by_cut.items() if set(ids) == set(range(c[1])))
     shards = []
     for ps, path in sorted(by_cut[(term, num_ps)].items()):
+        if not verify_shard(path):  # its checksum (model/checkpoint_integrity.py): a damaged byte anywhere
+            raise ValueError(f"{path} does not verify: the file is damaged")
         with np.load(path) as data:
             shards.append(Shard(ps, int(data["__version__"]), int(data["__records_applied__"])))
     return directory, shards
