@@ -296,7 +296,7 @@ def test_the_job_goes_through_named_phases():
     ctl.step(exit_of(0))
     assert ctl.phase is c.Phase.FINISHED
     assert ctl.phases == [c.Phase.RUNNING, c.Phase.ENDING_EPOCH, c.Phase.FINAL_EVALUATION, c.Phase.LEAVING,
-                          c.Phase.FINISHED]
+                          c.Phase.FINISHED]  # each once, however many epochs
 
 
 def test_a_deferred_epoch_end_is_asked_again_at_the_next_tick():

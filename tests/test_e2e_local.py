@@ -183,11 +183,18 @@ def _alive(pids: list[int]) -> list[int]:
     return alive
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_long_job(digits, tmp_path) -> tuple[subprocess.Popen, list[int]]:
     job = subprocess.Popen(
         [sys.executable, "-m", "elasticdl", *train_args(digits, "digits.digits_functional.custom_model",
                                                         num_workers=2, num_ps=1, num_epochs=1000)],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        # Ctrl-C as a terminal delivers it: a suite started in the background (`make test &`)
+        # hands its children SIGINT ignored, and the job would never see the test's SIGINT.
+        preexec_fn=_default_sigint,
     )
     deadline = time.monotonic() + 120
     started: list = []

@@ -144,7 +144,7 @@ class Controller:
         self._saved_seq = -1
         self.outcome: Finish | Fail | None = None
         self._phase = Phase.RUNNING
-        self.phases: list[Phase] = [Phase.RUNNING]  # every phase the job went through, in order
+        self.phases: list[Phase] = [Phase.RUNNING]  # the phases the job went through, each once, in order
         self.replaced: list[ReplaceWorker] = []  # workers killed for making no progress
         self._done_since: float | None = None  # when all_done first held with workers still there
         self._ps_silent_since: dict[int, float] = {}
@@ -171,8 +171,11 @@ class Controller:
                 break
         phase = self.phase
         if phase != self._phase:
-            logger.info("job phase: %s -> %s", self._phase, phase)
-            self.phases.append(phase)
+            # Every epoch goes running -> ending epoch -> running: those only at DEBUG.
+            routine = {phase, self._phase} == {Phase.RUNNING, Phase.ENDING_EPOCH}
+            logger.log(logging.DEBUG if routine else logging.INFO, "job phase: %s -> %s", self._phase, phase)
+            if phase not in self.phases:
+                self.phases.append(phase)
             self._phase = phase
         return decisions
 
