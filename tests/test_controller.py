@@ -420,6 +420,9 @@ def test_sync_mode_tells_the_ps_when_nobody_holds_a_task_any_more_so_pending_gra
     decisions = report(ctl, dispatcher, fourth, 1)
     assert kinds(decisions).index("TellLiveWorkers") < kinds(decisions).index("EndEpoch")
     assert of(decisions, c.TellLiveWorkers) == [c.TellLiveWorkers(0)]
+    # A PS was away for that tell: told again at the next Tick (simulator, seed 260).
+    assert of(ctl.step(c.LiveWorkersNotTold()), c.TellLiveWorkers) == []
+    assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == [c.TellLiveWorkers(0)]
 
 
 def test_async_mode_never_tells_live_workers():

@@ -421,7 +421,7 @@ class Controller:
             # records the ledger already counts done (the job ended with them in no model).
             # Between epochs a pending gradient just waits for the next epoch's first pushes.
             if count == 0 and self.tasks.finished:
-                settled = self._live_workers_told > 0
+                settled = self._live_workers_told != 0  # also after a tell that found a PS away (-1)
             else:
                 settled = count > 0 and self._settled(count)
             if settled and count != self._live_workers_told and not self._tell_held:
