@@ -14,25 +14,13 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import numpy as np
-import pytest
 
 from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.rpc.push_outcome import PushOutcome
+from tests.test_e2e_elastic import _wait_for
 from tests.test_e2e_local import MODEL_ZOO, digits  # noqa: F401  (digits: the prepared data, a fixture)
-
-
-def _wait(predicate, timeout: float, what: str):
-    """Poll ``predicate`` until it returns something truthy (the job is another process)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def _ps_address(log: str) -> str | None:
@@ -53,13 +41,13 @@ def test_a_token_holder_can_neither_wreck_the_model_nor_forge_the_evidence(digit
     )
     try:
         run_dir = tmp_path / "runs" / "attacked"
-        address = _wait(lambda: _ps_address(str(run_dir / "logs" / "master.log")), 120, "the PS address")
-        _wait(lambda: (run_dir / "token").exists(), 30, "the job's token")
+        address = _wait_for(lambda: _ps_address(str(run_dir / "logs" / "master.log")), 120, "the PS address")
+        _wait_for(lambda: (run_dir / "token").exists(), 30, "the job's token")
         monkeypatch.setenv("ELASTICDL_TOKEN_FILE", str(run_dir / "token"))  # the token, not the job key
         from elasticdl.rpc.ps_client import PSClient
 
         client = PSClient([address])
-        pulled = _wait(lambda: (lambda p: p if p.initialized else None)(client.pull([-1])[0]), 120, "the model")
+        pulled = _wait_for(lambda: (lambda p: p if p.initialized else None)(client.pull([-1])[0]), 120, "the model")
         huge = {name: np.full_like(value, 1e38) for name, value in pulled.params.items()}
         wrecking = client.push_gradients({0: huge}, [pulled.version], 0.0, 0)[0]
         assert wrecking.outcome is PushOutcome.REJECTED_INVALID and "float32" in wrecking.reason

@@ -94,8 +94,9 @@ class EvaluationRounds:
         starting = self._starting if self._starting is not None and self._starting.asked == round_id else None
         if starting is not None:
             self._starting = None
-        restarting, self._restarting = self._restarting == round_id, (
-            0 if self._restarting == round_id else self._restarting)
+        restarting = self._restarting == round_id
+        if restarting:
+            self._restarting = 0
         if isinstance(event, SnapshotFailed):
             self._held = True  # a PS is restarting: a later Tick asks again
             if starting is not None:

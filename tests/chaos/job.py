@@ -149,7 +149,7 @@ class ChaosJob:
         """The children still alive ``timeout`` s after their master ended (orphans), or []."""
         deadline = time.monotonic() + timeout
         while (left := self.children()) and time.monotonic() < deadline:
-            time.sleep(0.2)
+            time.sleep(0.2)  # a poll of other processes' state, bounded by the deadline: no window to race
         return left
 
     # --- events ----------------------------------------------------------------------------------

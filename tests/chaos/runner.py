@@ -197,7 +197,7 @@ def run(plan: Plan, faults: list[Fault], data: str, run_dir: str, deadline: floa
                 break
             code = job.master.poll()
             if code is None:
-                time.sleep(POLL)
+                time.sleep(POLL)  # the job is another process: poll its state, faults fire on what it shows
                 continue
             if code != 0 and _restartable(job, nemesis) and outcome.master_restarts < MAX_MASTER_RESTARTS:
                 nemesis.release_all()  # a store the nemesis cut is healed before the master comes back
