@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test lint proto bench clean simulate chaos
+.PHONY: install demo test lint proto bench bench-smoke clean simulate chaos
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,12 @@ demo: $(STAMP) data/digits/train
 test: $(STAMP)
 	$(VENV)/bin/lint-imports  # the one-way dependencies of pyproject.toml
 	$(VENV)/bin/bandit -q -r elasticdl benchmarks model_zoo -x elasticdl/proto -ll  # security lint: a medium or high finding fails (a justified one: `# nosec` under its reason)
-	$(PY) -m pytest -q --durations=15 tests
+	$(PY) -m pytest -q --durations=25 -m 'not bench' tests
+
+# The benchmark suite end to end at tiny sizes (about 2 minutes): outside `make test`'s 15-minute
+# budget, as `make bench` is; .ci/run runs it after `make test`.
+bench-smoke: $(STAMP)
+	$(PY) -m pytest -q -m bench tests/test_benchmarks_smoke.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -22,6 +22,7 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+@pytest.mark.bench  # `make bench-smoke`, outside `make test`'s budget
 @pytest.mark.timeout(300)  # about a minute on an idle 2-core machine; other test jobs slow it down
 def test_quick_suite_reports_every_case(tmp_path):
     out = tmp_path / "bench"
