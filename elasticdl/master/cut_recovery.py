@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from elasticdl.master.recovery_policy import CutFound, possibly_missing
 from elasticdl.master.task_manager import TaskManager
 from elasticdl.model import checkpoint
 
@@ -56,22 +57,51 @@ def latest_cut(directory: str, floor: int = -1) -> CutPosition | None:
     return None
 
 
+def cuts_found(directory: str, floor: int = -1) -> tuple[CutFound, ...]:
+    """The facts for the recovery policy: this lineage's newest verified cut, after any whose data
+    position could not be read (unverified). Damaged and partial cuts newer than it are passed over
+    by ``checkpoint.usable_cuts`` (named in the log). Never raises for a damaged file."""
+    found: list[CutFound] = []
+    if not directory:
+        return ()
+    try:
+        for cut in checkpoint.usable_cuts(directory, floor):
+            try:
+                version, marks, applied = checkpoint.cut_position(cut.directory)
+            except checkpoint.CheckpointError as err:  # damaged after it verified
+                logger.warning("passed over checkpoint %s: %s", cut.directory, err)
+                found.append(CutFound(cut.directory, checkpoint.version_of(cut.directory), verified=False))
+                continue
+            found.append(CutFound(cut.directory, version, True, marks, tuple(applied)))
+            break
+    except OSError as err:  # the directory itself cannot be listed
+        logger.error("could not look for a checkpoint in %s: %s", directory, err)
+    return tuple(found)
+
+
 def rewind_to_cut(tasks: TaskManager, cut: CutPosition, cause: str, skipped_bad_records: int = 0) -> Rewound:
-    """Put the ledger back to ``cut``'s data position; what is trained again, and what is lost.
+    """Put the ledger back to ``cut``'s data position; what is trained again, and what is lost."""
+    return rewind_ledger(tasks, cut.marks, cut.records_applied, cut.path, cause, skipped_bad_records)
+
+
+def rewind_ledger(tasks: TaskManager, marks: dict[int, int], held: list[int] | tuple[int, ...], where: str,
+                  cause: str, skipped_bad_records: int = 0) -> Rewound:
+    """Put the ledger back to the data position ``marks`` the model now holds (``held`` records per
+    shard, e.g. a cut's; none and ``{}`` when every PS started over); what is trained again, and
+    what is lost.
 
     Each shard counts the records it applied (bad records skipped in a batch were pushed with it,
     hence ``skipped_bad_records``, as in the job's exactly-once check). Every record the ledger
     counts done beyond the fewest any shard holds may be missing from the model."""
-    retrained = tasks.rewind(cut.marks, cause=cause)
+    retrained = tasks.rewind(marks, cause=cause)
     credited = sum(e.records_done for e in tasks.epochs) + skipped_bad_records
-    held = min(cut.records_applied) if cut.records_applied else credited
-    missing = max(0, credited - held)
+    missing = possibly_missing(credited, held)
     if missing:
         logger.error(
-            "the checkpoint %s holds %d records, the task ledger counts %d done: the updates of %d records of "
+            "%s holds %d records, the task ledger counts %d done: the updates of %d records of "
             "epochs before the last one are not in the model and are not trained again (checkpoints failed to "
             "be written for a while; see checkpoint_errors in the report). They are counted in "
-            "records_possibly_missing", cut.path, held, credited, missing)
+            "records_possibly_missing", where, min(held), credited, missing)
     return Rewound(retrained, missing)
 
 
