@@ -42,18 +42,9 @@ class Rewound:
 def latest_cut(directory: str, floor: int = -1) -> CutPosition | None:
     """The newest usable cut under ``directory`` with terms above ``floor`` (this lineage's);
     None when there is none. Never raises for a damaged file: the next older cut serves."""
-    if not directory:
-        return None
-    try:
-        for cut in checkpoint.usable_cuts(directory, floor):
-            try:
-                version, marks, applied = checkpoint.cut_position(cut.directory)
-            except checkpoint.CheckpointError as err:  # damaged after it verified
-                logger.warning("passed over checkpoint %s: %s", cut.directory, err)
-                continue
-            return CutPosition(cut.directory, version, marks, applied)
-    except OSError as err:  # the directory itself cannot be listed
-        logger.error("could not look for a checkpoint in %s: %s", directory, err)
+    for cut in cuts_found(directory, floor):
+        if cut.verified:
+            return CutPosition(cut.path, cut.version, cut.marks, list(cut.records_applied))
     return None
 
 
@@ -103,6 +94,18 @@ def rewind_ledger(tasks: TaskManager, marks: dict[int, int], held: list[int] | t
             "be written for a while; see checkpoint_errors in the report). They are counted in "
             "records_possibly_missing", where, min(held), credited, missing)
     return Rewound(retrained, missing)
+
+
+def discard_abandoned(directory: str, version: int, ps_ids, term: int, floor: int = -1) -> list[str]:
+    """Remove the shard files of ``ps_ids`` after ``version`` in this lineage (terms in (``floor``,
+    ``term``]): the timeline the job left when every PS started over, so that none of its files
+    ever makes a cut with the new timeline's. The paths removed (logged)."""
+    removed = []
+    for ps_id in ps_ids:
+        removed += checkpoint.discard_after(directory, version, ps_id, term, floor) if directory else []
+    for path in removed:
+        logger.info("removed %s: written before the job started over", path)
+    return removed
 
 
 def read_cut(path: str) -> CutPosition | None:

@@ -16,6 +16,7 @@ from elasticdl.master import controller as c
 from elasticdl.master import recovery_policy as policy
 from elasticdl.master.cut_recovery import (
     cuts_found,
+    discard_abandoned,
     latest_cut,
     read_cut,
     rewind_ledger,
@@ -139,10 +140,8 @@ class Recovery:
         for index in plan.restart:
             if index != exit_.index:
                 self.backend.stop("ps", index)  # a planned stop: started again below, its exit not a death
-        directory = self.config.checkpoints.checkpoint_dir
-        for index in plan.restart:
-            for path in checkpoint.discard_after(directory, plan.version, index, self.state.term, self.state.term_floor):
-                logger.info("removed %s: written before the job started over", path)
+        discard_abandoned(self.config.checkpoints.checkpoint_dir, plan.version, plan.restart, self.state.term,
+                          self.state.term_floor)
         for index in plan.restart:
             self._start_ps(index, "--fence", str(fence))
         return self._rewind(exit_.index, plan, "the model started over", "start over")
