@@ -235,6 +235,9 @@ class SimMaster:
             for ps_id in plan.restart:
                 world.start_ps(ps_id, restore_from="", fence=fence)
             rewound = rewind_ledger(self.tasks, plan.marks, plan.held, "the model started over", "start over")
+            if not rewound.possibly_missing:  # every record is trained again: the oracle holds them to once
+                for ps_id in plan.restart:
+                    world.oracle.shards[ps_id].maybe_missing = False
             return c.PSRelaunched(exit_.index, 0, retrained=rewound.retrained, missing=rewound.possibly_missing)
         cut = plan.cut
         world.start_ps(exit_.index, restore_from=cut.path, fence=fence)
