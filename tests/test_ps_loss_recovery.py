@@ -138,3 +138,49 @@ def test_without_a_checkpoint_dir_the_dead_ps_alone_is_refilled_and_the_loss_cou
     assert (kind, index, "--fence" in args) == ("start", 1, False)
     assert relaunched == c.PSRelaunched(1, None, missing=2 * 32)  # a batch of each of the 2 workers
     assert tasks.epochs[0].records_done == RECORDS  # the ledger keeps going
+
+
+def resumed(ckpt: str, tasks: TaskManager, resume_cut: str = "") -> Recovery:
+    rec = job(ckpt, tasks)
+    rec._resume_cut, rec.records_possibly_missing = resume_cut, 0
+    return rec
+
+
+def test_a_master_resumed_with_checkpoints_kept_but_none_usable_trains_every_record_again(tmp_path):
+    """A resumed ledger counted its done records as possibly missing whenever no cut could be
+    restored, though checkpoints were kept: the PS started from the initial model and those
+    records were never trained again. Now the ledger goes back to the start."""
+    ckpt, tasks = str(tmp_path / "ckpt"), ledger()
+    train(tasks, 3)  # the ledger the master resumed from the store
+    stale = checkpoint.save_shard(ckpt, 0, 2, checkpoint.ShardState(20, 20, {}, {}, term=TERM))  # a partial cut
+    rec = resumed(ckpt, tasks)
+
+    rec._rewind_to_restored_cut()
+
+    assert rec.records_possibly_missing == 0
+    assert [e.records_done for e in tasks.epochs] == [0, 0]
+    assert not os.path.exists(stale)
+
+
+def test_a_master_resumed_from_a_cut_trains_again_what_is_after_it(tmp_path):
+    ckpt, tasks = str(tmp_path / "ckpt"), ledger()
+    train(tasks, 1)
+    save_cut(ckpt, 20, RECORDS)
+    train(tasks, 1)
+    rec = resumed(ckpt, tasks, f"{ckpt}/version-20")
+
+    rec._rewind_to_restored_cut()
+
+    assert rec.records_possibly_missing == 0
+    assert [e.records_done for e in tasks.epochs] == [RECORDS]
+
+
+def test_a_master_resumed_without_checkpoints_counts_the_done_records_as_possibly_missing():
+    tasks = ledger()
+    train(tasks, 3)
+    rec = resumed("", tasks)
+
+    rec._rewind_to_restored_cut()
+
+    assert rec.records_possibly_missing == 3 * RECORDS
+    assert [e.records_done for e in tasks.epochs] == [2 * RECORDS, RECORDS]

@@ -9,11 +9,14 @@ import pytest
 
 from elasticdl.master.recovery_policy import (
     CutFound,
+    KeepLedger,
     PSLossFacts,
     RefillEmpty,
     RestoreCut,
+    ResumeFacts,
     StartOver,
     plan_ps_loss,
+    plan_resume,
     possibly_missing,
     records_between_pulls,
 )
@@ -83,3 +86,15 @@ def test_what_may_be_missing_after_a_rewind(credited, held, missing):
 ])
 def test_records_a_refilled_shard_may_lack(get_model_steps, push_steps, overlap, batch, workers, records):
     assert records_between_pulls(get_model_steps, push_steps, overlap, batch, workers) == records
+
+
+@pytest.mark.parametrize("case, expected", [
+    (ResumeFacts(2, False, None), KeepLedger()),  # no checkpoints: the done records counted missing
+    (ResumeFacts(2, False, GOOD_20), KeepLedger()),
+    (ResumeFacts(2, True, GOOD_20), RestoreCut(None, GOOD_20, ())),  # every PS restored it at its start
+    (ResumeFacts(2, True, None), StartOver(None, (0, 1), (0, 0))),  # none usable: the ledger from the start
+    (ResumeFacts(2, True, DAMAGED_60), StartOver(None, (0, 1), (0, 0))),
+    (ResumeFacts(2, True, ONE_COUNT_80), StartOver(None, (0, 1), (0, 0))),
+])
+def test_the_plan_for_a_resumed_master(case, expected):
+    assert plan_resume(case) == expected

@@ -20,7 +20,6 @@ from elasticdl.master.cut_recovery import (
     latest_cut,
     read_cut,
     rewind_ledger,
-    rewind_to_cut,
     skipped_bad_records,
 )
 from elasticdl.master.report import JobReport
@@ -42,20 +41,35 @@ class Recovery:
 
     def _rewind_to_restored_cut(self) -> None:
         """A resumed ledger says which records were done; the model holds those of the cut the PS
-        restored. The records after the cut's data position are trained again (none without one)."""
+        restored. As the recovery policy plans it (``plan_resume``): the records after the cut's
+        data position are trained again; with checkpoints kept but none usable, every record
+        from the start; without checkpoints, the done ones are counted possibly missing."""
         cut = read_cut(self._resume_cut) if self._resume_cut else None
-        if cut is not None:
-            rewound = rewind_to_cut(self.main_tasks, cut, "master restart",
-                                    skipped_bad_records(self.dispatcher.bad_records(), self.checked.files))
-            self.records_possibly_missing += rewound.possibly_missing
-            logger.warning("resumed at the checkpoint of version %d: %d records after its data position are "
-                           "trained again", cut.version, rewound.retrained)
-        else:
-            self.records_possibly_missing = sum(e.records_done for e in self.main_tasks.epochs)
-            logger.warning("resumed without a checkpoint in --checkpoint_dir: the parameter servers start from "
-                           "the initial model, so the %d records the ledger counts as done are not in it. "
-                           "Give the job --checkpoint_dir to resume without losing them.",
-                           self.records_possibly_missing)
+        skipped = skipped_bad_records(self.dispatcher.bad_records(), self.checked.files)
+        facts = policy.ResumeFacts(
+            self._ps.num_ps, bool(self.config.checkpoints.checkpoint_dir),
+            None if cut is None else policy.CutFound(cut.path, cut.version, True, cut.marks, tuple(cut.records_applied)))
+        match policy.plan_resume(facts):
+            case policy.RestoreCut() as plan:
+                rewound = rewind_ledger(self.main_tasks, plan.marks, plan.held, plan.cut.path, "master restart", skipped)
+                self.records_possibly_missing += rewound.possibly_missing
+                logger.warning("resumed at the checkpoint of version %d: %d records after its data position are "
+                               "trained again", plan.version, rewound.retrained)
+            case policy.StartOver() as plan:
+                # The PS are new and empty; no file of the abandoned timeline may make a cut with theirs.
+                discard_abandoned(self.config.checkpoints.checkpoint_dir, plan.version, plan.restart,
+                                  self.state.term, self.state.term_floor)
+                rewound = rewind_ledger(self.main_tasks, plan.marks, plan.held, "the model started over",
+                                        "master restart", skipped)
+                self.records_possibly_missing += rewound.possibly_missing
+                logger.warning("resumed without a usable checkpoint in --checkpoint_dir (none written yet, or damaged "
+                               "or partial): the parameter servers start from the initial model, and the job trains "
+                               "every record again from the start (%d records)", rewound.retrained)
+            case policy.KeepLedger():
+                self.records_possibly_missing = sum(e.records_done for e in self.main_tasks.epochs)
+                logger.warning("resumed without --checkpoint_dir: the parameter servers start from the initial "
+                               "model, so the %d records the ledger counts as done are not in it. Give the job "
+                               "--checkpoint_dir to resume without losing them.", self.records_possibly_missing)
 
     def _note_restore(self, report: JobReport) -> None:
         """Name the checkpoint the PS start from (they resolve the same directory the same way)."""

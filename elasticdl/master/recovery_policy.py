@@ -17,6 +17,10 @@ the job keeps checkpoints and a training ledger -- and carries out the plan this
 - ``RefillEmpty``: no ``--checkpoint_dir`` (or no training ledger): the dead PS starts empty and a
   worker gives it its copy; the updates since the workers' last pull are possibly missing.
 
+A master that resumes a ledger (``plan_resume``) decides the same way, with every PS new: the cut
+they restored, else (checkpoints kept, none usable) a start over, else ``KeepLedger``: without
+checkpoints the ledger's done records are counted possibly missing, as documented.
+
 Example::
 
     plan = plan_ps_loss(PSLossFacts(dead=1, num_ps=2, checkpoint_dir=True, trains=True, cuts=()))
@@ -29,8 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
-    "CutFound", "PSLossFacts", "Plan", "RefillEmpty", "RestoreCut", "StartOver",
-    "plan_ps_loss", "possibly_missing", "records_between_pulls",
+    "CutFound", "KeepLedger", "PSLossFacts", "Plan", "RefillEmpty", "RestoreCut", "ResumeFacts", "StartOver",
+    "plan_ps_loss", "plan_resume", "possibly_missing", "records_between_pulls",
 ]
 
 
@@ -56,8 +60,15 @@ class PSLossFacts:
 
 
 @dataclass(frozen=True)
+class ResumeFacts:
+    num_ps: int
+    checkpoint_dir: bool  # the job keeps checkpoints (--checkpoint_dir)
+    cut: CutFound | None  # the cut the PS were started from, read again once they serve (None: none)
+
+
+@dataclass(frozen=True)
 class RestoreCut:
-    dead: int
+    dead: int | None  # None: a resumed master (every PS restored the cut at its start)
     cut: CutFound
     survivors: tuple[int, ...]  # they roll back to the cut
 
@@ -76,7 +87,7 @@ class RestoreCut:
 
 @dataclass(frozen=True)
 class StartOver:
-    dead: int
+    dead: int | None  # None: a resumed master (every PS is new and empty already)
     restart: tuple[int, ...]  # every PS: the survivors are stopped and all start empty at version 0
     held: tuple[int, ...]  # records each shard holds then: none
 
@@ -88,6 +99,12 @@ class StartOver:
 class RefillEmpty:
     dead: int
     missing: int  # records whose updates may be missing from its shard
+
+
+@dataclass(frozen=True)
+class KeepLedger:
+    """A resumed master without checkpoints: the PS start from the initial model, and the
+    records the ledger counts done are counted possibly missing (not trained again)."""
 
 
 Plan = RestoreCut | StartOver | RefillEmpty
@@ -103,6 +120,16 @@ def plan_ps_loss(facts: PSLossFacts) -> Plan:
         if cut.verified and len(cut.records_applied) == facts.num_ps:
             return RestoreCut(facts.dead, cut, survivors)
     return StartOver(facts.dead, tuple(range(facts.num_ps)), (0,) * facts.num_ps)
+
+
+def plan_resume(facts: ResumeFacts) -> RestoreCut | StartOver | KeepLedger:
+    """The plan for a master that resumed a ledger (see the module docstring)."""
+    if not facts.checkpoint_dir:
+        return KeepLedger()
+    cut = facts.cut
+    if cut is not None and cut.verified and len(cut.records_applied) == facts.num_ps:
+        return RestoreCut(None, cut, ())
+    return StartOver(None, tuple(range(facts.num_ps)), (0,) * facts.num_ps)
 
 
 def possibly_missing(credited: int, held: Sequence[int]) -> int:
