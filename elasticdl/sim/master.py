@@ -23,7 +23,6 @@ from elasticdl.master.cut_recovery import (
     discard_abandoned,
     latest_cut,
     rewind_ledger,
-    rewind_to_cut,
 )
 from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
 from elasticdl.master.feed import FeedLivelock, feed
@@ -109,11 +108,19 @@ class SimMaster:
         cut = latest_cut(world.checkpoint_dir) if self.resumed else None
         for ps_id in range(world.mode.num_ps):
             world.start_ps(ps_id, restore_from=cut.path if cut else "", fence=0, delay=0.0)
-        if self.resumed:
-            if cut is not None:
-                rewind_to_cut(self.tasks, cut, "master restart")
-            else:
+        if self.resumed:  # Job._rewind_to_restored_cut: the recovery policy's plan_resume
+            found = None if cut is None else policy.CutFound(cut.path, cut.version, True, cut.marks,
+                                                             tuple(cut.records_applied))
+            plan = policy.plan_resume(policy.ResumeFacts(world.mode.num_ps, bool(world.checkpoint_dir), found))
+            if isinstance(plan, policy.KeepLedger):
                 world.oracle_emptied_all()
+            else:
+                if isinstance(plan, policy.StartOver):
+                    discard_abandoned(world.checkpoint_dir, plan.version, plan.restart, self.term)
+                rewound = rewind_ledger(self.tasks, plan.marks, plan.held, "the resumed model", "master restart")
+                if isinstance(plan, policy.StartOver) and not rewound.possibly_missing:
+                    for ps_id in plan.restart:  # every record is trained again: held to once
+                        world.oracle.shards[ps_id].maybe_missing = False
         self.controller = c.Controller("train", self.dispatcher, self.instances, self.clocks,
                                        sync_mode=not world.mode.use_async, keeps_ledger=True, clock=world.clock,
                                        evaluation_steps=world.evaluation_steps)
