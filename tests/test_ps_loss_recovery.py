@@ -109,6 +109,7 @@ def test_the_only_cut_damaged_then_a_ps_killed_starts_every_ps_over_and_the_ledg
     assert relaunched == c.PSRelaunched(1, 0, retrained=3 * RECORDS, missing=0)
     # The abandoned timeline's files are gone: none can make a cut with the new timeline's.
     assert not any(os.path.exists(p) for p in [*shards, partial])
+    assert os.listdir(ckpt) == []  # nor their emptied version directories
 
 
 def test_a_verified_cut_is_restored_and_the_survivors_roll_back(tmp_path):

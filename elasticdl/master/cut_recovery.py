@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from elasticdl import fs
 from elasticdl.master.recovery_policy import CutFound, possibly_missing
 from elasticdl.master.task_manager import TaskManager
 from elasticdl.model import checkpoint
@@ -105,6 +106,9 @@ def discard_abandoned(directory: str, version: int, ps_ids, term: int, floor: in
         removed += checkpoint.discard_after(directory, version, ps_id, term, floor) if directory else []
     for path in removed:
         logger.info("removed %s: written before the job started over", path)
+    for version_dir in sorted({path.rsplit("/", 1)[0] for path in removed}):
+        if not fs.listdir(version_dir):  # a version the new timeline may never write again
+            fs.rmtree(version_dir)
     return removed
 
 

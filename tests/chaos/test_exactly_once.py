@@ -150,3 +150,32 @@ def test_a_ps_sigkilled_after_the_only_cut_was_damaged_starts_over_and_ends_at_t
     assert report["checkpoint"].endswith(f"version-{report['model_version']}")
     assert _complete_cut(tmp_path, report["model_version"])
     _check_lineages(tmp_path)
+
+
+def test_a_master_resumed_with_every_cut_damaged_trains_every_record_again(digits, tmp_path, etcd_process):  # noqa: F811
+    """The master SIGKILLed, then every cut on disk damaged: the resumed master finds no usable
+    cut although checkpoints are kept. Its ledger used to keep the done records, counted as
+    possibly missing and in no model; the recovery policy now starts over from the start."""
+    job = "chaos-master-start-over"
+    command = _command(digits, tmp_path, job, etcd_endpoints=etcd_process.endpoint)
+    first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(lambda: "epoch 2 of 3 starts" in _master_log(tmp_path, job) and _complete_cut(tmp_path, STEPS),
+                  180, "epoch 2 and a complete cut")
+        first.kill()  # the master dies hard; its PS and worker die with it
+        first.wait(10)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    shards = glob.glob(str(tmp_path / "ckpt" / "version-*" / "ps-*.npz"))
+    assert shards
+    for shard in shards:
+        with open(shard, "r+b") as f:
+            f.truncate(os.path.getsize(shard) // 2)
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    report = report_of(result)
+    assert report["resumed"] and report["records_possibly_missing"] == 0
+    _check_history(report, digits, report["records_per_epoch"])
+    assert "the job trains every record again from the start" in _master_log(tmp_path, job)
+    assert report["checkpoint"].endswith(f"version-{report['model_version']}")
+    _check_lineages(tmp_path)
