@@ -1,9 +1,12 @@
 """How a job comes back from a PS death or a master restart: checkpoint cuts and data positions.
 
-A part of the job's executor (``Job`` in elasticdl/master/job.py), in its own module. A dead PS
-is relaunched from the latest complete cut and the survivors roll back to it; hand-outs are
-fenced on the PS, and the ledger goes back to the cut's data position, so that every record's
-update is in the model exactly once. A resumed master does the same from the ledger in etcd.
+A part of the job's executor (``Job`` in elasticdl/master/job.py), in its own module. What to do
+is decided by the recovery policy (elasticdl/master/recovery_policy.py, pure); this module gathers
+its facts (the cuts on disk) and carries its plans out. A dead PS is relaunched from the latest
+verified cut and the survivors roll back to it, or, with checkpoints kept but none usable, every
+PS starts over from version 0; hand-outs are fenced on the PS, and the ledger goes back to the
+cut's data position (or the start), so that every record's update is in the model exactly once.
+A resumed master does the same from the ledger in etcd.
 """
 
 from __future__ import annotations
