@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from elasticdl import fs
+from elasticdl.master.recovery_policy import CutFound, possibly_missing
 from elasticdl.master.task_manager import TaskManager
 from elasticdl.model import checkpoint
 
@@ -41,38 +43,73 @@ class Rewound:
 def latest_cut(directory: str, floor: int = -1) -> CutPosition | None:
     """The newest usable cut under ``directory`` with terms above ``floor`` (this lineage's);
     None when there is none. Never raises for a damaged file: the next older cut serves."""
+    for cut in cuts_found(directory, floor):
+        if cut.verified:
+            return CutPosition(cut.path, cut.version, cut.marks, list(cut.records_applied))
+    return None
+
+
+def cuts_found(directory: str, floor: int = -1) -> tuple[CutFound, ...]:
+    """The facts for the recovery policy: this lineage's newest verified cut, after any whose data
+    position could not be read (unverified). Damaged and partial cuts newer than it are passed over
+    by ``checkpoint.usable_cuts`` (named in the log). Never raises for a damaged file."""
+    found: list[CutFound] = []
     if not directory:
-        return None
+        return ()
     try:
         for cut in checkpoint.usable_cuts(directory, floor):
             try:
                 version, marks, applied = checkpoint.cut_position(cut.directory)
             except checkpoint.CheckpointError as err:  # damaged after it verified
                 logger.warning("passed over checkpoint %s: %s", cut.directory, err)
+                found.append(CutFound(cut.directory, checkpoint.version_of(cut.directory), verified=False))
                 continue
-            return CutPosition(cut.directory, version, marks, applied)
+            found.append(CutFound(cut.directory, version, True, marks, tuple(applied)))
+            break
     except OSError as err:  # the directory itself cannot be listed
         logger.error("could not look for a checkpoint in %s: %s", directory, err)
-    return None
+    return tuple(found)
 
 
 def rewind_to_cut(tasks: TaskManager, cut: CutPosition, cause: str, skipped_bad_records: int = 0) -> Rewound:
-    """Put the ledger back to ``cut``'s data position; what is trained again, and what is lost.
+    """Put the ledger back to ``cut``'s data position; what is trained again, and what is lost."""
+    return rewind_ledger(tasks, cut.marks, cut.records_applied, cut.path, cause, skipped_bad_records)
+
+
+def rewind_ledger(tasks: TaskManager, marks: dict[int, int], held: list[int] | tuple[int, ...], where: str,
+                  cause: str, skipped_bad_records: int = 0) -> Rewound:
+    """Put the ledger back to the data position ``marks`` the model now holds (``held`` records per
+    shard, e.g. a cut's; none and ``{}`` when every PS started over); what is trained again, and
+    what is lost.
 
     Each shard counts the records it applied (bad records skipped in a batch were pushed with it,
     hence ``skipped_bad_records``, as in the job's exactly-once check). Every record the ledger
     counts done beyond the fewest any shard holds may be missing from the model."""
-    retrained = tasks.rewind(cut.marks, cause=cause)
+    retrained = tasks.rewind(marks, cause=cause)
     credited = sum(e.records_done for e in tasks.epochs) + skipped_bad_records
-    held = min(cut.records_applied) if cut.records_applied else credited
-    missing = max(0, credited - held)
+    missing = possibly_missing(credited, held)
     if missing:
         logger.error(
-            "the checkpoint %s holds %d records, the task ledger counts %d done: the updates of %d records of "
+            "%s holds %d records, the task ledger counts %d done: the updates of %d records of "
             "epochs before the last one are not in the model and are not trained again (checkpoints failed to "
             "be written for a while; see checkpoint_errors in the report). They are counted in "
-            "records_possibly_missing", cut.path, held, credited, missing)
+            "records_possibly_missing", where, min(held), credited, missing)
     return Rewound(retrained, missing)
+
+
+def discard_abandoned(directory: str, version: int, ps_ids, term: int, floor: int = -1) -> list[str]:
+    """Remove the shard files of ``ps_ids`` after ``version`` in this lineage (terms in (``floor``,
+    ``term``]): the timeline the job left when every PS started over, so that none of its files
+    ever makes a cut with the new timeline's. The paths removed (logged)."""
+    removed = []
+    for ps_id in ps_ids:
+        removed += checkpoint.discard_after(directory, version, ps_id, term, floor) if directory else []
+    for path in removed:
+        logger.info("removed %s: written before the job started over", path)
+    for version_dir in sorted({path.rsplit("/", 1)[0] for path in removed}):
+        if not fs.listdir(version_dir):  # a version the new timeline may never write again
+            fs.rmtree(version_dir)
+    return removed
 
 
 def read_cut(path: str) -> CutPosition | None:

@@ -16,8 +16,14 @@ import logging
 
 from elasticdl.data.sources import Shard
 from elasticdl.master import controller as c
+from elasticdl.master import recovery_policy as policy
 from elasticdl.master.clocks import WorkerClocks
-from elasticdl.master.cut_recovery import latest_cut, rewind_to_cut
+from elasticdl.master.cut_recovery import (
+    cuts_found,
+    discard_abandoned,
+    latest_cut,
+    rewind_ledger,
+)
 from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
 from elasticdl.master.feed import FeedLivelock, feed
 from elasticdl.master.instance_manager import InstanceManager, Launch, Stop
@@ -102,11 +108,19 @@ class SimMaster:
         cut = latest_cut(world.checkpoint_dir) if self.resumed else None
         for ps_id in range(world.mode.num_ps):
             world.start_ps(ps_id, restore_from=cut.path if cut else "", fence=0, delay=0.0)
-        if self.resumed:
-            if cut is not None:
-                rewind_to_cut(self.tasks, cut, "master restart")
-            else:
+        if self.resumed:  # Job._rewind_to_restored_cut: the recovery policy's plan_resume
+            found = None if cut is None else policy.CutFound(cut.path, cut.version, True, cut.marks,
+                                                             tuple(cut.records_applied))
+            plan = policy.plan_resume(policy.ResumeFacts(world.mode.num_ps, bool(world.checkpoint_dir), found))
+            if isinstance(plan, policy.KeepLedger):
                 world.oracle_emptied_all()
+            else:
+                if isinstance(plan, policy.StartOver):
+                    discard_abandoned(world.checkpoint_dir, plan.version, plan.restart, self.term)
+                rewound = rewind_ledger(self.tasks, plan.marks, plan.held, "the resumed model", "master restart")
+                if isinstance(plan, policy.StartOver) and not rewound.possibly_missing:
+                    for ps_id in plan.restart:  # every record is trained again: held to once
+                        world.oracle.shards[ps_id].maybe_missing = False
         self.controller = c.Controller("train", self.dispatcher, self.instances, self.clocks,
                                        sync_mode=not world.mode.use_async, keeps_ledger=True, clock=world.clock,
                                        evaluation_steps=world.evaluation_steps)
@@ -207,25 +221,39 @@ class SimMaster:
         return []
 
     def _relaunch_ps(self, exit_) -> c.PSRelaunched:
-        """Job._relaunch_ps: from the latest complete cut, the survivors rolled back to it."""
-        world = self.world
-        cut = latest_cut(world.checkpoint_dir)  # the newest verified cut (a damaged one is passed over)
-        if cut is None:
-            mode = world.mode
-            between_pulls = -(-mode.get_model_steps // mode.push_steps) * mode.push_steps + int(mode.overlap)
-            missing = between_pulls * 2 * max(1, len(self.controller.workers))
+        """Job._relaunch_ps: the facts gathered, the recovery policy's plan carried out."""
+        world, mode = self.world, self.world.mode
+        facts = policy.PSLossFacts(
+            dead=exit_.index, num_ps=mode.num_ps, checkpoint_dir=bool(world.checkpoint_dir), trains=True,
+            cuts=cuts_found(world.checkpoint_dir),  # the newest verified cut (a damaged one is passed over)
+            missing_without_cut=policy.records_between_pulls(mode.get_model_steps, mode.push_steps, mode.overlap,
+                                                             2, len(self.controller.workers)))
+        plan = policy.plan_ps_loss(facts)
+        if isinstance(plan, policy.RefillEmpty):
             world.start_ps(exit_.index, restore_from="", fence=0)
-            return c.PSRelaunched(exit_.index, None, missing=missing)
+            return c.PSRelaunched(exit_.index, None, missing=plan.missing)
         fence = self.tasks.fence_all()
+        if isinstance(plan, policy.StartOver):  # every PS empty at version 0; the old timeline's files go
+            for ps_id in plan.restart:
+                if ps_id != exit_.index:
+                    world.ps_list()[ps_id].alive = False  # a planned stop, not a death: no exit
+                    world.network.killed(f"ps-{ps_id}")
+            discard_abandoned(world.checkpoint_dir, 0, plan.restart, self.term)
+            for ps_id in plan.restart:
+                world.start_ps(ps_id, restore_from="", fence=fence)
+            rewound = rewind_ledger(self.tasks, plan.marks, plan.held, "the model started over", "start over")
+            if not rewound.possibly_missing:  # every record is trained again: the oracle holds them to once
+                for ps_id in plan.restart:
+                    world.oracle.shards[ps_id].maybe_missing = False
+            return c.PSRelaunched(exit_.index, 0, retrained=rewound.retrained, missing=rewound.possibly_missing)
+        cut = plan.cut
         world.start_ps(exit_.index, restore_from=cut.path, fence=fence)
-        for ps_id, ps in enumerate(world.ps_list()):
-            if ps_id == exit_.index:
-                continue
+        for ps_id in plan.survivors:
             try:
-                ps.roll_back(cut.path, self.term, fence)
+                world.ps_list()[ps_id].roll_back(cut.path, self.term, fence)
             except (Unavailable, checkpoint.CheckpointError, ValueError, OSError):
                 pass  # another PS is down too: its own relaunch restores the same cut
-        rewound = rewind_to_cut(self.tasks, cut, "rollback")
+        rewound = rewind_ledger(self.tasks, plan.marks, plan.held, cut.path, "rollback")
         return c.PSRelaunched(exit_.index, cut.version, retrained=rewound.retrained, missing=rewound.possibly_missing)
 
     def _fence(self, handouts: list[int], task_ids: list[int]) -> dict[int, int] | None:

@@ -119,3 +119,63 @@ def test_a_ps_sigkilled_without_checkpoints_is_refilled_and_the_report_counts_wh
     check = report["exactly_once"]
     assert not check["holds"] and check["records_applied"][1] < check["records_done"] == check["records_applied"][0]
     assert "missing from its shard" in _master_log(tmp_path, job)
+
+
+def test_a_ps_sigkilled_after_the_only_cut_was_damaged_starts_over_and_ends_at_the_fault_free_version(
+        digits, tmp_path):  # noqa: F811
+    """Chaos seed 48's class: the only complete cut damaged, then a PS killed. The PS used to come
+    back empty, refilled from a worker's copy, while the ledger went on: its own count started
+    over (exactly once broken) and the shards ended at different versions. Now every PS starts
+    over at version 0 and the ledger from the start, and the checkpoint files prove it."""
+    job = "chaos-start-over"
+    proc = subprocess.Popen(_command(digits, tmp_path, job), cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+    def the_only_cut_damaged() -> bool:
+        if not _complete_cut(tmp_path, STEPS):
+            return False
+        (shard,) = glob.glob(str(tmp_path / "ckpt" / f"version-{STEPS}" / "ps-1-of-2*.npz"))
+        with open(shard, "r+b") as f:
+            f.truncate(os.path.getsize(shard) // 2)
+        return True
+
+    report = _report_after_ps_kill(proc, tmp_path, the_only_cut_damaged, "the first complete cut", ps=1)
+    assert report["status"] == "succeeded"
+    _check_history(report, digits, report["records_per_epoch"])
+    (rollback,) = report["ps_rollbacks"]
+    assert rollback["to_version"] == 0 and rollback["records_possibly_missing"] == 0
+    assert report["records_possibly_missing"] == 0
+    assert "every parameter server starts again from version 0" in _master_log(tmp_path, job)
+    # The final cut the report names is on disk, complete, at the report's version.
+    assert report["checkpoint"].endswith(f"version-{report['model_version']}")
+    assert _complete_cut(tmp_path, report["model_version"])
+    _check_lineages(tmp_path)
+
+
+def test_a_master_resumed_with_every_cut_damaged_trains_every_record_again(digits, tmp_path, etcd_process):  # noqa: F811
+    """The master SIGKILLed, then every cut on disk damaged: the resumed master finds no usable
+    cut although checkpoints are kept. Its ledger used to keep the done records, counted as
+    possibly missing and in no model; the recovery policy now starts over from the start."""
+    job = "chaos-master-start-over"
+    command = _command(digits, tmp_path, job, etcd_endpoints=etcd_process.endpoint)
+    first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(lambda: "epoch 2 of 3 starts" in _master_log(tmp_path, job) and _complete_cut(tmp_path, STEPS),
+                  180, "epoch 2 and a complete cut")
+        first.kill()  # the master dies hard; its PS and worker die with it
+        first.wait(10)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    shards = glob.glob(str(tmp_path / "ckpt" / "version-*" / "ps-*.npz"))
+    assert shards
+    for shard in shards:
+        with open(shard, "r+b") as f:
+            f.truncate(os.path.getsize(shard) // 2)
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    report = report_of(result)
+    assert report["resumed"] and report["records_possibly_missing"] == 0
+    _check_history(report, digits, report["records_per_epoch"])
+    assert "the job trains every record again from the start" in _master_log(tmp_path, job)
+    assert report["checkpoint"].endswith(f"version-{report['model_version']}")
+    _check_lineages(tmp_path)
