@@ -75,12 +75,13 @@ def test_progress_and_results_reach_the_job_loop_as_events_over_grpc():
     VersionReported event per report, and a TaskReported per result, without polling anyone."""
     import queue
 
+    from master_loop import master_servicer
+
     from elasticdl.data.sources import Shard
     from elasticdl.master.clocks import WorkerClocks
     from elasticdl.master.controller import TaskReported, VersionReported
     from elasticdl.master.evaluation_service import TaskDispatcher
     from elasticdl.master.progress import TrainingProgress
-    from elasticdl.master.servicer import MasterServicer
     from elasticdl.master.task_manager import TaskManager
     from elasticdl.proto import elasticdl_pb2_grpc
     from elasticdl.rpc.channel import bind_local, make_server
@@ -90,7 +91,7 @@ def test_progress_and_results_reach_the_job_loop_as_events_over_grpc():
     dispatcher = TaskDispatcher(TaskManager([Shard("f", 0, 10)], shuffle=False), None)
     server = make_server()
     elasticdl_pb2_grpc.add_MasterServicer_to_server(
-        MasterServicer(dispatcher, TrainingProgress(10, 1), WorkerClocks(), notify=events.put), server
+        master_servicer(dispatcher, TrainingProgress(10, 1), WorkerClocks(), notify=events.put), server
     )
     port = bind_local(server)
     server.start()
@@ -110,12 +111,12 @@ def test_progress_and_results_reach_the_job_loop_as_events_over_grpc():
 def test_a_task_comes_with_the_range_of_the_next_one_to_read_ahead_over_grpc(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from master_loop import master_servicer
 
     from elasticdl.data.sources import Shard, count_records
     from elasticdl.master.clocks import WorkerClocks
     from elasticdl.master.evaluation_service import TaskDispatcher
     from elasticdl.master.progress import TrainingProgress
-    from elasticdl.master.servicer import MasterServicer
     from elasticdl.master.task_manager import TaskManager
     from elasticdl.proto import elasticdl_pb2_grpc
     from elasticdl.rpc.channel import bind_local, make_server
@@ -127,7 +128,7 @@ def test_a_task_comes_with_the_range_of_the_next_one_to_read_ahead_over_grpc(tmp
     dispatcher = TaskDispatcher(TaskManager([Shard(f, 0, 10), Shard(f, 10, 20)], shuffle=False), None)
     server = make_server()
     elasticdl_pb2_grpc.add_MasterServicer_to_server(
-        MasterServicer(dispatcher, TrainingProgress(20, 1), WorkerClocks()), server)
+        master_servicer(dispatcher, TrainingProgress(20, 1), WorkerClocks()), server)
     port = bind_local(server)
     server.start()
     client = MasterClient(f"127.0.0.1:{port}", worker_id=0)

@@ -21,7 +21,6 @@ from typing import Any
 
 from elasticdl.data.errors import BadRecord
 from elasticdl.data.sources import Shard, file_footer
-from elasticdl.master.shared_ledger import SharedLedger
 from elasticdl.master.task_manager import NoTask, ReportOutcome, Task, TaskManager, TaskType
 from elasticdl.model.metrics import MetricsMerger
 
@@ -259,55 +258,46 @@ class TaskDispatcher:
 
     Workers get WAIT, not END, until the job loop calls ``finish()``: the final
     evaluation may still need them after the last training task.
+
+    Single-threaded: only the job loop's thread calls it (the workers' requests reach it through
+    ``elasticdl.master.request_desk``), except ``halt``, which only sets a flag.
     """
 
-    def __init__(self, main: TaskManager | SharedLedger | None, evaluation: EvaluationService | None):
-        # The master's gRPC threads and its loop share the main ledger: every call under one lock.
-        self.main = SharedLedger(main) if isinstance(main, TaskManager) else main
+    def __init__(self, main: TaskManager | None, evaluation: EvaluationService | None):
+        self.main = main
         self.evaluation = evaluation
         self._finished = False
         self._halted = ""
         # What workers found, whichever task: bad records once each (by file and index, so a
         # record met again in a later epoch or retry counts once), and divergence errors.
-        self._faults_lock = threading.Lock()
         self._bad_records: dict[tuple[str, int], BadRecord] = {}
         self._diverged: list[str] = []
         # The files whose footer each worker was handed (``footers_for``); forgotten when it exits.
         self._footers_given: dict[int, set[str]] = {}
-        self._footers_lock = threading.Lock()
 
     def halt(self, reason: str) -> None:
-        """Stop acting at once (any thread): the master lost its leadership. Workers wait; their
-        reports are refused, so nothing more is recorded in a ledger another master may own."""
+        """Stop acting at once (any thread: a store thread saw the leadership go): the master lost
+        its leadership. Workers wait; their reports are refused, so nothing more is recorded in a
+        ledger another master may own. Requests held for a task answer WAIT at the loop's next turn."""
         self._halted = reason
-        self._wake_waiting()
 
     def finish(self) -> None:
         self._finished = True
-        self._wake_waiting()
-
-    def _wake_waiting(self) -> None:
-        """Requests held for a task (``get_task``'s ``wait``) answer now: WAIT or END."""
-        if self.main is not None:
-            self.main.wake()
 
     @property
     def finished(self) -> bool:
         """The job loop said so: workers get END."""
         return self._finished
 
-    def get_task(self, worker_id: int, wait: float = 0.0) -> Task | NoTask:
-        """A task for ``worker_id``. With ``wait``, a WAIT is held up to that many seconds for a
-        change of the ledger (the next epoch opened, a task taken back) and the request tried
-        again: the worker then gets its task when it comes, not after its retry delay."""
-        deadline = time.monotonic() + wait
-        while True:
-            seq = self.main.seq if self.main is not None else 0
-            task = self._task_now(worker_id)
-            left = deadline - time.monotonic()
-            if task is not NoTask.WAIT or left <= 0 or self.main is None or self._halted:
-                return task
-            self.main.wait_for_change(seq, left)
+    @property
+    def halted(self) -> str:
+        """Why this master stopped acting ('' while it acts)."""
+        return self._halted
+
+    def get_task(self, worker_id: int) -> Task | NoTask:
+        """A task for ``worker_id`` now, or WAIT or END. Waiting for one is the job loop's
+        (``RequestDesk`` parks the request and tries again after each change of a ledger)."""
+        return self._task_now(worker_id)
 
     def read_ahead(self, worker_id: int, task: Task) -> Shard | None:
         """The records of the task ``worker_id`` gets after ``task`` from the same ledger, to read ahead."""
@@ -319,15 +309,14 @@ class TaskDispatcher:
         """(path, size, footer) of the Parquet files among ``paths`` whose footer ``worker_id``
         was not handed yet and this process keeps (it read them to cut the tasks)."""
         found = []
-        with self._footers_lock:
-            given = self._footers_given.setdefault(worker_id, set())
-            for path in dict.fromkeys(paths):
-                if path in given:
-                    continue
-                footer = file_footer(path)
-                if footer is not None:
-                    given.add(path)
-                    found.append((path, *footer))
+        given = self._footers_given.setdefault(worker_id, set())
+        for path in dict.fromkeys(paths):
+            if path in given:
+                continue
+            footer = file_footer(path)
+            if footer is not None:
+                given.add(path)
+                found.append((path, *footer))
         return found
 
     def _task_now(self, worker_id: int) -> Task | NoTask:
@@ -354,12 +343,10 @@ class TaskDispatcher:
         controller decides on them (elasticdl/master/controller.py)."""
         if self._halted:
             return ReportOutcome(False, f"this master stopped acting: {self._halted}")
-        if bad_records or diverged:
-            with self._faults_lock:
-                for record in bad_records:
-                    self._bad_records.setdefault((record.path, record.index), record)
-                if diverged:
-                    self._diverged.append(f"worker {worker_id}: {err_message}")
+        for record in bad_records:
+            self._bad_records.setdefault((record.path, record.index), record)
+        if diverged:
+            self._diverged.append(f"worker {worker_id}: {err_message}")
         if task_id >= EVAL_ID_BASE:
             if self.evaluation is None:
                 return ReportOutcome(False, f"unknown task {task_id}")
@@ -377,8 +364,7 @@ class TaskDispatcher:
         return self.main.progress(task_id, worker_id, records_done)
 
     def recover_worker_tasks(self, worker_id: int) -> None:
-        with self._footers_lock:
-            self._footers_given.pop(worker_id, None)  # a process started under its id has none
+        self._footers_given.pop(worker_id, None)  # a process started under its id has none
         if self.main is not None:
             self.main.recover_worker_tasks(worker_id)
         if self.evaluation is not None:
@@ -407,8 +393,7 @@ class TaskDispatcher:
 
     def bad_records(self) -> list[BadRecord]:
         """Every bad record workers found in this job, each once, in the order found."""
-        with self._faults_lock:
-            return list(self._bad_records.values())
+        return list(self._bad_records.values())
 
     @property
     def bad_record_count(self) -> int:
@@ -416,8 +401,7 @@ class TaskDispatcher:
 
     def divergences(self) -> list[str]:
         """The reports of workers whose loss or gradients stayed NaN/Inf."""
-        with self._faults_lock:
-            return list(self._diverged)
+        return list(self._diverged)
 
     def dropped_tasks(self) -> list[Task]:
         """Tasks that failed past --max_task_retries: main ledger first, then evaluation rounds."""
