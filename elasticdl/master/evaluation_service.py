@@ -5,9 +5,10 @@ cuts the validation data into evaluation tasks that workers run with those param
 and merges the metric states of the accepted task reports, so each validation record
 counts exactly once. One round runs at a time; training goes on meanwhile.
 
-Thread-safe: workers' reports arrive on gRPC threads while the job loop polls, starts and
-restarts rounds. One lock covers a report (its checks, the ledger and the merge) and the
-round's publication, so a round is never published before its last report is merged.
+In a job only the job loop's thread calls it: the workers' reports are served there too
+(elasticdl/master/request_desk.py), so a round is never published before its last report is
+merged. The lock that covers a report (its checks, the ledger and the merge) and the round's
+publication stays for callers with threads of their own (tests); uncontended, it costs nothing.
 """
 
 from __future__ import annotations
