@@ -184,7 +184,7 @@ def test_the_loop_publishes_the_workers_holding_a_task_for_report_clock():
 
 
 def loop_of(desk: RequestDesk) -> types.SimpleNamespace:
-    """What Job._next_events and Job._close_requests use of a Job."""
+    """What Job._next_events uses of a Job."""
     events: queue.SimpleQueue = queue.SimpleQueue()
     return types.SimpleNamespace(desk=desk, _events=events, poll_seconds=0.0,
                                  requests=RequestLine(events.put))
@@ -214,7 +214,7 @@ def test_requests_left_when_the_loop_stops_get_their_answer_from_no_ledger():
     job._events.put(queued_task)
     job._events.put(queued_report)
     dispatcher.finish()
-    Job._close_requests(job)
+    desk.close(job.requests, job._events)
     assert parked.future.result(0) == END and queued_task.future.result(0) == END
     assert queued_report.future.result(0) == Verdict(False, "the master's job loop has stopped")
     assert job.requests.ask(parked_first, timeout=0.0) == END  # asked later: answered at once

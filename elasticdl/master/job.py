@@ -41,7 +41,7 @@ from elasticdl.master.progress import TrainingProgress
 from elasticdl.master.recovery import Recovery
 from elasticdl.master.report import CheckpointFailures, JobReport
 from elasticdl.master.request_desk import RequestDesk
-from elasticdl.master.requests import Request, RequestLine
+from elasticdl.master.requests import RequestLine
 from elasticdl.master.task_manager import TaskManager, TaskType
 from elasticdl.master.telemetry import StalenessSummary
 from elasticdl.store import StateStoreError
@@ -241,8 +241,8 @@ class Job(JobSetup, Recovery, JobEnd):
         controller. Requests (workers' calls) and events are taken in arrival order."""
         try:
             self._run_loop()
-        finally:
-            self._close_requests()
+        finally:  # requests queued, held or still to come are answered at once, from no ledger
+            self.desk.close(self.requests, self._events)
 
     def _run_loop(self) -> None:
         last_render = 0.0
@@ -267,12 +267,10 @@ class Job(JobSetup, Recovery, JobEnd):
 
     def _next_events(self) -> list:
         """The events that arrived, waiting up to the poll interval (or a parked request's deadline)
-        for the first; requests among them are served now, in order, and give their events; one
+        for the first; the requests among them served now, in order, giving their events; one
         version (the newest)."""
-        due = self.desk.next_deadline()
-        timeout = self.poll_seconds if due is None else max(0.0, min(self.poll_seconds, due - time.monotonic()))
         try:
-            arrived = [self._events.get(timeout=timeout)]
+            arrived = [self._events.get(timeout=self.desk.wait_seconds(self.poll_seconds))]
         except queue.Empty:
             return []
         while True:
@@ -280,29 +278,10 @@ class Job(JobSetup, Recovery, JobEnd):
                 arrived.append(self._events.get_nowait())
             except queue.Empty:
                 break
-        events = []
-        for item in arrived:
-            if isinstance(item, Request):
-                events += self.desk.serve(item)
-                self.desk.settle()
-            else:
-                events.append(item)
+        events = self.desk.take(arrived)
         versions = [e.version for e in events if isinstance(e, c.VersionReported)]
         events = [e for e in events if not isinstance(e, c.VersionReported)]
         return events + ([c.VersionReported(max(versions))] if versions else [])
-
-    def _close_requests(self) -> None:
-        """The loop stopped: later requests, those still queued and those parked get their
-        answer now (END once the job finished; else WAIT, or a refusal), from no ledger."""
-        self.requests.close(self.desk.closing_answer)
-        self.desk.close()
-        while True:
-            try:
-                item = self._events.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(item, Request) and item.future.set_running_or_notify_cancel():
-                item.future.set_result(self.desk.closing_answer(item))
 
     def _feed(self, event) -> None:
         """One event through the controller, then the events its decisions lead to, in order."""

@@ -13,6 +13,7 @@ Other threads read what they need of the ledgers from what the desk publishes
 from __future__ import annotations
 
 import logging
+import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from elasticdl.master.requests import (
     ReportProgress,
     ReportTask,
     Request,
+    RequestLine,
     TaskOrder,
     Verdict,
 )
@@ -116,11 +118,38 @@ class RequestDesk:
                 still.append(parked)
         self._parked = still
 
-    def close(self) -> None:
-        """The loop stops: every parked request is answered now (END if the job finished, else WAIT)."""
+    def wait_seconds(self, poll_seconds: float) -> float:
+        """How long the loop may wait for the next arrival: its poll interval, or less if a parked
+        request is due for its WAIT sooner."""
+        due = self.next_deadline()
+        return poll_seconds if due is None else max(0.0, min(poll_seconds, due - self._clock()))
+
+    def take(self, arrived: list) -> list:
+        """Serve the requests among ``arrived``, in order; the other items and the events the
+        answers imply, in the same order."""
+        events: list = []
+        for item in arrived:
+            if isinstance(item, Request):
+                events += self.serve(item)
+                self.settle()
+            else:
+                events.append(item)
+        return events
+
+    def close(self, line: RequestLine, pending: queue.SimpleQueue) -> None:
+        """The loop stops: requests still in ``pending``, parked ones and every later one
+        (``line``) get their answer now, from no ledger (``closing_answer``)."""
+        line.close(self.closing_answer)  # no request enters ``pending`` after this
         for parked in self._parked:
             parked.request.future.set_result(self._no_task())
         self._parked = []
+        while True:
+            try:
+                item = pending.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, Request) and item.future.set_running_or_notify_cancel():
+                item.future.set_result(self.closing_answer(item))
 
     def closing_answer(self, request: Request):
         """The answer to a request the loop never serves (it stopped): no ledger is touched."""
