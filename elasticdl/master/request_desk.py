@@ -87,7 +87,7 @@ class RequestDesk:
                 case ReportProgress():
                     return self._report_progress(request)
             raise TypeError(f"not a request of the job loop: {request!r}")
-        except BaseException as err:
+        except Exception as err:
             # The handler's thread raises it (the call fails, as a handler's own error would).
             logger.exception("serving %s failed", type(request).__name__)
             if not request.future.done():
