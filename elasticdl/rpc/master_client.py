@@ -199,7 +199,7 @@ class _ProgressReporter:
             try:
                 self._stub.report_progress(elasticdl_pb2.ReportProgressRequest(
                     worker_id=self._worker_id, task_id=task_id, records_done=records_done,
-                    model_version=model_version), timeout=10)
+                    model_version=model_version), timeout=MASTER_CALL_SECONDS)
             except grpc.RpcError as err:  # the master is away for a moment: the next report catches up
                 if err.code() == grpc.StatusCode.FAILED_PRECONDITION:  # the task is no longer ours
                     logger.info("progress report of task %d refused: %s", task_id, err.details())
