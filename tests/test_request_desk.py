@@ -157,7 +157,7 @@ def test_the_line_withdraws_a_request_the_loop_did_not_take_in_time():
     assert requests.get_nowait().future.cancelled()
 
 
-def test_the_line_returns_the_answer_of_a_request_the_loop_took_at_the_deadline():
+def test_the_line_returns_an_answer_that_is_there_even_with_no_time_left_to_wait():
     desk, _, _, _, _ = desk_for()
     line = RequestLine(desk.serve)  # the loop serves at once: the answer is there before the wait
     assert line.ask(GetTask(0), timeout=0.0).kind == "training"
