@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from elasticdl.master.clocks import WorkerClocks
-from elasticdl.master.evaluation_service import TaskDispatcher
+from elasticdl.master.dispatcher import TaskDispatcher
 from elasticdl.master.progress import TrainingProgress
 from elasticdl.master.request_desk import RequestDesk
 from elasticdl.master.requests import RequestLine

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from elasticdl.master.controller import Event, TaskReported, VersionReported
-from elasticdl.master.evaluation_service import EVAL_ID_BASE, TaskDispatcher
+from elasticdl.master.dispatcher import TaskDispatcher
 from elasticdl.master.progress import TrainingProgress
 from elasticdl.master.requests import (
     END,
@@ -32,7 +32,7 @@ from elasticdl.master.requests import (
     TaskOrder,
     Verdict,
 )
-from elasticdl.master.task_manager import NoTask, Task
+from elasticdl.master.tasks import EVAL_ID_BASE, NoTask, Task
 
 logger = logging.getLogger(__name__)
 
