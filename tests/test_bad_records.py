@@ -427,9 +427,10 @@ def test_bad_record_and_divergence_errors_are_user_errors_with_one_line():
 
 
 def test_bad_records_and_divergence_travel_with_the_task_report_over_grpc():
+    from master_loop import master_servicer
+
     from elasticdl.master.clocks import WorkerClocks
     from elasticdl.master.progress import TrainingProgress
-    from elasticdl.master.servicer import MasterServicer
     from elasticdl.proto import elasticdl_pb2_grpc
     from elasticdl.rpc.channel import bind_local, make_server
     from elasticdl.rpc.master_client import MasterClient
@@ -437,7 +438,7 @@ def test_bad_records_and_divergence_travel_with_the_task_report_over_grpc():
     dispatcher = TaskDispatcher(TaskManager([Shard("f", 0, 10), Shard("f", 10, 20)], shuffle=False), None)
     server = make_server()
     elasticdl_pb2_grpc.add_MasterServicer_to_server(
-        MasterServicer(dispatcher, TrainingProgress(20, 1), WorkerClocks()), server
+        master_servicer(dispatcher, TrainingProgress(20, 1), WorkerClocks()), server
     )
     port = bind_local(server)
     server.start()

@@ -6,7 +6,9 @@ import threading
 import time
 
 import grpc
+import pytest
 
+from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
 from elasticdl.rpc.master_client import _ProgressReporter
 
 
@@ -75,12 +77,13 @@ def test_progress_and_results_reach_the_job_loop_as_events_over_grpc():
     VersionReported event per report, and a TaskReported per result, without polling anyone."""
     import queue
 
+    from master_loop import master_servicer
+
     from elasticdl.data.sources import Shard
     from elasticdl.master.clocks import WorkerClocks
     from elasticdl.master.controller import TaskReported, VersionReported
     from elasticdl.master.evaluation_service import TaskDispatcher
     from elasticdl.master.progress import TrainingProgress
-    from elasticdl.master.servicer import MasterServicer
     from elasticdl.master.task_manager import TaskManager
     from elasticdl.proto import elasticdl_pb2_grpc
     from elasticdl.rpc.channel import bind_local, make_server
@@ -90,7 +93,7 @@ def test_progress_and_results_reach_the_job_loop_as_events_over_grpc():
     dispatcher = TaskDispatcher(TaskManager([Shard("f", 0, 10)], shuffle=False), None)
     server = make_server()
     elasticdl_pb2_grpc.add_MasterServicer_to_server(
-        MasterServicer(dispatcher, TrainingProgress(10, 1), WorkerClocks(), notify=events.put), server
+        master_servicer(dispatcher, TrainingProgress(10, 1), WorkerClocks(), notify=events.put), server
     )
     port = bind_local(server)
     server.start()
@@ -110,12 +113,12 @@ def test_progress_and_results_reach_the_job_loop_as_events_over_grpc():
 def test_a_task_comes_with_the_range_of_the_next_one_to_read_ahead_over_grpc(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from master_loop import master_servicer
 
     from elasticdl.data.sources import Shard, count_records
     from elasticdl.master.clocks import WorkerClocks
     from elasticdl.master.evaluation_service import TaskDispatcher
     from elasticdl.master.progress import TrainingProgress
-    from elasticdl.master.servicer import MasterServicer
     from elasticdl.master.task_manager import TaskManager
     from elasticdl.proto import elasticdl_pb2_grpc
     from elasticdl.rpc.channel import bind_local, make_server
@@ -127,7 +130,7 @@ def test_a_task_comes_with_the_range_of_the_next_one_to_read_ahead_over_grpc(tmp
     dispatcher = TaskDispatcher(TaskManager([Shard(f, 0, 10), Shard(f, 10, 20)], shuffle=False), None)
     server = make_server()
     elasticdl_pb2_grpc.add_MasterServicer_to_server(
-        MasterServicer(dispatcher, TrainingProgress(20, 1), WorkerClocks()), server)
+        master_servicer(dispatcher, TrainingProgress(20, 1), WorkerClocks()), server)
     port = bind_local(server)
     server.start()
     client = MasterClient(f"127.0.0.1:{port}", worker_id=0)
@@ -141,6 +144,125 @@ def test_a_task_comes_with_the_range_of_the_next_one_to_read_ahead_over_grpc(tmp
         assert (second.start, second.end, second.read_ahead, second.footers) == (10, 20, None, ())
         dispatcher.recover_worker_tasks(0)  # the worker exited: a process under its id gets them again
         assert [p for p, _, _ in dispatcher.footers_for(0, [f])] == [f]
+    finally:
+        client.close()
+        server.stop(grace=None)
+
+
+class _AwayOnce(elasticdl_pb2_grpc.MasterServicer):
+    """A master that answers each call first with ``code`` (busy, restarting, frozen), then properly."""
+
+    def __init__(self, code):
+        self.code = code
+        self.calls: list[str] = []
+
+    def _away_first(self, name: str, context) -> None:
+        self.calls.append(name)
+        if self.calls.count(name) == 1:
+            context.abort(self.code, "the job loop did not take the request")
+
+    def get_task(self, request, context):
+        self._away_first("get_task", context)
+        return elasticdl_pb2.Task(type=elasticdl_pb2.END)
+
+    def report_task_result(self, request, context):
+        self._away_first("report_task_result", context)
+        return elasticdl_pb2.ReportTaskResultResponse(accepted=True)
+
+    def report_clock(self, request, context):
+        self._away_first("report_clock", context)
+        return elasticdl_pb2.ReportClockResponse(clock=5, slowest_clock=3)
+
+
+def _client_of(master):
+    from elasticdl.rpc.channel import bind_local, make_server
+    from elasticdl.rpc.master_client import MasterClient
+
+    server = make_server()
+    elasticdl_pb2_grpc.add_MasterServicer_to_server(master, server)
+    port = bind_local(server)
+    server.start()
+    client = MasterClient(f"127.0.0.1:{port}", worker_id=0)
+    pauses: list[float] = []
+    client._sleep = pauses.append  # no real pause
+    return server, client, pauses
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED])
+def test_every_call_to_a_master_that_is_away_is_tried_again(code):
+    """The master's loop may be busy with a long decision (UNAVAILABLE after its deadline), or the
+    master frozen (DEADLINE_EXCEEDED): get_task, report and report_clock each ask again."""
+    master = _AwayOnce(code)
+    server, client, pauses = _client_of(master)
+    try:
+        assert client.get_task().kind == "end"
+        assert client.report(1, 10) is True
+        assert client.report_clock(4) == (5, 3)
+        assert master.calls == ["get_task"] * 2 + ["report_task_result"] * 2 + ["report_clock"] * 2
+        assert pauses == [0.1, 0.1, 0.1]
+    finally:
+        client.close()
+        server.stop(grace=None)
+
+
+def test_a_master_away_past_the_retry_budget_or_refusing_fails_the_call():
+    master = _AwayOnce(grpc.StatusCode.UNAVAILABLE)
+    server, client, pauses = _client_of(master)
+    client.retry_seconds = 0.0
+    try:
+        with pytest.raises(grpc.RpcError) as raised:
+            client.get_task()
+        assert raised.value.code() == grpc.StatusCode.UNAVAILABLE and pauses == []
+        master.code = grpc.StatusCode.PERMISSION_DENIED  # not an absence: never tried again
+        client.retry_seconds = 60.0
+        with pytest.raises(grpc.RpcError) as raised:
+            client.report_clock(1)
+        assert raised.value.code() == grpc.StatusCode.PERMISSION_DENIED and pauses == []
+    finally:
+        client.close()
+        server.stop(grace=None)
+
+
+def test_a_request_the_job_loop_did_not_take_in_time_fails_unavailable_and_the_worker_asks_again():
+    """Over real gRPC: the servicer withdraws a request its loop did not take (LoopBusy) and
+    answers UNAVAILABLE; the worker's client asks again and gets its task."""
+    from master_loop import serving_loop
+
+    from elasticdl.data.sources import Shard
+    from elasticdl.master.clocks import WorkerClocks
+    from elasticdl.master.evaluation_service import TaskDispatcher
+    from elasticdl.master.request_desk import RequestDesk
+    from elasticdl.master.requests import LoopBusy
+    from elasticdl.master.servicer import MasterServicer
+    from elasticdl.master.task_manager import TaskManager
+    from elasticdl.proto import elasticdl_pb2_grpc
+    from elasticdl.rpc.channel import bind_local, make_server
+    from elasticdl.rpc.master_client import MasterClient
+
+    desk = RequestDesk(TaskDispatcher(TaskManager([Shard("f", 0, 10)], shuffle=False), None))
+    line = serving_loop(desk)
+    asked: list[str] = []
+
+    class BusyOnce:
+        def ask(self, request, timeout):
+            asked.append(type(request).__name__)
+            if asked.count(asked[-1]) == 1:
+                raise LoopBusy("the master's job loop did not take the request within 11s")
+            return line.ask(request, timeout)
+
+    server = make_server()
+    elasticdl_pb2_grpc.add_MasterServicer_to_server(
+        MasterServicer(BusyOnce(), WorkerClocks(), lambda: desk.active_workers), server)
+    port = bind_local(server)
+    server.start()
+    client = MasterClient(f"127.0.0.1:{port}", worker_id=0)
+    client._sleep = lambda seconds: None
+    try:
+        order = client.get_task()
+        assert (order.kind, order.start, order.end) == ("training", 0, 10)
+        assert client.report(order.task_id, 10, handout=order.handout) is True
+        assert asked == ["GetTask", "GetTask", "ReportTask", "ReportTask"]
+        assert desk.active_workers == frozenset()
     finally:
         client.close()
         server.stop(grace=None)

@@ -57,7 +57,7 @@ class _Context:
 
 def test_the_master_answers_scale_above_the_cap_with_a_refusal_naming_the_flag():
     j = job(num_workers=1, max_workers=3)
-    servicer = MasterServicer(j.dispatcher, j.progress, j.clocks, scale=j.request_scale, notify=j._events.put)
+    servicer = MasterServicer(j.requests, j.clocks, lambda: j.desk.active_workers, scale=j.request_scale)
     reply = servicer.scale(elasticdl_pb2.ScaleRequest(num_workers=100), _Context())
     assert not reply.accepted and "--max_workers 3" in reply.message
     assert j._events.empty()
@@ -73,7 +73,7 @@ def test_elasticdl_scale_above_the_cap_exits_2_naming_the_flag(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)  # no runs/capped/: the address is given, the token is the tests'
     j = job(num_workers=1, max_workers=3)
     server = grpc_utils.make_server()
-    servicer = MasterServicer(j.dispatcher, j.progress, j.clocks, scale=j.request_scale, notify=j._events.put)
+    servicer = MasterServicer(j.requests, j.clocks, lambda: j.desk.active_workers, scale=j.request_scale)
     elasticdl_pb2_grpc.add_MasterServicer_to_server(servicer, server)
     address = f"127.0.0.1:{grpc_utils.bind_local(server)}"
     server.start()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -376,43 +375,3 @@ def test_every_requeue_counts_as_an_interruption_with_its_cause():
     assert stats.requeues == {"worker died": 1, "task failed": 1, "worker left": 1, "timeout": 1}
     assert stats.retrained == {"worker died": 3, "task failed": 2}  # no PS to ask: all it trained
     assert stats.records_trained_twice == 5
-
-
-def test_a_request_held_between_epochs_gets_the_next_epochs_task_when_the_epoch_opens():
-    """The master holds a worker's request while the next epoch is gated (its end being
-    handled), and answers it with a task as soon as the epoch opens: a worker told to wait
-    and retry later idled half a second at every epoch's end (digits: 4x slower)."""
-    import threading
-
-    from elasticdl.master.evaluation_service import TaskDispatcher
-
-    dispatcher = TaskDispatcher(make_tm(make_shards(1), num_epochs=2, gate_epochs=True), None)
-    tm = dispatcher.main  # the ledger as the master's threads share it
-    first = dispatcher.get_task(0)
-    assert tm.report(first.task_id, 0, records=first.records).accepted
-    assert dispatcher.get_task(0) is NoTask.WAIT  # gated, and asked not to wait
-    answers: list = []
-    waiting = threading.Thread(target=lambda: answers.append(dispatcher.get_task(0, wait=60.0)))
-    waiting.start()
-    deadline = time.monotonic() + 60
-    while True:  # until the request waits on the ledger (the condition's waiters), or it answered
-        with tm._changes:
-            if tm._changes._waiters or answers:
-                break
-        assert time.monotonic() < deadline, "the request neither waited nor answered"
-        time.sleep(0.001)  # a poll for a state, not a timing window: open_epoch waits for the waiter
-    tm.open_epoch(1)
-    waiting.join(timeout=60)
-    assert not waiting.is_alive()
-    (task,) = answers
-    assert isinstance(task, Task) and task.epoch == 1
-
-
-def test_a_held_request_still_answers_wait_when_nothing_comes():
-    from elasticdl.master.evaluation_service import TaskDispatcher
-
-    tm = make_tm(make_shards(1), num_epochs=2, gate_epochs=True)
-    dispatcher = TaskDispatcher(tm, None)
-    first = dispatcher.get_task(0)
-    assert dispatcher.get_task(1, wait=0.05) is NoTask.WAIT  # the only task is held by worker 0
-    assert tm.report(first.task_id, 0, records=first.records).accepted

@@ -193,11 +193,12 @@ def test_only_the_master_may_fence_roll_back_or_steer_a_ps(served_ps, tmp_path):
 @pytest.fixture
 def master(tmp_path):
     """A master serving one training task (records [0, 10) of 'f'), with the job key."""
+    from master_loop import master_servicer
+
     from elasticdl.data.sources import Shard
     from elasticdl.master.clocks import WorkerClocks
     from elasticdl.master.evaluation_service import TaskDispatcher
     from elasticdl.master.progress import TrainingProgress
-    from elasticdl.master.servicer import MasterServicer
     from elasticdl.master.task_manager import TaskManager
     from elasticdl.proto import elasticdl_pb2_grpc
     from elasticdl.rpc import auth
@@ -207,7 +208,7 @@ def master(tmp_path):
     dispatcher = TaskDispatcher(TaskManager([Shard("f", 0, 10)], shuffle=False), None)
     server = make_server()
     elasticdl_pb2_grpc.add_MasterServicer_to_server(
-        MasterServicer(dispatcher, TrainingProgress(10, 1), WorkerClocks(), job_key=KEY), server)
+        master_servicer(dispatcher, TrainingProgress(10, 1), WorkerClocks(), job_key=KEY), server)
     port = bind_local(server)
     server.start()
     yield f"127.0.0.1:{port}", dispatcher

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from master_loop import master_servicer
 
 from elasticdl.data.sources import Shard
 from elasticdl.master.clocks import WorkerClocks
 from elasticdl.master.evaluation_service import EvaluationService, FrozenSnapshot, TaskDispatcher
 from elasticdl.master.progress import TrainingProgress
-from elasticdl.master.servicer import MasterServicer
 from elasticdl.master.task_manager import TaskManager
 from elasticdl.model.optimizers import OptimizerSpec, make_optimizer
 from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
@@ -240,7 +240,7 @@ def real_master():
     events: queue.SimpleQueue = queue.SimpleQueue()
     server = grpc_utils.make_server(max_workers=4)
     elasticdl_pb2_grpc.add_MasterServicer_to_server(
-        MasterServicer(dispatcher, TrainingProgress(40, 10**6), WorkerClocks(), notify=events.put), server
+        master_servicer(dispatcher, TrainingProgress(40, 10**6), WorkerClocks(), notify=events.put), server
     )
     port = grpc_utils.bind_local(server, 0)
     server.start()

@@ -13,13 +13,13 @@ import threading
 import grpc
 import numpy as np
 import pytest
+from master_loop import master_servicer
 
 from elasticdl.data.sources import Shard
 from elasticdl.master.clocks import WorkerClocks
 from elasticdl.master.controller import TaskReported, VersionReported
 from elasticdl.master.evaluation_service import EvaluationService, FrozenSnapshot, TaskDispatcher
 from elasticdl.master.progress import TrainingProgress
-from elasticdl.master.servicer import MasterServicer
 from elasticdl.master.task_manager import TaskManager
 from elasticdl.model.optimizers import OptimizerSpec, make_optimizer
 from elasticdl.model.sharding import ps_for_variable
@@ -617,7 +617,7 @@ class RealMaster:
         self.progress = TrainingProgress(records, 1)
         self.server = grpc_utils.make_server(max_workers=4)
         elasticdl_pb2_grpc.add_MasterServicer_to_server(
-            MasterServicer(self.dispatcher, self.progress, WorkerClocks(), notify=self.events.put), self.server
+            master_servicer(self.dispatcher, self.progress, WorkerClocks(), notify=self.events.put), self.server
         )
         port = grpc_utils.bind_local(self.server, 0)
         self.server.start()

@@ -5,9 +5,10 @@ cuts the validation data into evaluation tasks that workers run with those param
 and merges the metric states of the accepted task reports, so each validation record
 counts exactly once. One round runs at a time; training goes on meanwhile.
 
-Thread-safe: workers' reports arrive on gRPC threads while the job loop polls, starts and
-restarts rounds. One lock covers a report (its checks, the ledger and the merge) and the
-round's publication, so a round is never published before its last report is merged.
+In a job only the job loop's thread calls it: the workers' reports are served there too
+(elasticdl/master/request_desk.py), so a round is never published before its last report is
+merged. The lock that covers a report (its checks, the ledger and the merge) and the round's
+publication stays for callers with threads of their own (tests); uncontended, it costs nothing.
 """
 
 from __future__ import annotations
@@ -19,17 +20,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticdl.data.errors import BadRecord
-from elasticdl.data.sources import Shard, file_footer
-from elasticdl.master.shared_ledger import SharedLedger
-from elasticdl.master.task_manager import NoTask, ReportOutcome, Task, TaskManager, TaskType
+from elasticdl.data.sources import Shard
+
+# The dispatcher lived here; its callers still import it from here (elasticdl/master/dispatcher.py).
+from elasticdl.master.dispatcher import TaskDispatcher
+from elasticdl.master.task_manager import ReportOutcome, Task, TaskManager, TaskType
+from elasticdl.master.tasks import EVAL_ID_BASE
 from elasticdl.model.metrics import MetricsMerger
+
+__all__ = ["EVAL_ID_BASE", "EvaluationResult", "EvaluationRound", "EvaluationService", "FrozenSnapshot",
+           "TaskDispatcher"]
 
 logger = logging.getLogger(__name__)
 
-# Evaluation task ids live above this (round r starts at r * EVAL_ID_BASE), so a report
-# is routed to its round by its id alone.
-EVAL_ID_BASE = 1_000_000_000
 _AGAIN = ", again after a PS restart"
 
 
@@ -252,174 +255,3 @@ class EvaluationService:
     def active_workers(self) -> set[int]:
         with self._lock:
             return self.current.tasks.active_workers() if self.current is not None else set()
-
-
-class TaskDispatcher:
-    """What a worker gets next: evaluation tasks first, then the main queue (training or prediction).
-
-    Workers get WAIT, not END, until the job loop calls ``finish()``: the final
-    evaluation may still need them after the last training task.
-    """
-
-    def __init__(self, main: TaskManager | SharedLedger | None, evaluation: EvaluationService | None):
-        # The master's gRPC threads and its loop share the main ledger: every call under one lock.
-        self.main = SharedLedger(main) if isinstance(main, TaskManager) else main
-        self.evaluation = evaluation
-        self._finished = False
-        self._halted = ""
-        # What workers found, whichever task: bad records once each (by file and index, so a
-        # record met again in a later epoch or retry counts once), and divergence errors.
-        self._faults_lock = threading.Lock()
-        self._bad_records: dict[tuple[str, int], BadRecord] = {}
-        self._diverged: list[str] = []
-        # The files whose footer each worker was handed (``footers_for``); forgotten when it exits.
-        self._footers_given: dict[int, set[str]] = {}
-        self._footers_lock = threading.Lock()
-
-    def halt(self, reason: str) -> None:
-        """Stop acting at once (any thread): the master lost its leadership. Workers wait; their
-        reports are refused, so nothing more is recorded in a ledger another master may own."""
-        self._halted = reason
-        self._wake_waiting()
-
-    def finish(self) -> None:
-        self._finished = True
-        self._wake_waiting()
-
-    def _wake_waiting(self) -> None:
-        """Requests held for a task (``get_task``'s ``wait``) answer now: WAIT or END."""
-        if self.main is not None:
-            self.main.wake()
-
-    @property
-    def finished(self) -> bool:
-        """The job loop said so: workers get END."""
-        return self._finished
-
-    def get_task(self, worker_id: int, wait: float = 0.0) -> Task | NoTask:
-        """A task for ``worker_id``. With ``wait``, a WAIT is held up to that many seconds for a
-        change of the ledger (the next epoch opened, a task taken back) and the request tried
-        again: the worker then gets its task when it comes, not after its retry delay."""
-        deadline = time.monotonic() + wait
-        while True:
-            seq = self.main.seq if self.main is not None else 0
-            task = self._task_now(worker_id)
-            left = deadline - time.monotonic()
-            if task is not NoTask.WAIT or left <= 0 or self.main is None or self._halted:
-                return task
-            self.main.wait_for_change(seq, left)
-
-    def read_ahead(self, worker_id: int, task: Task) -> Shard | None:
-        """The records of the task ``worker_id`` gets after ``task`` from the same ledger, to read ahead."""
-        if task.task_id >= EVAL_ID_BASE:
-            return None if self.evaluation is None else self.evaluation.read_ahead(worker_id, task.task_id)
-        return None if self.main is None else self.main.read_ahead(worker_id)
-
-    def footers_for(self, worker_id: int, paths: Sequence[str]) -> list[tuple[str, int, bytes]]:
-        """(path, size, footer) of the Parquet files among ``paths`` whose footer ``worker_id``
-        was not handed yet and this process keeps (it read them to cut the tasks)."""
-        found = []
-        with self._footers_lock:
-            given = self._footers_given.setdefault(worker_id, set())
-            for path in dict.fromkeys(paths):
-                if path in given:
-                    continue
-                footer = file_footer(path)
-                if footer is not None:
-                    given.add(path)
-                    found.append((path, *footer))
-        return found
-
-    def _task_now(self, worker_id: int) -> Task | NoTask:
-        if self._halted:
-            return NoTask.WAIT
-        if self._finished:
-            return NoTask.END
-        if self.evaluation is not None:
-            task = self.evaluation.get_task(worker_id)
-            if task is not None:
-                return task
-        if self.main is not None:
-            task = self.main.get_task(worker_id)
-            if isinstance(task, Task):
-                return task
-        return NoTask.WAIT
-
-    def report(
-        self, task_id: int, worker_id: int, err_message: str, records: int, states=None, interrupted: bool = False,
-        bad_records: Sequence[BadRecord] = (), diverged: bool = False, handout: int = 0,
-    ) -> ReportOutcome:
-        """A worker's task report. ``bad_records`` and ``diverged`` are noted even when the report
-        itself is refused (a late one): they are facts about the data and the model, and the
-        controller decides on them (elasticdl/master/controller.py)."""
-        if self._halted:
-            return ReportOutcome(False, f"this master stopped acting: {self._halted}")
-        if bad_records or diverged:
-            with self._faults_lock:
-                for record in bad_records:
-                    self._bad_records.setdefault((record.path, record.index), record)
-                if diverged:
-                    self._diverged.append(f"worker {worker_id}: {err_message}")
-        if task_id >= EVAL_ID_BASE:
-            if self.evaluation is None:
-                return ReportOutcome(False, f"unknown task {task_id}")
-            return self.evaluation.report(task_id, worker_id, err_message, records, states or {}, interrupted)
-        if self.main is None:
-            return ReportOutcome(False, f"unknown task {task_id}")
-        return self.main.report(task_id, worker_id, err_message, records, interrupted, handout)
-
-    def progress(self, task_id: int, worker_id: int, records_done: int) -> ReportOutcome:
-        """Progress of a main-queue task (evaluation tasks send none); refused when not held."""
-        if self._halted:
-            return ReportOutcome(False, f"this master stopped acting: {self._halted}")
-        if task_id >= EVAL_ID_BASE or self.main is None:
-            return ReportOutcome(False, f"task {task_id} reports no progress here")
-        return self.main.progress(task_id, worker_id, records_done)
-
-    def recover_worker_tasks(self, worker_id: int) -> None:
-        with self._footers_lock:
-            self._footers_given.pop(worker_id, None)  # a process started under its id has none
-        if self.main is not None:
-            self.main.recover_worker_tasks(worker_id)
-        if self.evaluation is not None:
-            self.evaluation.recover_worker_tasks(worker_id)
-
-    def stalled_workers(self) -> list[int]:
-        """Take back every task held past --task_timeout; the workers that held one (each is
-        frozen, or too slow for the deadline: the controller replaces it)."""
-        stalled = set()
-        if self.main is not None:
-            self.main.requeue_timed_out()
-            stalled.update(self.main.take_stalled())
-        if self.evaluation is not None:
-            stalled.update(self.evaluation.requeue_timed_out())
-        return sorted(stalled)
-
-    def active_workers(self) -> set[int]:
-        active = self.main.active_workers() if self.main is not None else set()
-        if self.evaluation is not None:
-            active |= self.evaluation.active_workers()
-        return active
-
-    @property
-    def main_finished(self) -> bool:
-        return self.main is None or self.main.finished
-
-    def bad_records(self) -> list[BadRecord]:
-        """Every bad record workers found in this job, each once, in the order found."""
-        with self._faults_lock:
-            return list(self._bad_records.values())
-
-    @property
-    def bad_record_count(self) -> int:
-        return len(self._bad_records)
-
-    def divergences(self) -> list[str]:
-        """The reports of workers whose loss or gradients stayed NaN/Inf."""
-        with self._faults_lock:
-            return list(self._diverged)
-
-    def dropped_tasks(self) -> list[Task]:
-        """Tasks that failed past --max_task_retries: main ledger first, then evaluation rounds."""
-        dropped = self.main.dropped_tasks() if self.main is not None else []
-        return dropped + (self.evaluation.dropped_tasks() if self.evaluation is not None else [])

@@ -40,6 +40,8 @@ from elasticdl.master.preflight import CheckedJob
 from elasticdl.master.progress import TrainingProgress
 from elasticdl.master.recovery import Recovery
 from elasticdl.master.report import CheckpointFailures, JobReport
+from elasticdl.master.request_desk import RequestDesk
+from elasticdl.master.requests import RequestLine
 from elasticdl.master.task_manager import TaskManager, TaskType
 from elasticdl.master.telemetry import StalenessSummary
 from elasticdl.store import StateStoreError
@@ -108,10 +110,12 @@ class Job(JobSetup, Recovery, JobEnd):
             elasticity.num_workers, elasticity.worker_pod_priority, elasticity.relaunch_on_worker_failure
         )
         self.dispatcher = TaskDispatcher(self.main_tasks, None)
-        self.main_tasks = self.dispatcher.main  # shared with the gRPC threads, under its lock
         self.evaluation: EvaluationService | None = None
         self.controller: c.Controller | None = None
         self._events: queue.SimpleQueue = queue.SimpleQueue()  # from gRPC and store threads
+        # The workers' requests: gRPC threads ask through the line, the loop serves them at the desk.
+        self.requests = RequestLine(self._events.put)
+        self.desk = RequestDesk(self.dispatcher, self.progress)
         self._follow_ups: collections.deque = collections.deque()  # from callbacks, in the loop's thread
         self.state = JobState(cfg, command, job_fingerprint(cfg, checked.files), on_lost=self._store_lost)
         self.ps_addresses: list[str] = []
@@ -233,6 +237,14 @@ class Job(JobSetup, Recovery, JobEnd):
     # ------------------------------------------------------------ the loop
 
     def _loop(self) -> None:
+        """The job's one thread for decisions: the only one that touches the ledgers and the
+        controller. Requests (workers' calls) and events are taken in arrival order."""
+        try:
+            self._run_loop()
+        finally:  # requests queued, held or still to come are answered at once, from no ledger
+            self.desk.close(self.requests, self._events)
+
+    def _run_loop(self) -> None:
         last_render = 0.0
         render_every = 0.5 if self.progress.is_tty else 5.0
         while self.controller.outcome is None:
@@ -243,6 +255,7 @@ class Job(JobSetup, Recovery, JobEnd):
             events.append(c.Tick())
             for event in events:
                 self._feed(event)
+                self.desk.settle()  # a change of a ledger hands a parked request its task
             if self.dispatcher.main_finished:
                 self._render(final=True)  # training is done: the last line, once, not redrawn after
             elif now - last_render >= render_every:
@@ -253,16 +266,19 @@ class Job(JobSetup, Recovery, JobEnd):
         self._render(final=True)
 
     def _next_events(self) -> list:
-        """The events that arrived, waiting up to the poll interval for the first; one version (the newest)."""
+        """The events that arrived, waiting up to the poll interval (or a parked request's deadline)
+        for the first; the requests among them served now, in order, giving their events; one
+        version (the newest)."""
         try:
-            events = [self._events.get(timeout=self.poll_seconds)]
+            arrived = [self._events.get(timeout=self.desk.wait_seconds(self.poll_seconds))]
         except queue.Empty:
             return []
         while True:
             try:
-                events.append(self._events.get_nowait())
+                arrived.append(self._events.get_nowait())
             except queue.Empty:
                 break
+        events = self.desk.take(arrived)
         versions = [e.version for e in events if isinstance(e, c.VersionReported)]
         events = [e for e in events if not isinstance(e, c.VersionReported)]
         return events + ([c.VersionReported(max(versions))] if versions else [])

@@ -54,8 +54,8 @@ class JobSetup:
         # it also hands to each role it starts; `elasticdl scale` reads it beside master.addr.
         self._token = self.backend.token()
         self._server = make_server(token=self._token)
-        servicer = MasterServicer(self.dispatcher, self.progress, self.clocks,
-                                  scale=self.request_scale, notify=self._events.put,
+        servicer = MasterServicer(self.requests, self.clocks, lambda: self.desk.active_workers,
+                                  scale=self.request_scale,
                                   job_key=self.backend.job_key())  # worker credentials, tickets (rpc/trust.py)
         elasticdl_pb2_grpc.add_MasterServicer_to_server(servicer, self._server)
         self.master_address = self.backend.bind_master(self._server)

@@ -1,4 +1,12 @@
-"""Thin gRPC edge of the master: translate messages, call the task dispatcher, tell the job loop."""
+"""Thin gRPC edge of the master: check a request, hand it to the job loop, answer what it says.
+
+The handlers never touch a task ledger or the controller: each one checks its request
+(credentials, ranges), asks the job loop through a ``RequestLine`` (elasticdl/master/requests.py)
+and waits for the answer. The loop serves requests one at a time, in arrival order
+(elasticdl/master/request_desk.py). A loop that does not take a request in time (a long
+decision, such as a PS relaunch) withdraws it and the call fails UNAVAILABLE: the worker tries
+again (elasticdl/rpc/master_client.py).
+"""
 
 from __future__ import annotations
 
@@ -11,10 +19,7 @@ import grpc
 
 from elasticdl.data.errors import BadRecord
 from elasticdl.master.clocks import WorkerClocks
-from elasticdl.master.controller import Event, TaskReported, VersionReported
-from elasticdl.master.evaluation_service import EVAL_ID_BASE, TaskDispatcher
-from elasticdl.master.progress import TrainingProgress
-from elasticdl.master.task_manager import NoTask, ReportOutcome, TaskType
+from elasticdl.master.requests import GetTask, LoopBusy, ReportProgress, ReportTask, RequestLine, TaskOrder
 from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
 from elasticdl.rpc import codec as tensor_codec
 from elasticdl.rpc.trust import WORKER_CREDENTIAL_HEADER, TicketFields, credential_problem, mint_ticket
@@ -26,36 +31,50 @@ logger = logging.getLogger(__name__)
 MAX_CLOCK = 2**53
 
 _TASK_TYPES = {
-    TaskType.TRAINING: elasticdl_pb2.TRAINING,
-    TaskType.EVALUATION: elasticdl_pb2.EVALUATION,
-    TaskType.PREDICTION: elasticdl_pb2.PREDICTION,
+    "training": elasticdl_pb2.TRAINING,
+    "evaluation": elasticdl_pb2.EVALUATION,
+    "prediction": elasticdl_pb2.PREDICTION,
+    "wait": elasticdl_pb2.WAIT,
+    "end": elasticdl_pb2.END,
 }
 
 # A request for a task waits up to this long for one; at most this many wait at once (the
 # server has 16 threads, elasticdl/rpc/channel.py).
 TASK_WAIT_SECONDS = 1.0
 MAX_WAITING_TASK_REQUESTS = 6
+# The job loop takes a request within this long, or the call fails UNAVAILABLE and the worker
+# tries again. Well under the worker's own deadline (MASTER_CALL_SECONDS in
+# elasticdl/rpc/master_client.py), so the worker hears UNAVAILABLE rather than timing out.
+LOOP_ANSWER_SECONDS = 10.0
 
 
 class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
     def __init__(
         self,
-        dispatcher: TaskDispatcher,
-        progress: TrainingProgress,
+        line: RequestLine,
         clocks: WorkerClocks,
+        active_workers: Callable[[], frozenset[int]],
         scale: Callable[[int], str] | None = None,
-        notify: Callable[[Event], None] | None = None,
         job_key: str = "",
     ):
-        """``job_key`` (elasticdl/rpc/trust.py; the job always gives it): calls naming a worker id
-        must carry that worker's credential, and training tasks go out with a signed ticket."""
+        """``line`` leads to the job loop; ``active_workers`` reads the workers holding a task as
+        the loop last published them (report_clock never waits for the loop). ``job_key``
+        (elasticdl/rpc/trust.py; the job always gives it): calls naming a worker id must carry
+        that worker's credential, and training tasks go out with a signed ticket."""
         self._job_key = job_key
-        self._tasks = dispatcher
+        self._line = line
         self._scale = scale
-        self._notify = notify or (lambda event: None)  # the job loop's event queue
-        self._progress = progress
         self._clocks = clocks
+        self._active_workers = active_workers
         self._waiting = threading.BoundedSemaphore(MAX_WAITING_TASK_REQUESTS)
+
+    def _ask(self, request, context, wait: float = 0.0):
+        """The job loop's answer to ``request``; UNAVAILABLE (the worker retries) if it is too busy."""
+        try:
+            return self._line.ask(request, timeout=wait + LOOP_ANSWER_SECONDS)
+        except LoopBusy as err:
+            logger.warning("%s of worker %d: %s", type(request).__name__, request.worker_id, err)
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
 
     def _check_worker(self, worker_id: int, context) -> None:
         """PERMISSION_DENIED unless the call carries worker ``worker_id``'s credential: only the
@@ -68,10 +87,10 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
             logger.warning("refused a call naming worker %d: %s", worker_id, problem)
             context.abort(grpc.StatusCode.PERMISSION_DENIED, problem)
 
-    def _ticket(self, worker_id: int, task) -> bytes:
-        if not self._job_key or task.type is not TaskType.TRAINING:
+    def _ticket(self, worker_id: int, task: TaskOrder) -> bytes:
+        if not self._job_key or task.kind != "training":
             return b""
-        fields = TicketFields(task.task_id, task.handout, worker_id, task.shard.start, task.shard.end)
+        fields = TicketFields(task.task_id, task.handout, worker_id, task.start, task.end)
         return mint_ticket(self._job_key, fields)
 
     def get_task(self, request, context):
@@ -82,31 +101,28 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
         # when it comes; a few requests at a time, so reports always find a server thread.
         if self._waiting.acquire(blocking=False):
             try:
-                task = self._tasks.get_task(request.worker_id, wait=TASK_WAIT_SECONDS)
+                answer = self._ask(GetTask(request.worker_id, TASK_WAIT_SECONDS), context, TASK_WAIT_SECONDS)
             finally:
                 self._waiting.release()
         else:
-            task = self._tasks.get_task(request.worker_id)
-        if task is NoTask.WAIT:
-            return elasticdl_pb2.Task(type=elasticdl_pb2.WAIT)
-        if task is NoTask.END:
-            return elasticdl_pb2.Task(type=elasticdl_pb2.END)
-        ahead = self._tasks.read_ahead(request.worker_id, task)
-        footers = self._tasks.footers_for(request.worker_id, [task.shard.path] + ([ahead.path] if ahead else []))
+            answer = self._ask(GetTask(request.worker_id), context)
+        if answer.kind in ("wait", "end"):
+            return elasticdl_pb2.Task(type=_TASK_TYPES[answer.kind])
         return elasticdl_pb2.Task(
-            task_id=task.task_id,
-            type=_TASK_TYPES[task.type],
-            path=task.shard.path,
-            start=task.shard.start,
-            end=task.shard.end,
-            epoch=task.epoch,
-            snapshot_id=task.snapshot_id,
-            model_version=task.model_version,
-            handout=task.handout,
-            read_ahead=None if ahead is None else elasticdl_pb2.TaskRange(path=ahead.path, start=ahead.start,
-                                                                          end=ahead.end),
-            footers=[elasticdl_pb2.FileFooter(path=path, size=size, footer=footer) for path, size, footer in footers],
-            ticket=self._ticket(request.worker_id, task),
+            task_id=answer.task_id,
+            type=_TASK_TYPES[answer.kind],
+            path=answer.path,
+            start=answer.start,
+            end=answer.end,
+            epoch=answer.epoch,
+            snapshot_id=answer.snapshot_id,
+            model_version=answer.model_version,
+            handout=answer.handout,
+            read_ahead=None if answer.read_ahead is None else elasticdl_pb2.TaskRange(
+                path=answer.read_ahead[0], start=answer.read_ahead[1], end=answer.read_ahead[2]),
+            footers=[elasticdl_pb2.FileFooter(path=path, size=size, footer=footer)
+                     for path, size, footer in answer.footers],
+            ticket=self._ticket(request.worker_id, answer),
         )
 
     def report_task_result(self, request, context):
@@ -115,24 +131,14 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
             states = tensor_codec.decode_list(request.metric_states)
         except tensor_codec.TensorDecodeError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        problem = _report_problem(request)
-        if problem:
-            logger.warning("ignored report from worker %d: %s", request.worker_id, problem)
-            outcome = ReportOutcome(False, problem)
-        else:
-            outcome = self._tasks.report(
-                request.task_id, request.worker_id, request.err_message, request.records, states, request.interrupted,
-                bad_records=[BadRecord(r.path, r.index, r.reason) for r in request.bad_records],
-                diverged=request.diverged, handout=request.handout,
-            )
-        if outcome.accepted and not request.err_message and request.task_id < EVAL_ID_BASE:
-            self._progress.record(
-                request.records, request.loss_sum, request.batches, request.model_version
-            )
-        self._notify(TaskReported(request.task_id, request.worker_id, outcome.accepted))
-        return elasticdl_pb2.ReportTaskResultResponse(
-            accepted=outcome.accepted, reason=outcome.reason
-        )
+        # A report with a problem still goes to the loop: the controller hears of every report.
+        outcome = self._ask(ReportTask(
+            request.task_id, request.worker_id, request.err_message, request.records, states,
+            request.interrupted, tuple(BadRecord(r.path, r.index, r.reason) for r in request.bad_records),
+            request.diverged, request.handout, request.loss_sum, request.batches, request.model_version,
+            problem=_report_problem(request),
+        ), context)
+        return elasticdl_pb2.ReportTaskResultResponse(accepted=outcome.accepted, reason=outcome.reason)
 
     def report_clock(self, request, context):
         if not 0 <= request.clock <= MAX_CLOCK or not math.isfinite(request.blocked_seconds) \
@@ -144,7 +150,7 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
             )
         self._check_worker(request.worker_id, context)
         view = self._clocks.report(
-            request.worker_id, request.clock, self._tasks.active_workers(), request.blocked_seconds
+            request.worker_id, request.clock, set(self._active_workers()), request.blocked_seconds
         )
         return elasticdl_pb2.ReportClockResponse(
             clock=view.clock, slowest_clock=view.slowest, fastest_clock=view.fastest
@@ -154,11 +160,10 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
         if request.model_version < -1:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"model_version {request.model_version} is below -1")
         self._check_worker(request.worker_id, context)
-        outcome = self._tasks.progress(request.task_id, request.worker_id, request.records_done)
+        outcome = self._ask(ReportProgress(request.task_id, request.worker_id, request.records_done,
+                                           request.model_version), context)
         if not outcome.accepted:  # the worker's reporter logs it; its version is not taken either
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"progress refused: {outcome.reason}")
-        if request.model_version > 0:
-            self._notify(VersionReported(request.model_version))
         return elasticdl_pb2.Empty()
 
     def scale(self, request, context):

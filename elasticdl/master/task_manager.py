@@ -20,9 +20,9 @@ reads that task's records while it trains this one, so it does not wait on the n
 between tasks. A promised task stays in todo (the ledger does not change); it goes to the
 worker it was promised to, and to another only when every task left is promised to someone.
 
-Pure Python: no lock, no clock of its own, no call out. The master's gRPC threads and its loop
-share it through ``SharedLedger`` (elasticdl/master/shared_ledger.py); tests and the simulator
-drive it directly, with their own clock.
+Pure Python: no lock, no clock of its own, no call out. In a job only the job loop's thread
+calls it (the workers' requests are served there: elasticdl/master/request_desk.py); tests
+and the simulator drive it directly, with their own clock.
 """
 
 from __future__ import annotations

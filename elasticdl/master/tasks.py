@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 
 from elasticdl.data.sources import Shard
 
+# Evaluation task ids live above this (round r starts at r * EVAL_ID_BASE), so a report
+# is routed to its round, or to the main ledger, by its id alone.
+EVAL_ID_BASE = 1_000_000_000
+
 
 class TaskType(enum.StrEnum):
     TRAINING = "training"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,6 +38,15 @@ class TaskOrder:
     ticket: bytes = b""  # training: the master's signature of this hand-out; every push of it carries it
 
 
+# The master's job loop answers within its own deadline (LOOP_ANSWER_SECONDS, 10 s, in
+# elasticdl/master/servicer.py) or says UNAVAILABLE; this one is for a master that hangs.
+MASTER_CALL_SECONDS = 30.0
+# A call that finds the master away (UNAVAILABLE: busy with a long decision such as a PS
+# relaunch, or restarting; DEADLINE_EXCEEDED: frozen) is tried again for this long, pausing
+# 0.1 s, doubling up to 2 s. A request the master did not take changed nothing, so a retry is safe.
+MASTER_RETRY_SECONDS = 120.0
+RETRIED_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
 _KINDS = {
     elasticdl_pb2.TRAINING: "training",
     elasticdl_pb2.EVALUATION: "evaluation",
@@ -60,9 +70,25 @@ class MasterClient:
         wait_for_channel(self._channel, address, connect_timeout)
         self._stub = elasticdl_pb2_grpc.MasterStub(self._channel)
         self._progress = _ProgressReporter(self._stub, worker_id)
+        self.retry_seconds = MASTER_RETRY_SECONDS
+        self._sleep = time.sleep  # tests pass time by
+
+    def _call(self, method, request):
+        """``method(request)`` with a deadline, tried again while the master is away (RETRIED_CODES)."""
+        give_up, pause = time.monotonic() + self.retry_seconds, 0.1
+        while True:
+            try:
+                return method(request, timeout=MASTER_CALL_SECONDS)
+            except grpc.RpcError as err:
+                if err.code() not in RETRIED_CODES or time.monotonic() + pause > give_up:
+                    raise
+                logger.warning("the master is away (%s: %s); asking again in %.1fs", err.code().name,
+                               err.details(), pause)
+            self._sleep(pause)
+            pause = min(pause * 2, 2.0)
 
     def get_task(self) -> TaskOrder:
-        reply = self._stub.get_task(elasticdl_pb2.GetTaskRequest(worker_id=self.worker_id))
+        reply = self._call(self._stub.get_task, elasticdl_pb2.GetTaskRequest(worker_id=self.worker_id))
         return TaskOrder(
             _KINDS.get(reply.type, "wait"), reply.task_id, reply.path, reply.start, reply.end, reply.epoch,
             reply.snapshot_id, reply.model_version, reply.handout,
@@ -89,7 +115,8 @@ class MasterClient:
         """The task's result; ``bad_records`` (path, index, reason) found in it, skipped or not;
         ``diverged``: the loss or gradients stayed NaN/Inf, and the job must fail with ``err_message``."""
         self._progress.forget(task_id)  # the result supersedes any progress not sent yet
-        reply = self._stub.report_task_result(
+        reply = self._call(
+            self._stub.report_task_result,
             elasticdl_pb2.ReportTaskResultRequest(
                 worker_id=self.worker_id,
                 task_id=task_id,
@@ -116,7 +143,8 @@ class MasterClient:
 
     def report_clock(self, clock: int, blocked_seconds: float = 0.0) -> tuple[int, int]:
         """(this worker's clock, the slowest active worker's clock) as the master counts them."""
-        reply = self._stub.report_clock(
+        reply = self._call(
+            self._stub.report_clock,
             elasticdl_pb2.ReportClockRequest(
                 worker_id=self.worker_id, clock=clock, blocked_seconds=blocked_seconds
             )
@@ -171,7 +199,7 @@ class _ProgressReporter:
             try:
                 self._stub.report_progress(elasticdl_pb2.ReportProgressRequest(
                     worker_id=self._worker_id, task_id=task_id, records_done=records_done,
-                    model_version=model_version), timeout=10)
+                    model_version=model_version), timeout=MASTER_CALL_SECONDS)
             except grpc.RpcError as err:  # the master is away for a moment: the next report catches up
                 if err.code() == grpc.StatusCode.FAILED_PRECONDITION:  # the task is no longer ours
                     logger.info("progress report of task %d refused: %s", task_id, err.details())
