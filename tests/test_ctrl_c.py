@@ -128,3 +128,9 @@ def test_stopping_several_stuck_children_takes_one_timeout_not_one_each(monkeypa
     local._terminate(children, 0.4)
     assert all(c.killed for c in children)
     assert clock.now == pytest.approx(0.4)  # was 1.2: 0.4 for each in turn
+
+
+def test_a_kubernetes_client_keeps_pythons_handler():
+    """Its Ctrl-C stops following the master's log, not the job (launch/kubernetes/submit.py)."""
+    with CtrlC("elasticdl train", enabled=False):
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

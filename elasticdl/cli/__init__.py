@@ -60,7 +60,9 @@ def _run(argv: list[str], own_process: bool) -> int:
     program = f"elasticdl {command}"
     started = time.time()
     try:
-        with CtrlC(program, config.checkpoints.checkpoint_dir if command == "train" else ""):
+        # A Kubernetes client only follows the master's log: its Ctrl-C stops following (submit.py).
+        local = config.job.backend != "kubernetes"
+        with CtrlC(program, config.checkpoints.checkpoint_dir if command == "train" else "", enabled=local):
             # A Kubernetes client only submits: TensorFlow runs in the pods.
             report = run(config, command,
                          before_tensorflow=set_up_tensorflow if config.job.backend != "kubernetes" else None)

@@ -25,16 +25,18 @@ from elasticdl.master.continuation import last_complete_checkpoint
 
 class CtrlC:
     """The SIGINT handler around a job (a context manager; only in the main thread, where
-    Python runs signal handlers). ``checkpoint_dir``: the job's ``--checkpoint_dir``."""
+    Python runs signal handlers). ``checkpoint_dir``: the job's ``--checkpoint_dir``;
+    ``enabled=False``: Python's own handler stays."""
 
-    def __init__(self, program: str, checkpoint_dir: str = ""):
+    def __init__(self, program: str, checkpoint_dir: str = "", enabled: bool = True):
         self.program = program
         self.checkpoint_dir = checkpoint_dir
+        self.enabled = enabled
         self.pressed_at: float | None = None
         self._previous = None
 
     def __enter__(self) -> CtrlC:
-        if threading.current_thread() is threading.main_thread():
+        if self.enabled and threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._handle)
         return self
 
