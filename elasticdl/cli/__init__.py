@@ -60,12 +60,11 @@ def _run(argv: list[str], own_process: bool) -> int:
     program = f"elasticdl {command}"
     started = time.time()
     try:
-        # A Kubernetes client only follows the master's log: its Ctrl-C stops following (submit.py).
+        # A Kubernetes client only submits (TensorFlow runs in the pods) and follows the master's
+        # log: its Ctrl-C stops following (launch/kubernetes/submit.py), not the job.
         local = config.job.backend != "kubernetes"
         with CtrlC(program, config.checkpoints.checkpoint_dir if command == "train" else "", enabled=local):
-            # A Kubernetes client only submits: TensorFlow runs in the pods.
-            report = run(config, command,
-                         before_tensorflow=set_up_tensorflow if config.job.backend != "kubernetes" else None)
+            report = run(config, command, before_tensorflow=set_up_tensorflow if local else None)
     except REPORTED as err:  # an ElasticDLError: one message, exit code 2 or 1; a bug keeps its traceback
         code = report_exit(program, err)
         if isinstance(err, KeyboardInterrupt):
