@@ -71,6 +71,14 @@ def test_a_short_usage_is_shown_whole_and_a_typo_comes_before_a_missing_required
     assert "required" not in err
 
 
+def test_a_mistyped_command_gets_the_nearest_one(capsys):
+    err = command_line_error(capsys, "trian", "--num_workers", "2")
+    assert "invalid choice: 'trian'" in err and "did you mean 'train'?" in err
+    with pytest.raises(SystemExit):
+        zoo_main(["zoo", "biuld"])
+    assert "did you mean 'build'?" in capsys.readouterr().err
+
+
 def test_zoo_takes_no_prefix_either(capsys):
     with pytest.raises(SystemExit):
         zoo_main(["zoo", "init", "--model_zo", "z"])

@@ -6,6 +6,7 @@
   (argparse leaves unknown flags to the top parser, whose usage is ``elasticdl COMMAND``),
   and with a hint (elasticdl/config/suggest.py): the Keras name's flag (``--batch_size`` ->
   ``--minibatch_size``), the command that takes it, or the nearest flag.
+- A mistyped command or action gets the nearest one (``elasticdl trian``: ``'train'``).
 - A usage longer than a few lines (``elasticdl train`` has some sixty flags) is shown on an
   error as one line that points at ``--help``: the error is the line to read.
 """
@@ -13,13 +14,16 @@
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
 
 from elasticdl.config import FLAGS
-from elasticdl.config.suggest import flag_hint
+from elasticdl.config.suggest import flag_hint, nearest
 
 # On an error, a usage of more lines than this is shortened to one line.
 MAX_USAGE_LINES = 4
+# argparse's message for a value not among an argument's choices (a command, an action).
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
 
 
 def commands_of(name: str) -> tuple[str, ...]:
@@ -80,6 +84,14 @@ class ElasticDLParser(argparse.ArgumentParser):
                 hints.append(f"--{name}: {hint}" if hint else "")
         text = f"unrecognized arguments: {' '.join(extras)}"
         return "\n".join([text, *filter(None, hints)])
+
+    def error(self, message: str):
+        """argparse's error, with the nearest choice for a mistyped one (`elasticdl trian`)."""
+        match = _INVALID_CHOICE.search(message)
+        if match:
+            close = nearest(match.group(1), re.findall(r"'([^']*)'", match.group(2)))
+            message += f"; did you mean {close!r}?" if close else ""
+        super().error(message)
 
     def format_usage(self) -> str:
         usage = super().format_usage()

@@ -232,7 +232,7 @@ def render() -> str:
         "gets the flag that does its job (`--batch_size` -> `--minibatch_size`, `--epochs` ->",
         "`--num_epochs`) or where the setting goes instead (`--steps_per_epoch`; see",
         "[model_zoo.md](model_zoo.md#from-modelfit)), a flag of another command names that command,",
-        "and a typo gets the nearest flag:",
+        "and a typo gets the nearest flag (a mistyped command, the nearest command):",
         "",
         "```",
         "usage: elasticdl train [FLAGS]  (`elasticdl train --help` lists them)",
