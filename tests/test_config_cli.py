@@ -127,8 +127,8 @@ def test_help_lists_every_flag_with_its_default():
 def test_unknown_flag_exits_2_from_the_command():
     result = run_cli("train", "--no_such_flag")
     assert result.returncode == 2
-    # argparse reports leftovers from the top-level parser.
-    assert "elasticdl: error: unrecognized arguments: --no_such_flag" in result.stderr
+    # The subcommand reports it, with its own usage (elasticdl/cli/argparser.py).
+    assert "elasticdl train: error: unrecognized arguments: --no_such_flag" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -187,10 +189,10 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _start_long_job(digits, tmp_path) -> tuple[subprocess.Popen, list[int]]:
+def _start_long_job(digits, tmp_path, **flags) -> tuple[subprocess.Popen, list[int]]:
     job = subprocess.Popen(
         [sys.executable, "-m", "elasticdl", *train_args(digits, "digits.digits_functional.custom_model",
-                                                        num_workers=2, num_ps=1, num_epochs=1000)],
+                                                        num_workers=2, num_ps=1, num_epochs=1000, **flags)],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         # Ctrl-C as a terminal delivers it: a suite started in the background (`make test &`)
         # hands its children SIGINT ignored, and the job would never see the test's SIGINT.
@@ -223,6 +225,51 @@ def test_no_orphan_processes(digits, tmp_path, how):
     while _alive(children) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _alive(children) == []
+
+
+@pytest.mark.warm_spares
+def test_ctrl_c_is_acknowledged_at_once_and_everything_stops_within_2s(digits, tmp_path):
+    """The user's view of Ctrl-C: "stopping: ..." within 0.5 s, the command gone within 2 s with
+    every process it started, and its last lines (and the report) naming the last complete
+    checkpoint and the command that continues from it."""
+    checkpoints = tmp_path / "ck"
+    job, children = _start_long_job(digits, tmp_path, checkpoint_dir=checkpoints, checkpoint_steps=20)
+    while not list(checkpoints.glob("version-*/ps-0-of-1*.npz")):  # a complete cut of the 1 PS
+        assert job.poll() is None, job.stderr.read()
+        time.sleep(0.05)
+    lines: list[tuple[float, str]] = []
+    acknowledged = threading.Event()
+
+    def read_stderr() -> None:
+        for line in job.stderr:
+            lines.append((time.monotonic(), line.rstrip("\n")))
+            if "stopping:" in line:
+                acknowledged.set()
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    pressed = time.monotonic()
+    job.send_signal(signal.SIGINT)
+    assert acknowledged.wait(timeout=30)
+    assert job.wait(timeout=30) == 130
+    exited = time.monotonic()
+    alive = _alive(children)
+    reader.join(timeout=10)
+    said = {text: at - pressed for at, text in lines}
+    stopping = next(text for text in said if "stopping:" in text)
+    assert said[stopping] <= 0.5, lines
+    assert exited - pressed <= 2.0, lines
+    assert alive == []
+    report = json.loads(next((tmp_path / "runs").glob("*/report.json")).read_text())
+    assert report["status"] == "interrupted" and report["checkpoint"].startswith(str(checkpoints / "version-"))
+    # At the press; the report's may be a newer cut, completed while the PS stopped.
+    assert f"the last complete checkpoint is {checkpoints / 'version-'}" in stopping
+    text = "\n".join(t for _, t in lines)
+    assert f"the last complete checkpoint is {report['checkpoint']}; to continue from it:" in text
+    assert f"  {report['continue_command']}" in text
+    words = shlex.split(report["continue_command"])
+    assert words[:2] == ["elasticdl", "train"]
+    assert words[words.index("--checkpoint_dir_for_init") + 1] == report["checkpoint"]
 
 
 @pytest.mark.parametrize(

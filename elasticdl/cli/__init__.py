@@ -4,7 +4,9 @@ JobConfig below it, and one mapping of errors to messages and exit codes (elasti
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 
 from elasticdl.cli.parser import build_parser, config_from_args
 from elasticdl.errors import REPORTED, report_exit
@@ -25,7 +27,14 @@ def _scale_main(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """The ``elasticdl`` command; ``argv`` None: this process's own command line (after Ctrl-C,
+    the process then exits at once, see ``_run``)."""
+    if argv is None:
+        return _run(sys.argv[1:], own_process=True)
+    return _run(argv, own_process=False)
+
+
+def _run(argv: list[str], own_process: bool) -> int:
     if argv[:1] == ["scale"]:
         return _scale_main(argv)
     if argv[:1] == ["zoo"]:
@@ -46,12 +55,27 @@ def main(argv: list[str] | None = None) -> int:
         configure_tensorflow(1)
 
     from elasticdl.api import run
+    from elasticdl.cli.interrupt import CtrlC, continuation, exit_now
 
+    program = f"elasticdl {command}"
+    started = time.time()
     try:
-        # A Kubernetes client only submits: TensorFlow runs in the pods.
-        report = run(config, command, before_tensorflow=set_up_tensorflow if config.job.backend != "kubernetes" else None)
+        # A Kubernetes client only submits (TensorFlow runs in the pods) and follows the master's
+        # log: its Ctrl-C stops following (launch/kubernetes/submit.py), not the job.
+        local = config.job.backend != "kubernetes"
+        with CtrlC(program, config.checkpoints.checkpoint_dir if command == "train" else "", enabled=local):
+            report = run(config, command, before_tensorflow=set_up_tensorflow if local else None)
     except REPORTED as err:  # an ElasticDLError: one message, exit code 2 or 1; a bug keeps its traceback
-        return report_exit(f"elasticdl {command}", err)
+        code = report_exit(program, err)
+        if isinstance(err, KeyboardInterrupt):
+            how = continuation(os.path.join(config.job.run_dir, "report.json"), started)
+            if how:
+                print(f"{program}: {how}", file=sys.stderr, flush=True)
+            if own_process:
+                # Every role is stopped and the report written: the interpreter's own teardown
+                # (TensorFlow's, gRPC's) took 1.5 s more, past the 2 s Ctrl-C promises.
+                exit_now(code)
+        return code
     print(report.to_json())
     return 0
 

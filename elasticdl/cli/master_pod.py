@@ -11,11 +11,11 @@ picks up.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 
+from elasticdl.cli.argparser import ElasticDLParser
 from elasticdl.config import COMMANDS, ConfigError, JobConfig
 from elasticdl.errors import REPORTED, report_exit
 from elasticdl.launch.kubernetes import manifests
@@ -26,7 +26,7 @@ logger = logging.getLogger("elasticdl.master_pod")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = ElasticDLParser(description=__doc__)
     parser.add_argument("--command", choices=COMMANDS, default="train")
     args = parser.parse_args(argv)
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from elasticdl.cli.argparser import ElasticDLParser
 from elasticdl.config import FLAGS, SECTIONS, JobConfig
 
 SUBCOMMANDS = {
@@ -44,7 +45,7 @@ def _add_config_flags(parser: argparse.ArgumentParser, command: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ElasticDLParser(
         prog="elasticdl",
         description="Elastic parameter-server training for Keras models.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,

@@ -226,6 +226,20 @@ def render() -> str:
         "The flags of a command come in the sections of `JobConfig` (elasticdl/config/sections.py),",
         "one table per section; the names stay flat, a flag's section is not part of its name.",
         "",
+        "A flag is its whole name: a prefix is an error, not the flag it starts (`--num_work 3` is",
+        "refused; argparse would have taken it for `--num_workers`). A flag the command does not take",
+        "is refused (exit code 2) with the command's usage and a hint: Keras's name for a setting",
+        "gets the flag that does its job (`--batch_size` -> `--minibatch_size`, `--epochs` ->",
+        "`--num_epochs`) or where the setting goes instead (`--steps_per_epoch`; see",
+        "[model_zoo.md](model_zoo.md#from-modelfit)), a flag of another command names that command,",
+        "and a typo gets the nearest flag (a mistyped command, the nearest command):",
+        "",
+        "```",
+        "usage: elasticdl train [FLAGS]  (`elasticdl train --help` lists them)",
+        "elasticdl train: error: unrecognized arguments: --batch_size",
+        "--batch_size: did you mean --minibatch_size? (Keras's batch_size)",
+        "```",
+        "",
     ]
     for name, help_text, sub_parser in subcommands:
         out += [

@@ -29,6 +29,7 @@ import sys
 import tarfile
 from urllib.parse import quote, urlparse
 
+from elasticdl.cli.argparser import ElasticDLParser
 from elasticdl.errors import REPORTED, UserError, report_exit
 from elasticdl.launch.kubernetes.manifests import RUN_AS_USER
 
@@ -196,7 +197,7 @@ def add_zoo_parser(sub) -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     """``argv`` starts with ``zoo``."""
-    parser = argparse.ArgumentParser(prog="elasticdl")
+    parser = ElasticDLParser(prog="elasticdl")
     add_zoo_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     try:

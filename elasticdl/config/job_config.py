@@ -38,6 +38,7 @@ from elasticdl.config.sections import (
     OutputSection,
     TrainingSection,
 )
+from elasticdl.config.suggest import flag_hint
 
 BACKENDS = ("local", "kubernetes")
 
@@ -302,7 +303,9 @@ SECTIONS, FLAGS = _section_flags()
 def _known(flags: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(flags) - set(FLAGS))
     if unknown:
+        hints = [f"{name}: {hint}" for name in unknown if (hint := flag_hint(name, FLAGS, prefix=''))]
         raise ConfigError(
             f"unknown option(s) {', '.join(unknown)}; see `elasticdl train --help` for the list."
+            + "".join(f"\n{hint}" for hint in hints)
         )
     return flags

@@ -227,6 +227,9 @@ class LocalBackend(Backend):
             stderr=subprocess.STDOUT,
             stdin=stdin,
             env=child_env,
+            # A group of its own: a terminal's Ctrl-C reaches the command only, which stops its
+            # roles in order (a worker hit by SIGINT mid-op could hang in its exit for seconds).
+            process_group=0,
         )
 
     def pid(self, role: str, index: int) -> int:
@@ -283,12 +286,15 @@ class LocalBackend(Backend):
 
 
 def _terminate(popens: list[subprocess.Popen], timeout: float) -> None:
+    """SIGTERM to each, then SIGKILL to those still there ``timeout`` seconds later (one
+    deadline for all: waiting ``timeout`` for each in turn added up to n times it)."""
     alive = [p for p in popens if p.poll() is None]
     for p in alive:
         p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
     for p in alive:
         try:
-            p.wait(timeout)
+            p.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()

@@ -221,7 +221,7 @@ class Job(JobSetup, Recovery, JobEnd):
             raise
         finally:
             try:
-                self._stop_everything(succeeded)
+                self._stop_everything(succeeded, interrupted=report.status == "interrupted")
             except BaseException as err:
                 if report.status == "succeeded":
                     report.failed("stopping the roles", err)

@@ -38,6 +38,8 @@ class JobReport:
     evaluations: list[dict] = field(default_factory=list)
     saved_model: str = ""
     checkpoint: str = ""
+    # Interrupted (Ctrl-C): the command that continues from `checkpoint` (elasticdl/master/continuation.py).
+    continue_command: str = ""
     predictions: str = ""
     log_dir: str = ""
     report_file: str = ""

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from elasticdl.config.suggest import attribute_hint
 from elasticdl.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -149,6 +150,7 @@ def load_model_spec(model_zoo: str, model_def: str, names: dict[str, str] | None
         raise ModelSpecError(
             f"{module_path}: missing `{model_name}` (from --model_def). Expected "
             f"{model_name}(**model_params) -> keras.Model, a function or a keras.Model subclass."
+            + attribute_hint(model_name, module)
         )
     reader_name = names.get("custom_data_reader", "custom_data_reader")
     if getattr(module, reader_name, None) is not None:
@@ -168,7 +170,8 @@ def load_model_spec(model_zoo: str, model_def: str, names: dict[str, str] | None
             attr = "feed" if fn is not None else attr
         if fn is None:
             renamed = f" (named by {flag_name})" if name in names else ""
-            raise ModelSpecError(f"{module_path}: missing `{attr}`{renamed}. Expected {signature}.")
+            raise ModelSpecError(f"{module_path}: missing `{attr}`{renamed}. Expected {signature}."
+                                 + attribute_hint(attr, module))
         if name == "dataset_fn":
             fn = _accept_metadata(fn)
         _check_callable(module_path, attr, fn, signature, n_args)

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None, assigned_at: float | None = None) -> int
     """``assigned_at``: a warm spare's ``time.monotonic()`` when it got ``argv``
     (elasticdl/launch/warm.py); its start-up is logged from there."""
     die_with_parent()
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     parser.add_argument("--job_config", required=True, help="JobConfig JSON file")
     parser.add_argument("--optimizer_spec", required=True, help="OptimizerSpec JSON file")
     parser.add_argument("--ps_id", type=int, required=True)

@@ -43,7 +43,8 @@ def replay_command(result: RunResult, family: str | None, plant: str | None = No
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m elasticdl.sim", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m elasticdl.sim", description=__doc__.splitlines()[0],
+                                     allow_abbrev=False)
     parser.add_argument("--seeds", type=int, default=100, help="how many seeds to run")
     parser.add_argument("--seed", type=int, default=0, help="the first seed")
     parser.add_argument("--mode", choices=FAMILIES, default=None, help="run only this mode family")

@@ -44,7 +44,7 @@ def warm_up(argv: list[str], assigned=lambda: False) -> None:
     import elasticdl.worker.consistency  # noqa: F401
     import elasticdl.worker.worker  # noqa: F401
 
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--job_config", default="")
     job_config = parser.parse_args(argv).job_config
     if not job_config or assigned():
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None, assigned_at: float | None = None) -> int
     startup = StartupClock(assigned_at, origin)  # where the time to the first gradient goes: logged with it
     startup.mark("python" if assigned_at is None else "spare still importing")
     die_with_parent()
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     parser.add_argument("--job_config", required=True, help="JobConfig JSON file")
     parser.add_argument("--worker_id", type=int, required=True)
     parser.add_argument("--master_addr", required=True)
