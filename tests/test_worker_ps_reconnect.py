@@ -135,3 +135,34 @@ def test_a_ps_that_came_back_empty_is_refilled_at_the_version_the_others_are_at(
                     consistency=MODES["sync"](2))
     worker._pull(everything=True)
     assert ps.refilled_at == 12
+
+
+def test_a_new_worker_that_finds_a_ps_empty_fills_it_at_the_version_the_others_are_at():
+    """Found by the simulator (seed 3046, sync, 2 PS, 1 worker): a PS relaunched without a
+    checkpoint while no worker was left was filled by the replacement worker's first pull
+    (``_initialize_ps``) at version 0, 6 versions behind the other shard for good."""
+
+    class TwoPS:
+        num_ps = 2
+
+        def __init__(self):
+            self.empty, self.filled_at = True, None
+
+        def pull(self, versions, wait_for_newer=None, timeout=30.0):
+            other = PullResult(True, 6, {"w": np.zeros(2, np.float32)})
+            mine = PullResult(not self.empty, self.filled_at or 0, {} if self.empty else {"b": np.zeros(1, np.float32)})
+            return [other, mine]
+
+        def push_model(self, params, version=0, non_trainable=()):
+            self.empty, self.filled_at = False, version
+            return [False, True]
+
+    ps = TwoPS()
+    spec = type("Spec", (), {"learning_rate_scheduler": None})()
+    trainer = _Trainer()
+    trainer.get_params = lambda: {"w": np.zeros(2, np.float32), "b": np.zeros(1, np.float32)}
+    trainer.variables, trainer.non_trainable = {"w": None, "b": None}, set()
+    worker = Worker(0, spec=spec, trainer=trainer, master=_Master(), ps=ps, minibatch_size=2,
+                    consistency=MODES["sync"](2))
+    worker._initialize_ps()
+    assert ps.filled_at == 6

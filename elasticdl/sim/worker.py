@@ -325,8 +325,9 @@ class SimWorker:
 
     def _initialize_ps(self):
         pulled = yield from self._pull_all([-1] * self.num_ps)
-        if not all(p[0] for p in pulled):
-            yield from self._each("push_model", [(dict(self.model.params),)] * self.num_ps)
+        if not all(p[0] for p in pulled):  # at the others' version, as batch_loop's _initialize_ps
+            version = max((p[1] for p in pulled if p[0]), default=0)
+            yield from self._each("push_model", [(dict(self.model.params), version)] * self.num_ps)
         if self.model.embedding:
             yield from self._each("push_table_infos", [(self.model.table_infos,)] * self.num_ps)
         yield from self._pull(everything=True)

@@ -49,6 +49,12 @@ class _Outbox:
     position: BatchPosition | None
 
 
+def refill_version(pulled: list) -> int:
+    """The version to give an empty PS: the one the initialized PS are at (0: none is), so that
+    every shard of a sync job keeps one version (docs/consistency.md)."""
+    return max((r.version for r in pulled if r.initialized), default=0)
+
+
 class BatchLoop:
     """The training half of Worker (worker/worker.py): a mixin over its attributes (ps, trainer,
     master, consistency, ...)."""
@@ -298,7 +304,7 @@ class BatchLoop:
             # A PS relaunched without a checkpoint: give it our copy of its variables.
             # It starts at the version the others are at, so that every shard of a sync job keeps
             # one version (found by the simulator: a refilled PS restarted at 0 stayed behind).
-            version = max((r.version for r in results if r.initialized), default=0)
+            version = refill_version(results)
             logger.warning("PS %s came back empty; re-initializing it with this worker's parameters at version %d",
                            empty, version)
             self.ps.push_model(self.trainer.get_params(), version=version, non_trainable=self.trainer.non_trainable)
@@ -327,7 +333,10 @@ class BatchLoop:
                     "the parameter servers hold no model: evaluate and predict need "
                     "--checkpoint_dir_for_init"
                 )
-            accepted = self.ps.push_model(self.trainer.get_params(), non_trainable=self.trainer.non_trainable)
+            # At the others' version: a worker that starts while a PS was relaunched empty is a
+            # refill too (found by the simulator, seed 3046: a new worker refilled it at 0).
+            accepted = self.ps.push_model(self.trainer.get_params(), version=refill_version(pulled),
+                                          non_trainable=self.trainer.non_trainable)
             if any(accepted):
                 logger.info("initialized the parameter servers with this worker's model")
         if self.trainer.embeddings.infos:  # idempotent: restored tables keep their rows
