@@ -440,6 +440,29 @@ class ParameterServer(ShardCheckpoints):
                 due = self._on_new_version()
         self._write_due_checkpoint(due)
 
+    def level_version(self, version: int, term: int) -> int:
+        """Sync, once training is over: move this shard's version up to ``version`` (the highest
+        of the job's shards), its parameters unchanged. Shards group the same gradients into
+        versions differently after faults (docs/consistency.md, "One version at the end"): the
+        master levels them so that the job ends, and is cut, at one version. A PS that holds no
+        model, or is at ``version`` or past it, stays as it is. Returns the version after.
+        StaleTermError from a master of an older term; ValueError with gradients still pending
+        in the average (the master tells 0 live workers first, which applies them)."""
+        self.check_term(term)
+        with self._lock:
+            if self.settings.use_async or not self.shard.initialized or version <= self.shard.version:
+                return self.shard.version
+            if self.strategy.pending:
+                raise ValueError(
+                    f"cannot level to version {version}: {self.strategy.pending} gradients wait in the "
+                    "average (tell the PS 0 live workers first)"
+                )
+            logger.info("version %d leveled to %d, the other shards' (the parameters are unchanged)",
+                        self.shard.version, version)
+            self.shard.version = version
+            self._version_changed.notify_all()
+            return version
+
     def stats(self) -> tuple[int, UpdateTelemetry, int]:
         """(version, telemetry totals, grads_to_wait): a consistent snapshot for the master.
 
