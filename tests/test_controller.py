@@ -877,3 +877,20 @@ def test_a_dropped_evaluation_task_fails_the_job_too():
     decisions = report(ctl, dispatcher, task, 0, err="InvalidArgumentError: bad metric input")
     assert kinds(decisions) == ["Fail"]
     assert decisions[0].error.startswith(f"evaluation task {task.task_id} (data.rec records 0-9")
+
+
+def test_a_leveling_refused_for_longer_than_its_patience_lets_the_job_end_unleveled():
+    """The simulator, seed 269: a master resumed without a checkpoint; its PS came back empty and
+    no worker had built the model to refill them: the job's end must not wait for that forever."""
+    from elasticdl.master.leveling import LEVEL_PATIENCE_SECONDS
+
+    ctl, dispatcher, _, clock = make(workers=1, sync=True, tasks=1, epochs=1)
+    ctl.start()
+    assert of(report(ctl, dispatcher, take(dispatcher, 0), 0), c.LevelVersions) == [c.LevelVersions()]
+    assert of(ctl.step(c.VersionsNotLeveled()), c.EndEpoch) == []
+    clock.now += LEVEL_PATIENCE_SECONDS / 2
+    assert of(ctl.step(c.Tick()), c.LevelVersions) == [c.LevelVersions()]
+    assert of(ctl.step(c.VersionsNotLeveled()), c.EndEpoch) == []  # still patient
+    clock.now += LEVEL_PATIENCE_SECONDS / 2
+    ctl.step(c.Tick())
+    assert of(ctl.step(c.VersionsNotLeveled()), c.EndEpoch) == [c.EndEpoch(0, final=True, sync_model=True)]

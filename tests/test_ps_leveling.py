@@ -40,7 +40,7 @@ def test_a_shard_behind_moves_up_to_the_version_of_the_others_its_parameters_unc
     assert behind.pull(2)[1] == 3  # a worker holding the old version sees the new one
 
 
-def test_leveling_never_moves_a_shard_back_nor_touches_an_async_or_empty_one():
+def test_leveling_never_moves_a_shard_back_nor_touches_an_async_one():
     ps = make_ps(grads_to_wait=1)
     ps.push_model(model())
     ps.push_gradients(grads(), 0, None)
@@ -48,8 +48,16 @@ def test_leveling_never_moves_a_shard_back_nor_touches_an_async_or_empty_one():
     asynchronous = make_ps(use_async=True)
     asynchronous.push_model(model())
     assert asynchronous.level_version(5, term=0) == 0
-    empty = make_ps(grads_to_wait=1)  # relaunched without a checkpoint, refilled by nobody
-    assert empty.level_version(5, term=0) == 0 and not empty.shard.initialized
+
+
+def test_a_ps_that_holds_no_model_is_not_leveled_until_a_worker_refilled_it():
+    """The simulator, seed 1475: a PS relaunched empty once every task was done; nobody pulled
+    any more, and the job ended with that shard missing (at version 0)."""
+    empty = make_ps(grads_to_wait=1)
+    with pytest.raises(ValueError, match="holds no model"):
+        empty.level_version(5, term=0)
+    empty.push_model(model(), version=5)  # a waiting worker's refill (batch_loop._refill_while_waiting)
+    assert empty.level_version(5, term=0) == 5
 
 
 def test_leveling_is_refused_with_gradients_pending_or_from_an_older_term():

@@ -166,3 +166,46 @@ def test_a_new_worker_that_finds_a_ps_empty_fills_it_at_the_version_the_others_a
                     consistency=MODES["sync"](2))
     worker._initialize_ps()
     assert ps.filled_at == 6
+
+
+def test_a_worker_waiting_for_a_task_refills_a_ps_that_holds_no_model(monkeypatch):
+    """Found by the simulator (seed 1475, sync, 3 PS, no checkpoint): a PS killed once every task
+    was done came back empty; no batch was left to pull for it, and the job ended with its shard
+    missing. A waiting worker looks (every REFILL_PROBE_SECONDS) and refills it; a sync job's
+    leveling waits for that (tests/test_ps_leveling.py)."""
+    from elasticdl.worker import batch_loop
+
+    class TwoPS:
+        num_ps = 2
+
+        def __init__(self):
+            self.empty, self.filled_at, self.pulls = True, None, 0
+
+        def pull(self, versions, wait_for_newer=None, timeout=30.0):
+            self.pulls += 1
+            return [PullResult(True, 6, {}), PullResult(not self.empty, self.filled_at or 0, {})]
+
+        def push_model(self, params, version=0, non_trainable=()):
+            self.empty, self.filled_at = False, version
+            return [False, True]
+
+    now = [100.0]
+    monkeypatch.setattr(batch_loop.time, "monotonic", lambda: now[0])
+    ps = TwoPS()
+    spec = type("Spec", (), {"learning_rate_scheduler": None})()
+    trainer = _Trainer()
+    trainer.get_params = lambda: {"w": np.zeros(2, np.float32), "b": np.zeros(1, np.float32)}
+    trainer.non_trainable = set()
+    worker = Worker(0, spec=spec, trainer=trainer, master=_Master(), ps=ps, minibatch_size=2,
+                    consistency=MODES["sync"](2))
+    versions = worker.consistency.versions
+    worker._refill_while_waiting()
+    assert ps.pulls == 0  # not before it waited REFILL_PROBE_SECONDS since it started
+    now[0] += batch_loop.REFILL_PROBE_SECONDS
+    worker._refill_while_waiting()
+    assert ps.filled_at == 6 and worker.consistency.versions == versions  # the policy is not told
+    worker._refill_while_waiting()
+    assert ps.pulls == 1  # not again before REFILL_PROBE_SECONDS
+    now[0] += batch_loop.REFILL_PROBE_SECONDS
+    worker._refill_while_waiting()
+    assert ps.pulls == 2

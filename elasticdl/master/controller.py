@@ -67,6 +67,7 @@ from elasticdl.master.events import (
     describe_exit,
 )
 from elasticdl.master.instance_manager import GiveUp, InstanceManager, Launch, Stop
+from elasticdl.master.leveling import Leveling
 
 logger = logging.getLogger(__name__)
 
@@ -144,10 +145,7 @@ class Controller:
         # get back to polling the exits that bring the PS back (a livelock).
         self._tell_held = False
         self._fewer_live_since: float | None = None
-        # Sync: the shards were leveled to one version once training was over (LevelVersions);
-        # a leveling that found a PS away is not asked again before the next Tick.
-        self._leveled = False
-        self._level_held = False
+        self.leveling = Leveling(self._clock)  # sync: every shard at one version once training is over
         self._saved_seq = -1
         self.outcome: Finish | Fail | None = None
         self._phase = Phase.RUNNING
@@ -243,7 +241,8 @@ class Controller:
             case Tick():
                 # Asked again once per poll, after the job looked at which roles exited: asked at
                 # once, a PS whose exit was not seen yet kept the job from ever seeing it.
-                self._end_held = self._tell_held = self._level_held = False
+                self._end_held = self._tell_held = False
+                self.leveling.tick()
                 if self.rounds is not None:
                     self.rounds.tick()
             case PSSilent(indices=indices):
@@ -255,10 +254,10 @@ class Controller:
             case LiveWorkersNotTold():
                 self._live_workers_told, self._tell_held = -1, True
             case VersionsLeveled(version=version):
-                self._leveled = True
+                self.leveling.leveled()
                 return self._on_version(version)
             case VersionsNotLeveled():
-                self._level_held = True
+                self.leveling.refused()
             case PSRelaunched(index=index, restored_version=restored, retrained=retrained, missing=missing):
                 self.rollbacks.append(PSRollback(index, self.model_version, restored, retrained, missing))
         return []
@@ -297,7 +296,7 @@ class Controller:
         if self.ps_relaunches > self.max_ps_relaunches or self.command != "train":
             return [Fail(describe_exit(exit_, "died"))]
         self._live_workers_told = -1  # the new PS knows nothing yet
-        self._leveled = False  # it may come back at another version (and a rollback trains again)
+        self.leveling.ps_relaunched()
         return [RelaunchPS(exit_)] + (self.rounds.ps_died() if self.rounds is not None else [])
 
     def _on_version(self, version: int) -> list[Decision]:
@@ -440,20 +439,10 @@ class Controller:
             if settled and count != self._live_workers_told and not self._tell_held:
                 self._live_workers_told = count
                 decisions.append(TellLiveWorkers(count))
-            decisions += self._level_versions()
+            # Once 0 was told (no gradient waits in an average), before the final end reads the model.
+            if self.leveling.due(self.tasks.finished, self._live_workers_told == 0):
+                decisions.append(LevelVersions())
         return decisions
-
-    def _level_versions(self) -> list[Decision]:
-        """Sync: once training is over and 0 live workers were told (no gradient waits in an
-        average any more), every shard moves up to the highest one's version, before the final
-        epoch end reads the model (docs/consistency.md, "One version at the end")."""
-        if not self.tasks.finished:
-            self._leveled = False  # training goes on (or again, after a rollback): level at its end
-            return []
-        if self._leveled or self._level_held or self._live_workers_told != 0:
-            return []
-        self._level_held = True  # its answer comes back before anything else
-        return [LevelVersions()]
 
     def _settled(self, count: int) -> bool:
         """More workers (or a PS that knows nothing yet) at once; fewer once it lasted."""
@@ -475,7 +464,7 @@ class Controller:
         if self.epoch_done >= last_complete:
             return None
         epoch = self.epoch_done + 1
-        if self.sync_mode and finished and epoch == self.tasks.epoch and not self._leveled:
+        if self.sync_mode and finished and epoch == self.tasks.epoch and not self.leveling.done:
             return None  # the final end reads the model once every shard is at one version
         self._ending = EndEpoch(epoch, final=finished and epoch == self.tasks.epoch,
                                 sync_model=self.evaluation is None)

@@ -454,13 +454,19 @@ class ParameterServer(ShardCheckpoints):
         """Sync, once training is over: move this shard's version up to ``version`` (the highest
         of the job's shards), its parameters unchanged. Shards group the same gradients into
         versions differently after faults (docs/consistency.md, "One version at the end"): the
-        master levels them so that the job ends, and is cut, at one version. A PS that holds no
-        model, or is at ``version`` or past it, stays as it is. Returns the version after.
-        StaleTermError from a master of an older term; ValueError with gradients still pending
-        in the average (the master tells 0 live workers first, which applies them)."""
+        master levels them so that the job ends, and is cut, at one version. A shard at
+        ``version`` or past it (or an async one) stays as it is. Returns the version after.
+        StaleTermError from a master of an older term; ValueError when this PS holds no model
+        (relaunched empty: a waiting worker refills it, then the master asks again) or gradients
+        still wait in the average (the master tells 0 live workers first, which applies them)."""
         self.check_term(term)
         with self._lock:
-            if self.settings.use_async or not self.shard.initialized or version <= self.shard.version:
+            if self.settings.use_async:
+                return self.shard.version
+            if not self.shard.initialized and version > 0:  # 0: no shard holds a trained model (lost)
+                raise ValueError(f"cannot level to version {version}: this PS holds no model yet (a worker "
+                                 "refills it)")
+            if version <= self.shard.version:
                 return self.shard.version
             if self.strategy.pending:
                 raise ValueError(

@@ -21,6 +21,7 @@ from elasticdl.sim.model import EMBEDDING_IDS, Dataset, LinearModel, eval_metric
 from elasticdl.sim.modes import Mode
 from elasticdl.sim.scheduler import Await, Sleep
 from elasticdl.sim.transport import Call, Unavailable
+from elasticdl.worker.batch_loop import REFILL_PROBE_SECONDS
 from elasticdl.worker.consistency import ConsistencyPolicy, PushRejectedError, TaskTakenBackError
 
 MAX_PUSH_TRIES = 64  # as elasticdl/worker/worker.py
@@ -76,16 +77,21 @@ class SimWorker:
         self.acc = Accumulated()
         self.exchange = None  # overlap: (futures, request, parts, versions, position, keys)
         self.now = lambda: 0.0  # set by the world: the simulated clock
+        self.probed_at = 0.0  # the last look for an empty PS while waiting for a task (from the start)
 
     # ------------------------------------------------------------ the task loop
 
     def run(self):
+        self.probed_at = self.now()
         while not self.stop_requested:
             order = yield from self._master("get_task", self.index)
             if order is NoTask.END:
                 return
             if order is NoTask.WAIT:
                 yield Sleep(WAIT_SECONDS)
+                if self.built and self.now() - self.probed_at >= REFILL_PROBE_SECONDS:
+                    self.probed_at = self.now()  # batch_loop._refill_while_waiting
+                    yield from self._with_ps_retries(self._refill_while_waiting)
                 continue
             if order.type is TaskType.EVALUATION:
                 yield from self.evaluate_task(order)
@@ -345,13 +351,7 @@ class SimWorker:
                     break
                 yield Sleep(0.01)
             results.append(result)
-        if any(not r[0] for r in results) and self.built:
-            # A PS relaunched without a checkpoint: give it our copy of its variables, at the version
-            # the other shards are at (elasticdl/worker/batch_loop.py, main c12cca3).
-            version = max((r[1] for r in results if r[0]), default=0)
-            yield from self._each("push_model", [(dict(self.model.params), version)] * self.num_ps)
-            if self.model.embedding:
-                yield from self._each("push_table_infos", [(self.model.table_infos,)] * self.num_ps)
+        if (yield from self._refill_empty(results)):
             results = yield from self._pull_all(list(request.versions))
         for ps, result in enumerate(results):
             if not result[0]:
@@ -360,6 +360,22 @@ class SimWorker:
             self.model.set_params(params)
             self.model.rows.update(rows)
         self.policy.pulled(request, [r[1] for r in results])
+
+    def _refill_empty(self, results):
+        """batch_loop._refill_empty: a PS relaunched without a checkpoint gets our copy of its
+        variables, at the version the other shards are at; True if one did."""
+        if all(r[0] for r in results) or not self.built:
+            return False
+        version = max((r[1] for r in results if r[0]), default=0)
+        yield from self._each("push_model", [(dict(self.model.params), version)] * self.num_ps)
+        if self.model.embedding:
+            yield from self._each("push_table_infos", [(self.model.table_infos,)] * self.num_ps)
+        return True
+
+    def _refill_while_waiting(self):
+        """batch_loop._refill_while_waiting: no task now; a PS that holds no model is refilled
+        (the policy is not told)."""
+        yield from self._refill_empty((yield from self._pull_all(self.policy.versions)))
 
     def _pull_all(self, versions):
         return (yield from self._each("pull", [(v, self._ids()) for v in versions]))
