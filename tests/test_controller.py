@@ -880,8 +880,8 @@ def test_a_dropped_evaluation_task_fails_the_job_too():
 
 
 def test_a_leveling_refused_for_longer_than_its_patience_lets_the_job_end_unleveled():
-    """The simulator, seed 269: a master resumed without a checkpoint; its PS came back empty and
-    no worker had built the model to refill them: the job's end must not wait for that forever."""
+    """A PS relaunched empty that no worker can refill (no worker left has built the model) must
+    not hold the job's end forever (the simulator, seed 269, before an all-empty job was let through)."""
     from elasticdl.master.leveling import LEVEL_PATIENCE_SECONDS
 
     ctl, dispatcher, _, clock = make(workers=1, sync=True, tasks=1, epochs=1)
