@@ -68,7 +68,10 @@ def test_leveling_is_refused_with_gradients_pending_or_from_an_older_term():
         ps.level_version(4, term=3)
     with pytest.raises(StaleTermError):
         ps.level_version(4, term=2)
-    assert ps.shard.version == 0
+    ps.set_live_workers(0)  # applies the pending one: version 1
+    with pytest.raises(ValueError, match="more than 10000 versions ahead"):
+        ps.level_version(1 + 10_001, term=3)
+    assert ps.shard.version == 1
 
 
 def test_the_master_levels_every_ps_over_grpc_to_the_highest_version():

@@ -26,6 +26,7 @@ from elasticdl.ps.gradient_guard import DEFAULT_MAX_NORM_RATIO, GradientGuard
 from elasticdl.ps.parameters import GradientError, ParameterShard
 from elasticdl.ps.push_checks import check_push
 from elasticdl.ps.strategies import (
+    VERSION_AHEAD_MARGIN,
     AverageUpdatingStrategy,
     DirectUpdatingStrategy,
     GradientUpdatingStrategy,
@@ -468,6 +469,9 @@ class ParameterServer(ShardCheckpoints):
                                  "refills it)")
             if version <= self.shard.version:
                 return self.shard.version
+            if version > self.shard.version + VERSION_AHEAD_MARGIN:  # shards differ by a few versions
+                raise ValueError(f"cannot level to version {version}: more than {VERSION_AHEAD_MARGIN} versions "
+                                 f"ahead of this PS's {self.shard.version}")
             if self.strategy.pending:
                 raise ValueError(
                     f"cannot level to version {version}: {self.strategy.pending} gradients wait in the "
