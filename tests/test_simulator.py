@@ -111,6 +111,14 @@ def test_finds_the_tell_live_workers_livelock_planted_back():
     assert first_finding(r"livelock", seeds=found.seed + 1) is None  # main's fix: the same seeds pass
 
 
+def test_finds_sync_shards_at_different_versions_with_the_leveling_planted_out():
+    """Issue 25: every shard of a sync job ends at one version. Without LevelVersions the shards
+    that grouped the same gradients differently after faults end apart; with it, the same seeds pass."""
+    found = first_finding(r"sync shards ended at different versions", plant="no-leveling")
+    assert found is not None and not found.mode.use_async and found.faults
+    assert run_seed(found.seed).violations == []
+
+
 def test_finds_a_retried_push_applied_twice_when_the_ps_forgets_its_data_position(monkeypatch):
     monkeypatch.setattr(DataPosition, "already_taken", lambda self, batch: False)
     monkeypatch.setattr(DataPosition, "refused", lambda self, batch: False)
