@@ -339,7 +339,7 @@ class BatchLoop:
         the job ended with that shard missing). The policy is not told: a pull made here must
         not stand in for the one the next batch makes (it may wait for a version)."""
         now = time.monotonic()
-        if not self.trainer.built or now - self._probed_at < REFILL_PROBE_SECONDS:
+        if not (self.trainer.built and self.may_initialize_ps) or now - self._probed_at < REFILL_PROBE_SECONDS:
             return
         self._probed_at = now
         self._with_ps_retries(lambda: self._refill_empty(self.ps.pull(self.consistency.versions)))
