@@ -114,7 +114,8 @@ def test_finds_the_tell_live_workers_livelock_planted_back():
 def test_finds_sync_shards_at_different_versions_with_the_leveling_planted_out():
     """Issue 25: every shard of a sync job ends at one version. Without LevelVersions the shards
     that grouped the same gradients differently after faults end apart; with it, the same seeds pass."""
-    found = first_finding(r"sync shards ended at different versions", plant="no-leveling")
+    # Past the CI budget: the recovery policy's start over left fewer diverging seeds (555 first).
+    found = first_finding(r"sync shards ended at different versions", plant="no-leveling", seeds=1000)
     assert found is not None and not found.mode.use_async and found.faults
     assert run_seed(found.seed).violations == []
 
