@@ -123,7 +123,11 @@ def test_unknown_flags_keep_their_error():
     for build in (JobConfig.from_flags, api.make_config, JobConfig().replace):
         with pytest.raises(ConfigError) as info:
             build(model_zoo="zoo", num_pss=2, batch_size=3)
-        assert str(info.value) == "unknown option(s) batch_size, num_pss; see `elasticdl train --help` for the list."
+        assert str(info.value).splitlines() == [
+            "unknown option(s) batch_size, num_pss; see `elasticdl train --help` for the list.",
+            "batch_size: did you mean minibatch_size? (Keras's batch_size)",
+            "num_pss: did you mean num_ps?",
+        ]
 
 
 def test_from_json_refuses_what_is_not_a_section_or_is_in_the_wrong_one():
