@@ -160,7 +160,8 @@ class ParameterServer(ShardCheckpoints):
             self.shard.slots[name].update(slots)
         self.shard.add_tables([table.info for table in state.embeddings.values()])
         for name, table in state.embeddings.items():
-            self.shard.embeddings[name].load(table.ids, table.rows, table.slots)
+            self.shard.embeddings[name].load(table.ids, table.rows, table.slots, table.touched, table.meta,
+                                             state.version)
         # A fresh strategy: a sync average in progress held gradients of the rolled-back records.
         self.strategy = make_updating_strategy(self.settings)
         self.strategy.telemetry = telemetry
