@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
+import numpy as np
+
 from elasticdl.errors import UserError
 
 
@@ -111,5 +113,6 @@ def merged_meta(parts: list[dict]) -> dict:
     out: dict = {}
     for part in parts:
         for key, value in part.items():
+            value = np.asarray(value, np.int64)  # no wrap-around when summing small counters
             out[key] = out[key] + value if key in out else value.copy()
     return out

@@ -191,12 +191,12 @@ class EmbeddingTable:
     def nbytes(self) -> int:
         return (1 + len(self._slots)) * self._live * self.dim * 4 + self._live * 8
 
-    def set_policy(self, policy: TablePolicy, sketch: np.ndarray | None = None) -> None:
+    def set_policy(self, policy: TablePolicy, sketch: dict[str, np.ndarray] | None = None) -> None:
         """Bound the table by ``policy`` from now on (a job resumed with other settings)."""
         self.info = dataclasses.replace(self.info, policy=policy)
         seed = int(self.info.initializer.get("seed", 0))
         if sketch is None and self._admission is not None:
-            sketch = self._admission.sketch  # sightings counted so far stay counted
+            sketch = self._admission.saved()  # sightings counted so far stay counted
         self._admission = AdmissionFilter(policy, seed, sketch) if policy.filters_admission else None
         if not policy.evicts:
             self._log = None
@@ -235,7 +235,7 @@ class EmbeddingTable:
         if self.policy.bounded:
             meta["counters"] = np.array(self.counters.as_list(), np.int64)
         if self._admission is not None and self._admission.sketch is not None:
-            meta["sketch"] = self._admission.sketch.copy()
+            meta.update(self._admission.saved())
         ids, rows, slots = self._ids[order], self._rows[order], {k: v[order] for k, v in self._slots.items()}
         return ids, rows, slots, self._touched[order], meta
 
@@ -252,14 +252,15 @@ class EmbeddingTable:
             raise RuntimeError(f"embedding table {self.name!r} has no optimizer")
         version = self.version + 1 if version is None else version
         ids, values = grads.ids, np.asarray(grads.values, np.float32)
-        positions = self._positions(ids, create=self._admission is None)
+        # New rows are logged below with this update, not also at their creation.
+        positions = self._positions(ids, create=self._admission is None, fresh_touch=False)
         if self._admission is not None:
             missing = np.flatnonzero(positions < 0)
             if missing.size:
                 admitted = self._admission.admit(ids[missing], step)
                 chosen = missing[admitted]
                 if chosen.size:
-                    positions[chosen] = self._create(ids[chosen])
+                    positions[chosen] = self._create(ids[chosen], log=False)
                 self.counters.dropped_gradients += int(missing.size - chosen.size)
                 if chosen.size < missing.size:
                     keep = positions >= 0
@@ -290,7 +291,9 @@ class EmbeddingTable:
         self.version = max(self.version, version)
         ids = np.asarray(ids, np.int64)
         order = np.arange(ids.size) if touched is None else np.argsort(touched, kind="stable")
+        admissions = self.counters.admissions  # rows coming back are not admitted anew
         positions = self._positions(ids[order], create=True, fresh_touch=False)
+        self.counters.admissions = admissions
         self._rows[positions] = rows[order]
         for name, block in self._slots.items():
             if name in slots:
@@ -301,7 +304,7 @@ class EmbeddingTable:
         if "counters" in meta:
             self.counters = TableCounters.from_list(meta["counters"])
         if "sketch" in meta:
-            self.set_policy(self.policy, meta["sketch"])
+            self.set_policy(self.policy, meta)
         self._enforce_cap()
 
     # ------------------------------------------------------------ positions
