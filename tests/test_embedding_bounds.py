@@ -307,3 +307,30 @@ def test_re_sharding_keeps_the_job_totals_and_the_sightings(tmp_path):
     for ps in new:  # each new PS counted every sighting it could be asked about
         assert ps.shard.embeddings[TABLE]._admission.sketch.sum() == sum(
             o.shard.embeddings[TABLE]._admission.sketch.sum() for o in old)
+
+
+# ---------------------------------------------------------------- report and TensorBoard
+
+
+def test_table_counters_reach_the_report_and_tensorboard_summed_over_the_ps(tmp_path):
+    from elasticdl.master import embedding_stats
+    from elasticdl.proto import elasticdl_pb2
+    from elasticdl.ps.servicer import PServerServicer
+    from elasticdl.rpc.ps_commands import stats_of
+
+    servers = [bounded_ps(tmp_path, ps_id, 2) for ps_id in range(2)]
+    for grad in stream(0, 30):
+        push(servers, grad)
+    answers = [stats_of(PServerServicer(ps).get_stats(elasticdl_pb2.Empty(), None)) for ps in servers]
+    tables = embedding_stats.summarize_tables(answers)
+    expected = {key: sum(ps.shard.embeddings[TABLE].stats().as_dict()[key] for ps in servers)
+                for key in ("rows", "bytes", "admissions", "dropped_gradients", "evictions_ttl", "evictions_max_rows")}
+    assert tables == {TABLE: expected} and expected["rows"] <= 2 * POLICY.max_rows and expected["dropped_gradients"]
+
+    class Board:
+        def scalars(self, step, values, prefix=""):
+            self.written = (step, values)
+
+    board = Board()
+    embedding_stats.report(answers, board, epoch=0)
+    assert board.written == (30, {f"embedding/{TABLE}/{k}": float(v) for k, v in expected.items()})

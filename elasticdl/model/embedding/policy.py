@@ -107,6 +107,19 @@ class TableCounters:
         return cls(**{name: int(v) for name, v in zip(COUNTER_NAMES, values)})
 
 
+@dataclass(frozen=True)
+class TableStats:
+    """One table on one PS, as the master's report and TensorBoard show it."""
+
+    name: str
+    rows: int
+    bytes: int
+    counters: TableCounters
+
+    def as_dict(self) -> dict[str, int]:
+        return {"rows": self.rows, "bytes": self.bytes, **asdict(self.counters)}
+
+
 def merged_meta(parts: list[dict]) -> dict:
     """The saved counters and sketches of several old shards of one table, summed (re-sharding:
     a sketch of the sum over-counts, so an id may be admitted early, never late)."""

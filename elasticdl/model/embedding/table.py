@@ -24,7 +24,7 @@ from elasticdl.model.embedding.admission import AdmissionFilter
 from elasticdl.model.embedding.errors import EmbeddingError
 from elasticdl.model.embedding.eviction import RecencyLog
 from elasticdl.model.embedding.hashing import U64, keyed, mix64, unit_interval
-from elasticdl.model.embedding.policy import PolicyError, TableCounters, TablePolicy
+from elasticdl.model.embedding.policy import PolicyError, TableCounters, TablePolicy, TableStats
 from elasticdl.model.embedding.rows import IndexedRows, RowGradientSum, check_ids, check_rows
 from elasticdl.model.optimizers import Optimizer
 
@@ -190,6 +190,9 @@ class EmbeddingTable:
     @property
     def nbytes(self) -> int:
         return (1 + len(self._slots)) * self._live * self.dim * 4 + self._live * 8
+
+    def stats(self) -> TableStats:
+        return TableStats(self.name, self._live, self.nbytes, dataclasses.replace(self.counters))
 
     def set_policy(self, policy: TablePolicy, sketch: dict[str, np.ndarray] | None = None) -> None:
         """Bound the table by ``policy`` from now on (a job resumed with other settings)."""
