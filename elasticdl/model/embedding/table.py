@@ -189,7 +189,7 @@ class EmbeddingTable:
 
     @property
     def nbytes(self) -> int:
-        return (1 + len(self._slots)) * self._live * self.dim * 4 + self._live * 8
+        return (1 + len(self._slots)) * self._live * self.dim * 4 + self._live * 16  # + id, last-update version
 
     def stats(self) -> TableStats:
         return TableStats(self.name, self._live, self.nbytes, dataclasses.replace(self.counters))
