@@ -212,7 +212,9 @@ def test_admission_and_eviction_together_bound_the_table():
 @pytest.mark.parametrize(
     "setting, message",
     [
-        ({"admit_min_count": 0}, "`admit_min_count` must be an integer >= 1. Received: admit_min_count=0"),
+        ({"admit_min_count": 0}, "`admit_min_count` must be an integer >= 1 and <= 65535. Received: admit_min_count=0"),
+        ({"admit_min_count": 70000}, "`admit_min_count` must be an integer >= 1 and <= 65535"),
+        ({"ttl_versions": 1 << 63}, "`ttl_versions` must be an integer >= 0 and <= 4611686018427387904"),
         ({"admit_probability": 0.0}, "`admit_probability` must be a number in (0, 1]"),
         ({"admit_probability": 1.5}, "`admit_probability` must be a number in (0, 1]"),
         ({"ttl_versions": -1}, "`ttl_versions` must be an integer >= 0"),

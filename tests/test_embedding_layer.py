@@ -159,7 +159,7 @@ def test_bounds_arguments_reach_the_table_info_and_the_config():
     assert len(tables.source.tables["items/embeddings"]) == 0
     with pytest.raises(ValueError, match=r"`admit_probability` must be a number in \(0, 1\]"):
         Embedding(4, admit_probability=0)
-    with pytest.raises(ValueError, match="`max_rows` must be an integer >= 0. Received: max_rows=-1"):
+    with pytest.raises(ValueError, match="`max_rows` must be an integer >= 0 and <= 4611686018427387904. Received: max_rows=-1"):
         Embedding(4, max_rows=-1)
 
 

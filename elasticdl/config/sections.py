@@ -73,7 +73,7 @@ class TrainingSection:
         "Tables the automatic swap makes (--embedding_swap_threshold_mb): an id gets a row at its "
         "Nth sighting; until then it reads the zero row and its gradient is dropped (1: at once). "
         "docs/embeddings.md, Bounded tables.",
-        bounds=AT_LEAST_1,
+        bounds=Bounds(low=1, high=65535),
     )
     embedding_ttl_versions: int = flag(
         0,

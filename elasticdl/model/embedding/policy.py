@@ -14,6 +14,9 @@ import numpy as np
 
 from elasticdl.errors import UserError
 
+MAX_ADMIT_MIN_COUNT = 65535
+MAX_COUNT = 1 << 62
+
 
 class PolicyError(UserError, ValueError):
     """A bad admission or eviction setting; names the argument (and flag) to change."""
@@ -36,10 +39,12 @@ class TablePolicy:
     max_rows: int = 0
 
     def __post_init__(self) -> None:
-        for name, low in (("admit_min_count", 1), ("ttl_versions", 0), ("max_rows", 0)):
+        # admit_min_count: the sketch's counters saturate at 65535; the others stay in int64 arithmetic.
+        for name, low, high in (("admit_min_count", 1, MAX_ADMIT_MIN_COUNT), ("ttl_versions", 0, MAX_COUNT),
+                                ("max_rows", 0, MAX_COUNT)):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise PolicyError(f"`{name}` must be an integer >= {low}. Received: {name}={value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise PolicyError(f"`{name}` must be an integer >= {low} and <= {high}. Received: {name}={value!r}")
         p = self.admit_probability
         if not isinstance(p, (int, float)) or isinstance(p, bool) or not math.isfinite(p) or not 0 < p <= 1:
             raise PolicyError(
