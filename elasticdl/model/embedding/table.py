@@ -160,7 +160,9 @@ class EmbeddingTable:
         self._index: dict[int, int] = {}
         self._size = 0  # positions in use, evicted ones included
         self._live = 0
-        self._free = np.empty(0, np.int64)  # positions of evicted rows, reused first
+        # Positions of evicted rows, reused first: a stack of the evicted batches (appending one
+        # costs its own size, not the size of all that wait).
+        self._free: list[np.ndarray] = []
         self._ids = np.empty(_INITIAL_CAPACITY, np.int64)  # -1 at an evicted row
         self._touched = np.empty(_INITIAL_CAPACITY, np.int64)  # version of each row's last update
         self._rows = np.empty((_INITIAL_CAPACITY, info.dim), np.float32)
@@ -334,8 +336,7 @@ class EmbeddingTable:
 
     def _create(self, new_ids: np.ndarray, log: bool = True) -> np.ndarray:
         """Rows for ``new_ids`` (unique, not held), at their initial values; their positions."""
-        reused = self._free[: new_ids.size]
-        self._free = self._free[reused.size:]
+        reused = self._reuse(new_ids.size)
         start = self._grow(new_ids.size - reused.size)
         positions = np.concatenate([reused, np.arange(start, self._size, dtype=np.int64)])
         self._ids[positions] = new_ids
@@ -351,6 +352,19 @@ class EmbeddingTable:
         if log:
             self._log_touch(positions)
         return positions
+
+    def _reuse(self, count: int) -> np.ndarray:
+        taken = []
+        while count and self._free:
+            chunk = self._free[-1]
+            if chunk.size <= count:
+                taken.append(self._free.pop())
+                count -= chunk.size
+            else:
+                taken.append(chunk[chunk.size - count:])
+                self._free[-1] = chunk[: chunk.size - count]
+                count = 0
+        return np.concatenate(taken) if taken else np.empty(0, np.int64)
 
     def _log_touch(self, positions: np.ndarray) -> None:
         if self._log is not None and positions.size:
@@ -370,7 +384,7 @@ class EmbeddingTable:
         for key in self._ids[positions].tolist():
             del index[key]
         self._ids[positions] = -1
-        self._free = np.concatenate([self._free, positions])
+        self._free.append(positions)
         self._live -= positions.size
         if ttl:
             self.counters.evictions_ttl += int(positions.size)
