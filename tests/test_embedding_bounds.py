@@ -336,3 +336,20 @@ def test_table_counters_reach_the_report_and_tensorboard_summed_over_the_ps(tmp_
     board = Board()
     embedding_stats.report(answers, board, epoch=0)
     assert board.written == (30, {f"embedding/{TABLE}/{k}": float(v) for k, v in expected.items()})
+
+
+def test_exports_and_evaluation_snapshots_hold_live_rows_only(tmp_path):
+    ps = bounded_ps(tmp_path)
+    for grad in stream(0, 40):
+        push([ps], grad)
+    table = ps.shard.embeddings[TABLE]
+    live = set(table._index)
+    ids, rows = ps.embedding_table(TABLE)
+    assert set(ids.tolist()) == live and len(ids) == len(live) <= POLICY.max_rows and rows.shape == (len(ids), DIM)
+    evicted = np.array(sorted(set(range(500)) - live)[:5], np.int64)
+    assert evicted.size
+    ps.take_snapshot(7)
+    np.testing.assert_array_equal(ps.lookup_embeddings(TABLE, evicted, False, snapshot_id=7), 0)
+    kept = np.array(sorted(live)[:5], np.int64)
+    np.testing.assert_array_equal(ps.lookup_embeddings(TABLE, kept, False, snapshot_id=7),
+                                  ps.lookup_embeddings(TABLE, kept, False))
