@@ -163,7 +163,7 @@ def test_bounds_arguments_reach_the_table_info_and_the_config():
         Embedding(4, max_rows=-1)
 
 
-def test_the_swap_bounds_its_tables_by_the_flags():
+def test_the_swap_bounds_its_tables_by_the_flags(caplog):
     from elasticdl.config import JobConfig
     from elasticdl.model.embedding.policy import TablePolicy
     from elasticdl.model.embedding.swap import swap_large_embeddings, swap_policy
@@ -171,6 +171,8 @@ def test_the_swap_bounds_its_tables_by_the_flags():
     training = JobConfig.from_flags(embedding_admit_min_count=2, embedding_max_rows=500).training
     assert swap_policy(training) == TablePolicy(admit_min_count=2, max_rows=500)
     assert swap_policy(JobConfig().training) == TablePolicy()
-    with use_embedding_backend(EmbeddingTables()), swap_large_embeddings(0, swap_policy(training)):
-        layer = keras.layers.Embedding(1000, 8, name="big")
+    with caplog.at_level("INFO"), use_embedding_backend(EmbeddingTables()), \
+            swap_large_embeddings(0, swap_policy(training)):
+        layer = keras.layers.Embedding(1000, 8, name="big_bounded")
     assert isinstance(layer, Embedding) and layer.policy == TablePolicy(admit_min_count=2, max_rows=500)
+    assert "'big_bounded', its rows live on the parameter servers (admit_min_count=2, max_rows=500)" in caplog.text

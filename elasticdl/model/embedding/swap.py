@@ -90,11 +90,12 @@ def _swapped(args: tuple, kwargs: dict, threshold: int, policy: TablePolicy):
         **policy.to_dict(),
         **extra,
     )
+    bounds = ", ".join(f"{k}={v}" for k, v in policy.to_dict().items())
     _log_once(
         logging.INFO,
         "%s is larger than --embedding_swap_threshold_mb=%g: swapped for elasticdl.layers.Embedding "
-        "%r, its rows live on the parameter servers",
-        described, threshold / _MIB, layer.name,
+        "%r, its rows live on the parameter servers%s",
+        described, threshold / _MIB, layer.name, f" ({bounds})" if bounds else "",
     )
     return layer
 
