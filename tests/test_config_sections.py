@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 NON_DEFAULT = {
     "model_zoo": "zoo", "model_def": "pkg.mod.fn", "model_params": "units=[8, 4];act=relu;rate=0.5;t=(1,)",
     "minibatch_size": 32, "num_epochs": 3, "num_threads_per_process": 2, "embedding_swap_threshold_mb": 0.5,
+    "embedding_admit_min_count": 2, "embedding_ttl_versions": 100, "embedding_max_rows": 1000,
     "wire_dtype": "bfloat16", "tensor_transport": "tcp",
     "training_data": "/data/train", "validation_data": "/data/val", "prediction_data": "/data/pred",
     "data_reader_params": "has_header=True", "num_minibatches_per_task": 4, "records_per_task": 100,
@@ -62,7 +63,7 @@ def test_every_flag_is_in_exactly_one_section():
     assert all(FLAGS[name].section == where[0] for name, where in seen.items())
     # the flags of the flat JobConfig, none lost or added; + --max_bad_records; + 8 model_zoo_functions; + --push_steps;
     # + --wire_dtype, --tensor_transport; + --overlap_communication; + --max_gradient_norm_ratio
-    assert len(FLAGS) == 72
+    assert len(FLAGS) == 75
 
 
 def test_jobconfig_holds_only_the_sections():
