@@ -35,6 +35,8 @@ OUTSIDE_THE_TREE = {
     "elasticdl.ps.bulk_server._Aborted",
     # A raw-TCP push whose answer was lost; sent again over gRPC with its task's place.
     "elasticdl.rpc.bulk.PushMaybeApplied",
+    # A request the master's job loop did not take in time; the worker gets UNAVAILABLE and retries.
+    "elasticdl.master.requests.LoopBusy",
 }
 # ElasticDLErrors on neither branch: families whose subclasses are on both. Only their
 # subclasses are raised (checked below); exit_status maps the family itself to 1.
