@@ -1,0 +1,131 @@
+"""The master's Kafka source: watch the partitions, cut new records into tasks, end when idle.
+
+A thread of its own asks the broker, every ``poll_secs``, how far each partition holds
+records: the high watermark, and for a partition whose watermark did not move, a read past it
+(``KafkaTopic.probe``: a broker may under-report the watermark). What it finds goes through
+the ``StreamCutter``; the tasks it cuts wait in a queue until the job loop, the only thread
+that touches the ledger, takes them (``feed``). Once no record came for
+``--stream_idle_secs``, ``feed`` closes the ledger's stream and the job ends after the tasks cut.
+
+A broker that cannot be reached is waited out (logged once per outage): its time does not
+count as idle, and cutting goes on from where it stood when it answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+from elasticdl.data.kafka_client import KafkaTopic
+from elasticdl.master.stream_cutter import StreamCutter
+from elasticdl.master.stream_tasks import StreamTaskManager
+
+logger = logging.getLogger(__name__)
+
+POLL_SECS = 0.5
+# A probe past the watermarks reads at most about this many tasks' records of a partition per poll.
+PROBE_TASKS = 8
+
+
+class KafkaStreamSource:
+    """``open`` (where to start), then ``feed`` the ledger from the job loop; ``close`` at the end."""
+
+    def __init__(self, topic: KafkaTopic, partitions: list[int], records_per_task: int, idle_secs: float,
+                 start: str = "earliest", clock: Callable[[], float] = time.monotonic,
+                 poll_secs: float = POLL_SECS):
+        self.topic = topic
+        self.partitions = partitions
+        self.records_per_task = records_per_task
+        self.idle_secs = idle_secs
+        self.start = start
+        self.clock = clock
+        self.poll_secs = poll_secs
+        self.cutter: StreamCutter | None = None
+        self._cut: queue.SimpleQueue = queue.SimpleQueue()  # lists of shards, then IDLE
+        self._idle = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._outage = ""
+
+    def open(self, committed: dict[str, int]) -> dict[int, int]:
+        """Start watching from the ledger's ``committed`` offsets (path -> end cut), or, for a
+        partition the ledger never cut, from ``--stream_start``; the offsets it starts from."""
+        address = self.topic.address
+        starts: dict[int, int] = {}
+        for partition in self.partitions:
+            path = address.partition_path(partition)
+            if path in committed:
+                starts[partition] = committed[path]
+                continue
+            low, high = self.topic.watermarks(partition)
+            # latest: past what the partition holds now, found by reading past the watermark
+            starts[partition] = low if self.start == "earliest" else self.topic.probe({partition: high},
+                                                                                         self.records_per_task)[partition]
+        resumed = {p: o for p, o in starts.items() if address.partition_path(p) in committed}
+        logger.info("stream %s: partitions %s start at offsets %s (%s)", address.url, self.partitions, starts,
+                    f"the ledger's for {sorted(resumed)}" if resumed else f"--stream_start {self.start}")
+        self.cutter = StreamCutter(dict(starts), address.partition_path, self.records_per_task,
+                                   self.idle_secs, self.clock())
+        self._thread = threading.Thread(target=self._watch, name="stream-source", daemon=True)
+        self._thread.start()
+        return starts
+
+    def feed(self, ledger: StreamTaskManager) -> int:
+        """In the job loop: add the tasks cut since the last call; close the stream once it is
+        idle. How many records were added."""
+        added = 0
+        while True:
+            try:
+                shards = self._cut.get_nowait()
+            except queue.Empty:
+                break
+            ledger.add(shards)
+            added += sum(s.records for s in shards)
+        if self._idle.is_set() and ledger.stream_open:
+            ledger.close_stream(f"no new record for {self.idle_secs:g} s (--stream_idle_secs)")
+            self.close()
+        return added
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            self.poll_once()
+            if self._idle.is_set():
+                return
+            self._stop.wait(self.poll_secs)
+
+    def poll_once(self) -> None:
+        """One look at the partitions: cut what is new, and tell when the stream went idle."""
+        cutter = self.cutter
+        try:
+            ends: dict[int, int] = {}
+            for partition in self.partitions:
+                _low, high = self.topic.watermarks(partition)
+                ends[partition] = high
+            quiet = {p: cutter.next_offsets[p] for p, end in ends.items() if end <= cutter.next_offsets[p]}
+            # Before calling a partition quiet, read past its watermark: the records may be there.
+            for partition, end in self.topic.probe(quiet, self.records_per_task * PROBE_TASKS).items():
+                ends[partition] = max(ends[partition], end)
+        except Exception as err:  # the broker is away: wait it out; its time is not idle time
+            if not self._outage:
+                logger.warning("stream %s: the broker does not answer (%s); waiting for it",
+                               self.topic.address.url, err)
+            self._outage = str(err)
+            cutter.last_new = self.clock()
+            return
+        if self._outage:
+            logger.info("stream %s: the broker answers again", self.topic.address.url)
+            self._outage = ""
+        now = self.clock()
+        shards = cutter.observe(ends, now)
+        if shards:
+            self._cut.put(shards)
+        elif cutter.idle(now):
+            self._idle.set()
