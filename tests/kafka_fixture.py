@@ -24,12 +24,9 @@ import time
 from collections.abc import Iterable, Iterator
 
 import pytest
+from etcd_fixture import _free_port, _in_ci
 
 START_TIMEOUT = 20.0
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
 
 
 def require_broker_binary() -> str:
@@ -44,12 +41,6 @@ def require_broker_binary() -> str:
         if _in_ci():
             pytest.fail(f"{why}; CI must run the Kafka tests (make test installs them)", pytrace=False)
         pytest.skip(why)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class KafkaBroker:

@@ -42,6 +42,7 @@ from elasticdl.master.recovery import Recovery
 from elasticdl.master.report import CheckpointFailures, JobReport
 from elasticdl.master.request_desk import RequestDesk
 from elasticdl.master.requests import RequestLine
+from elasticdl.master.stream_source import open_stream, stream_ledger
 from elasticdl.master.task_manager import TaskManager, TaskType
 from elasticdl.master.telemetry import StalenessSummary
 from elasticdl.store import StateStoreError
@@ -89,8 +90,9 @@ class Job(JobSetup, Recovery, JobEnd):
         self.poll_seconds = poll_seconds
         self.has_header = cfg.data.has_header
 
-        self.main_tasks: TaskManager | None = None
-        if command in ("train", "predict"):
+        self.main_tasks: TaskManager | None = stream_ledger(cfg, command)  # a Kafka stream's, or None
+        self.stream = None  # its source (opened once the ledger is resumed)
+        if command in ("train", "predict") and self.main_tasks is None:
             self.main_tasks = TaskManager(
                 make_shards(checked.files, cfg.effective_records_per_task),
                 num_epochs=cfg.training.num_epochs if command == "train" else 1,
@@ -201,6 +203,7 @@ class Job(JobSetup, Recovery, JobEnd):
             resumed = self.state.open(self.main_tasks)
             if self.main_tasks is not None:
                 self.main_tasks.start_term(self.state.term)
+            self.stream = open_stream(cfg, self.main_tasks)
             if resumed and cfg.checkpoints.checkpoint_dir:
                 self._restore_latest_checkpoint()
             self._note_restore(report)
@@ -228,6 +231,8 @@ class Job(JobSetup, Recovery, JobEnd):
                 raise
             finally:
                 self._complete_report(report, started)
+                if self.stream is not None:
+                    self.stream.close()
                 logging.getLogger().removeHandler(master_log)
                 master_log.close()
         return report
@@ -251,6 +256,9 @@ class Job(JobSetup, Recovery, JobEnd):
             events = self._next_events()
             events += [c.RoleExited(exit_) for exit_ in self.backend.poll_exits()]
             events += self._probe.poll()
+            if self.stream is not None:  # new records become tasks here, in the ledger's thread
+                self.stream.feed(self.main_tasks)
+                self.progress.records_per_epoch = self.main_tasks.records_per_epoch
             now = time.monotonic()
             events.append(c.Tick())
             for event in events:

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from elasticdl.data.kafka_address import is_kafka
 from elasticdl.data.kafka_client import KafkaTopic
 from elasticdl.master.stream_cutter import StreamCutter
 from elasticdl.master.stream_tasks import StreamTaskManager
@@ -129,3 +130,28 @@ class KafkaStreamSource:
             self._cut.put(shards)
         elif cutter.idle(now):
             self._idle.set()
+
+
+def stream_ledger(config, command: str) -> StreamTaskManager | None:
+    """The training ledger of a stream job (``--training_data kafka://...``); None for files."""
+    if command != "train" or not is_kafka(config.data.training_data):
+        return None
+    return StreamTaskManager(
+        task_timeout=config.elasticity.task_timeout,
+        max_task_retries=config.elasticity.max_task_retries,
+        seed=config.data.shuffle_seed,
+        gate_epochs=True,
+        fences_pushes=True,  # a task taken back waits for FenceHandouts, as a file task does
+    )
+
+
+def open_stream(config, ledger) -> KafkaStreamSource | None:
+    """Start watching the stream of a stream job's ledger (after the ledger was resumed: it
+    goes on from the ledger's offsets); None for a file job."""
+    if not isinstance(ledger, StreamTaskManager):
+        return None
+    topic = KafkaTopic.of(config.data.training_data)
+    source = KafkaStreamSource(topic, topic.partitions(), config.effective_records_per_task,
+                               config.stream.stream_idle_secs, config.stream.stream_start)
+    source.open(ledger.offsets())
+    return source

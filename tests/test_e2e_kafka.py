@@ -1,0 +1,123 @@
+"""End to end: `elasticdl train` on a Kafka stream (a real broker: tests/kafka_fixture.py).
+
+N digits examples (the bundled generator's, fixed seed) go into a 2-partition topic; 2 workers
+and 1 PS train on them until --stream_idle_secs passes with no new record. Checked from the
+outside as the chaos harness checks a file job: the job succeeds, and the PS's own count of
+records applied, read from the final checkpoint's files, is N: every record exactly once. Then
+the same with a worker SIGKILLed mid-stream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+from kafka_fixture import kafka_broker  # noqa: F401  (pytest finds fixtures by name)
+
+from elasticdl.data import tfrecord
+from tests.chaos.checks import final_cut
+from tests.test_e2e_elastic import _master_log, _wait_for, _worker_pids
+from tests.test_e2e_local import MODEL_ZOO, digits  # noqa: F401
+
+TOPIC, PARTITIONS, RECORDS_PER_TASK = "digits", 2, 64
+
+
+def _digits_records(digits_dir, n: int) -> list[bytes]:
+    """The first ``n`` records of the digits training data (serialized tf.train.Example)."""
+    records: list[bytes] = []
+    for path in sorted((digits_dir / "train").iterdir()):
+        records += tfrecord.read_records(path, 0, tfrecord.count_records(path))
+        if len(records) >= n:
+            break
+    records = records[:n]
+    assert len(records) == n, f"the digits data holds {len(records)} records, the test wants {n}"
+    return records
+
+
+def _produce_digits(broker, digits_dir, n: int) -> None:
+    broker.create_topic(TOPIC, PARTITIONS)
+    broker.produce(TOPIC, _digits_records(digits_dir, n), partitions=PARTITIONS)
+
+
+def _trickle(broker, records: list[bytes], per_batch: int, every: float) -> threading.Thread:
+    """A producer writing ``records`` while the job runs, ``per_batch`` every ``every`` s."""
+    def produce() -> None:
+        pace = threading.Event()
+        for i in range(0, len(records), per_batch):
+            broker.produce(TOPIC, records[i:i + per_batch], partitions=PARTITIONS)
+            pace.wait(every)
+
+    thread = threading.Thread(target=produce, daemon=True)
+    thread.start()
+    return thread
+
+
+def _train(broker, tmp_path, job: str, **flags) -> subprocess.Popen:
+    args = [
+        "train", "--model_zoo", MODEL_ZOO, "--model_def", "digits.digits_functional.custom_model",
+        "--training_data", f"kafka://{broker.bootstrap}/{TOPIC}", "--job_name", job,
+        "--num_workers", "2", "--num_ps", "1", "--minibatch_size", "32",
+        "--records_per_task", str(RECORDS_PER_TASK), "--stream_idle_secs", "3",
+        "--checkpoint_dir", str(tmp_path / "ckpt"), "--checkpoint_steps", "10",
+    ]
+    for name, value in flags.items():
+        args += [f"--{name}", str(value)]
+    return subprocess.Popen([sys.executable, "-m", "elasticdl", *args], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc: subprocess.Popen, tmp_path, job: str) -> dict:
+    try:
+        out, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-4000:]
+    return json.loads((tmp_path / "runs" / job / "report.json").read_text())
+
+
+def _assert_exactly_once(report: dict, tmp_path, n: int) -> None:
+    assert report["status"] == "succeeded"
+    assert report["records_done_per_epoch"] == [n]
+    assert report["exactly_once"] == {"records_applied": [n], "records_done": n, "holds": True}
+    directory, shards = final_cut(str(tmp_path / "ckpt"))  # the PS's own count, from its file
+    assert [s.records_applied for s in shards] == [n], directory
+
+
+def test_a_stream_job_trains_every_record_once_and_ends_when_idle(kafka_broker, digits, tmp_path):  # noqa: F811
+    n = 1000
+    _produce_digits(kafka_broker, digits, n)
+    job = "kafka-stream"
+    report = _finish(_train(kafka_broker, tmp_path, job), tmp_path, job)
+    _assert_exactly_once(report, tmp_path, n)
+    log = _master_log(tmp_path, job)
+    assert "no new record for 3 s (--stream_idle_secs)" in log
+
+
+def test_a_worker_sigkill_mid_stream_keeps_every_record_once(kafka_broker, digits, tmp_path):  # noqa: F811
+    n = 1400
+    records = _digits_records(digits, n)
+    kafka_broker.create_topic(TOPIC, PARTITIONS)
+    kafka_broker.produce(TOPIC, records[:600], partitions=PARTITIONS)
+    job = "kafka-worker-kill"
+    proc = _train(kafka_broker, tmp_path, job, task_timeout=60)
+    producer = _trickle(kafka_broker, records[600:], per_batch=20, every=0.5)  # before and during the job
+    try:
+        # Once training is under way (a first checkpoint cut), a worker dies hard mid-task.
+        _wait_for(lambda: any((tmp_path / "ckpt").glob("version-*")), 180, "a first checkpoint")
+        workers = _wait_for(lambda: _worker_pids(proc.pid, tmp_path), 30, "the workers' pids")
+        os.kill(workers[min(workers)], signal.SIGKILL)
+    except BaseException:
+        proc.kill()
+        raise
+    report = _finish(proc, tmp_path, job)
+    producer.join()
+    _assert_exactly_once(report, tmp_path, n)
+    log = _master_log(tmp_path, job)
+    # Mid-stream: the worker died while records were still arriving (before the stream closed).
+    assert log.index(f"worker {min(workers)} is gone; requeued tasks") < log.index("the stream is closed")
