@@ -25,8 +25,12 @@ from elasticdl.data.kafka_address import KafkaAddress, parse_kafka_url, parse_pa
 CHECK_TIMEOUT_SECS = 10.0
 # How long a worker waits for a task's records before failing the task (retried by the master).
 READ_TIMEOUT_SECS = 60.0
-# How long a probe past the watermarks waits for a first record.
-PROBE_WAIT_SECS = 0.3
+# How long a probe past the watermarks waits to reach the partitions' ends (it returns at once
+# when the broker says it did; a fresh assignment's first fetch can take a few hundred ms).
+PROBE_WAIT_SECS = 2.0
+
+# One consume() call's wait: it returns when it has all the records asked for, or after this.
+CONSUME_SECS = 0.05
 
 _local = threading.local()  # one consumer per thread and cluster (a worker reads ahead in threads)
 
@@ -53,6 +57,8 @@ def _consumer(brokers: str):
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
             "allow.auto.create.topics": False,
+            "enable.partition.eof": True,  # a probe knows when it read a partition to its end
+            "fetch.wait.max.ms": 100,  # ... within 0.1 s of it (the broker holds an empty fetch this long)
             "log_level": 0,  # failures reach the caller as errors; librdkafka would print each retry
         })
     return consumers[brokers]
@@ -103,30 +109,46 @@ class KafkaTopic:
 
     def probe(self, starts: Mapping[int, int], limit: int, wait: float = PROBE_WAIT_SECS) -> dict[int, int]:
         """For each partition, one past the last offset seen from ``starts[partition]`` on, reading
-        at most about ``limit`` records of it (``starts[partition]`` when none came within ``wait``)."""
+        until the partition's end (the broker's end-of-partition event), at most about ``limit``
+        records of it, or ``wait`` seconds (``starts[partition]`` when none came)."""
         kafka = _client_module()
         consumer = _consumer(self.address.brokers)
         ends = dict(starts)
         if not starts:
             return ends
         consumer.assign([kafka.TopicPartition(self.address.topic, p, o) for p, o in starts.items()])
+        at_end: set[int] = set()
+        seen = 0
         try:
             deadline = time.monotonic() + wait
-            seen = 0
-            while seen < limit * len(starts):
+            while len(at_end) < len(starts) and seen < limit * len(starts):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                messages = consumer.consume(num_messages=min(limit, 10_000), timeout=left)
-                for message in messages:
-                    if message.error() is None and message.offset() >= ends.get(message.partition(), 0):
+                # consume() waits for all num_messages or its timeout: short calls, so that an end
+                # reached early is seen early.
+                for message in consumer.consume(num_messages=min(limit, 10_000), timeout=min(left, CONSUME_SECS)):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == kafka.KafkaError._PARTITION_EOF:
+                            at_end.add(message.partition())
+                        continue
+                    if message.offset() >= ends.get(message.partition(), 0):
                         ends[message.partition()] = message.offset() + 1
                         seen += 1
-                if messages:  # more may follow at once: keep reading while they come
-                    deadline = max(deadline, time.monotonic() + 0.05)
         finally:
             consumer.unassign()
         return ends
+
+    def end(self, partition: int, limit: int = 10_000) -> int:
+        """One past the last offset ``partition`` holds now: its watermark, then read past it
+        until no more come (``limit`` records a read)."""
+        end = self.watermarks(partition)[1]
+        while True:
+            found = self.probe({partition: end}, limit)[partition]
+            if found <= end:
+                return end
+            end = found
 
     def read(self, partition: int, start: int, end: int, timeout: float = READ_TIMEOUT_SECS) -> list[bytes]:
         """The values of the records at offsets ``start`` .. ``end - 1`` of ``partition``, in order.
@@ -149,11 +171,12 @@ class KafkaTopic:
                     raise DataError(f"{where}: only {len(values)} of {end - start} records arrived within "
                                     f"{timeout:g} s: is the broker reachable from the worker?")
                 for message in consumer.consume(num_messages=min(end - start - len(values), 10_000),
-                                                timeout=min(left, 1.0)):
-                    if message.error() is not None:
-                        if message.error().fatal() or not message.error().retriable():
-                            raise DataError(f"{where}: {message.error().str()}")
-                        continue
+                                                timeout=min(left, CONSUME_SECS)):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() != kafka.KafkaError._PARTITION_EOF and (error.fatal() or not error.retriable()):
+                            raise DataError(f"{where}: {error.str()}")
+                        continue  # the end of what the partition holds now: more may come
                     expected = start + len(values)
                     if message.offset() < expected:
                         continue  # before the range (a seek that landed earlier)

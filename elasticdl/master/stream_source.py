@@ -27,6 +27,8 @@ from elasticdl.master.stream_tasks import StreamTaskManager
 logger = logging.getLogger(__name__)
 
 POLL_SECS = 0.5
+# A poll that gets no answer within this long counts as a broker outage (waited out).
+BROKER_TIMEOUT_SECS = 5.0
 # A probe past the watermarks reads at most about this many tasks' records of a partition per poll.
 PROBE_TASKS = 8
 
@@ -36,7 +38,7 @@ class KafkaStreamSource:
 
     def __init__(self, topic: KafkaTopic, partitions: list[int], records_per_task: int, idle_secs: float,
                  start: str = "earliest", clock: Callable[[], float] = time.monotonic,
-                 poll_secs: float = POLL_SECS):
+                 poll_secs: float = POLL_SECS, timeout: float = BROKER_TIMEOUT_SECS):
         self.topic = topic
         self.partitions = partitions
         self.records_per_task = records_per_task
@@ -44,6 +46,7 @@ class KafkaStreamSource:
         self.start = start
         self.clock = clock
         self.poll_secs = poll_secs
+        self.timeout = timeout
         self.cutter: StreamCutter | None = None
         self._cut: queue.SimpleQueue = queue.SimpleQueue()  # lists of shards, then IDLE
         self._idle = threading.Event()
@@ -51,9 +54,10 @@ class KafkaStreamSource:
         self._thread: threading.Thread | None = None
         self._outage = ""
 
-    def open(self, committed: dict[str, int]) -> dict[int, int]:
+    def open(self, committed: dict[str, int], watch: bool = True) -> dict[int, int]:
         """Start watching from the ledger's ``committed`` offsets (path -> end cut), or, for a
-        partition the ledger never cut, from ``--stream_start``; the offsets it starts from."""
+        partition the ledger never cut, from ``--stream_start``; the offsets it starts from.
+        ``watch=False``: no thread (tests call ``poll_once`` themselves)."""
         address = self.topic.address
         starts: dict[int, int] = {}
         for partition in self.partitions:
@@ -61,17 +65,17 @@ class KafkaStreamSource:
             if path in committed:
                 starts[partition] = committed[path]
                 continue
-            low, high = self.topic.watermarks(partition)
-            # latest: past what the partition holds now, found by reading past the watermark
-            starts[partition] = low if self.start == "earliest" else self.topic.probe({partition: high},
-                                                                                         self.records_per_task)[partition]
+            # latest: past every record the partition holds now (read past its watermark)
+            starts[partition] = (self.topic.watermarks(partition)[0] if self.start == "earliest"
+                                 else self.topic.end(partition))
         resumed = {p: o for p, o in starts.items() if address.partition_path(p) in committed}
         logger.info("stream %s: partitions %s start at offsets %s (%s)", address.url, self.partitions, starts,
                     f"the ledger's for {sorted(resumed)}" if resumed else f"--stream_start {self.start}")
         self.cutter = StreamCutter(dict(starts), address.partition_path, self.records_per_task,
                                    self.idle_secs, self.clock())
-        self._thread = threading.Thread(target=self._watch, name="stream-source", daemon=True)
-        self._thread.start()
+        if watch:
+            self._thread = threading.Thread(target=self._watch, name="stream-source", daemon=True)
+            self._thread.start()
         return starts
 
     def feed(self, ledger: StreamTaskManager) -> int:
@@ -108,7 +112,7 @@ class KafkaStreamSource:
         try:
             ends: dict[int, int] = {}
             for partition in self.partitions:
-                _low, high = self.topic.watermarks(partition)
+                _low, high = self.topic.watermarks(partition, self.timeout)
                 ends[partition] = high
             quiet = {p: cutter.next_offsets[p] for p, end in ends.items() if end <= cutter.next_offsets[p]}
             # Before calling a partition quiet, read past its watermark: the records may be there.
