@@ -22,7 +22,7 @@ from elasticdl.data.errors import DataError
 from elasticdl.data.kafka_address import KafkaAddress, parse_kafka_url, parse_partition_path
 
 # How long a submit-time check waits for the broker before calling it unreachable.
-CHECK_TIMEOUT_SECS = 10.0
+CHECK_TIMEOUT_SECS = 5.0
 # How long a worker waits for a task's records before failing the task (retried by the master).
 READ_TIMEOUT_SECS = 60.0
 # How long a probe past the watermarks waits to reach the partitions' ends (it returns at once
