@@ -121,3 +121,30 @@ def test_a_worker_sigkill_mid_stream_keeps_every_record_once(kafka_broker, digit
     log = _master_log(tmp_path, job)
     # Mid-stream: the worker died while records were still arriving (before the stream closed).
     assert log.index(f"worker {min(workers)} is gone; requeued tasks") < log.index("the stream is closed")
+
+
+def test_a_master_sigkilled_mid_stream_resumes_from_the_ledgers_offsets(kafka_broker, digits, tmp_path,  # noqa: F811
+                                                                         etcd_process):
+    """The ledger in etcd holds the offsets cut; the master run again goes on from them (records
+    cut after the last checkpoint go back to todo from the cut's marks), while records still arrive."""
+    n = 1400
+    records = _digits_records(digits, n)
+    kafka_broker.create_topic(TOPIC, PARTITIONS)
+    kafka_broker.produce(TOPIC, records[:600], partitions=PARTITIONS)
+    job = "kafka-master-kill"
+    flags = {"etcd_endpoints": etcd_process.endpoint}
+    first = _train(kafka_broker, tmp_path, job, **flags)
+    producer = _trickle(kafka_broker, records[600:], per_batch=20, every=0.5)
+    try:
+        _wait_for(lambda: any((tmp_path / "ckpt").glob("version-*/ps-0-of-1*.npz")), 180, "a first complete cut")
+        first.kill()  # the master dies hard; its PS and workers die with it
+        first.communicate(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    report = _finish(_train(kafka_broker, tmp_path, job, **flags), tmp_path, job)
+    producer.join()
+    assert report["resumed"]
+    _assert_exactly_once(report, tmp_path, n)
+    log = _master_log(tmp_path, job)
+    assert "(the ledger's for [0, 1])" in log  # both partitions went on from the ledger's offsets
