@@ -6,6 +6,7 @@ from __future__ import annotations
 from kafka_fixture import kafka_broker  # noqa: F401  (pytest finds fixtures by name)
 
 from elasticdl.data.kafka_client import KafkaTopic
+from elasticdl.master.stream_cutter import LINGER_SECS
 from elasticdl.master.stream_source import KafkaStreamSource
 from elasticdl.master.stream_tasks import StreamTaskManager
 
@@ -24,16 +25,19 @@ def _source(broker, topic: str, clock: Clock, start: str = "earliest", idle: flo
                              clock=clock, timeout=1.0)
 
 
-def _cut_all(source: KafkaStreamSource, ledger: StreamTaskManager, polls: int = 20) -> int:
-    """Poll until a poll cuts nothing new; the records added."""
+def _cut_all(source: KafkaStreamSource, ledger: StreamTaskManager, polls: int = 30) -> int:
+    """Poll until a poll sees no new record, then once more after the linger (the records short
+    of a whole task are cut then); the records added."""
     added = 0
     for _ in range(polls):
+        seen = [source.cutter.seen_end(p) for p in source.partitions]
         source.poll_once()
-        new = source.feed(ledger)
-        added += new
-        if not new:
-            return added
-    raise AssertionError(f"still cutting after {polls} polls")
+        added += source.feed(ledger)
+        if [source.cutter.seen_end(p) for p in source.partitions] == seen:
+            source.clock.now += LINGER_SECS
+            source.poll_once()
+            return added + source.feed(ledger)
+    raise AssertionError(f"still seeing new records after {polls} polls")
 
 
 def test_every_record_is_cut_once_even_past_an_under_reported_watermark(kafka_broker):  # noqa: F811
@@ -50,7 +54,7 @@ def test_every_record_is_cut_once_even_past_an_under_reported_watermark(kafka_br
     # partition's end was seen, so a task may be shorter).
     assert shards[0].start == 0 and shards[-1].end == n
     assert all(a.end == b.start for a, b in zip(shards, shards[1:]))
-    assert all(0 < s.records <= 100 for s in shards)
+    assert all(s.records == 100 for s in shards)  # a remainder waits to fill a task: 5000 makes 50 whole ones
     # More records later: cut from where the cutting stood.
     kafka_broker.produce("batched", [b"late-1", b"late-2"])
     clock.now += 1
@@ -66,7 +70,7 @@ def test_the_stream_closes_after_the_idle_time_without_a_new_record(kafka_broker
     source.open({}, watch=False)
     ledger = StreamTaskManager()
     assert _cut_all(source, ledger) == 3
-    clock.now += 4.9
+    clock.now = source.cutter.last_new + 4.9  # the last new record was seen then
     source.poll_once()
     source.feed(ledger)
     assert ledger.stream_open
@@ -105,3 +109,21 @@ def test_a_broker_outage_is_waited_out_and_not_counted_as_idle(kafka_broker):  #
     source.poll_once()
     source.feed(ledger)
     assert ledger.stream_open
+
+
+def test_records_short_of_a_task_are_cut_before_the_stream_closes_idle(kafka_broker):  # noqa: F811
+    kafka_broker.create_topic("few", 1)
+    kafka_broker.produce("few", [b"a", b"b", b"c"])
+    clock = Clock()
+    source = _source(kafka_broker, "few", clock, idle=5.0)
+    source.open({}, watch=False)
+    ledger = StreamTaskManager()
+    for _ in range(10):  # until the three are seen (past the watermark); no time passes: they linger
+        source.poll_once()
+        if source.cutter.seen_end(0) == 3:
+            break
+    assert source.feed(ledger) == 0
+    clock.now += 5.0
+    source.poll_once()
+    assert source.feed(ledger) == 3  # cut, then the stream closes
+    assert not ledger.stream_open and ledger.records_per_epoch == 3

@@ -16,15 +16,27 @@ def _cutter(next_offsets=None, idle=5.0, per_task=10) -> StreamCutter:
     return StreamCutter(dict(next_offsets or {0: 0, 1: 0}), lambda p: f"kafka://b:9092/t#{p}", per_task, idle, 100.0)
 
 
-def test_the_cutter_cuts_only_what_it_did_not_cut_and_counts_idle_from_the_last_new_record():
-    cutter = _cutter()
-    assert cutter.observe({0: 25, 1: 0}, 101.0) == [Shard(P0, 0, 10), Shard(P0, 10, 20), Shard(P0, 20, 25)]
-    assert cutter.observe({0: 25, 1: 3}, 102.0) == [Shard(P1, 0, 3)]
+def test_the_cutter_cuts_whole_tasks_at_once_and_a_remainder_after_its_linger():
+    cutter = _cutter()  # 10 offsets a task, a remainder waits 1 s
+    assert cutter.observe({0: 25, 1: 0}, 101.0) == [Shard(P0, 0, 10), Shard(P0, 10, 20)]
+    assert cutter.observe({0: 25, 1: 3}, 101.5) == []  # P0's 20-24 and P1's 0-2 wait for more
+    assert cutter.observe({0: 25, 1: 3}, 102.0) == [Shard(P0, 20, 25)]  # lingered 1 s since 101.0
+    assert cutter.observe({0: 25, 1: 3}, 102.5) == [Shard(P1, 0, 3)]
     assert cutter.observe({0: 20, 1: 3}, 103.0) == []  # an end that went back (an old watermark) cuts nothing
-    assert not cutter.idle(106.9)
-    assert cutter.idle(107.0)
-    assert cutter.observe({0: 26}, 108.0) == [Shard(P0, 25, 26)]
-    assert not cutter.idle(112.0) and cutter.idle(113.0)
+    assert cutter.observe({0: 31}, 103.2) == []  # 6 short of a task: they wait
+    assert cutter.observe({0: 36}, 103.4) == [Shard(P0, 25, 35)]  # filled: cut at once
+    assert cutter.seen_end(0) == 36 and cutter.next_offsets[0] == 35
+
+
+def test_the_cutter_is_idle_after_its_time_without_a_new_record_and_flushes_what_lingers():
+    cutter = _cutter(idle=5.0)
+    assert cutter.observe({0: 4}, 101.0) == []
+    assert not cutter.idle(105.9)
+    assert cutter.idle(106.0)
+    assert cutter.flush(106.0) == [Shard(P0, 0, 4)]
+    assert cutter.flush(106.0) == []
+    cutter.observe({0: 5}, 108.0)  # a new record: idle counts again from here
+    assert not cutter.idle(112.9) and cutter.idle(113.0)
     assert not _cutter(idle=0.0).idle(10_000.0)  # 0: never idle
     with pytest.raises(ValueError, match="records_per_task"):
         _cutter(per_task=0)

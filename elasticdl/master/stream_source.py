@@ -114,7 +114,7 @@ class KafkaStreamSource:
             for partition in self.partitions:
                 _low, high = self.topic.watermarks(partition, self.timeout)
                 ends[partition] = high
-            quiet = {p: cutter.next_offsets[p] for p, end in ends.items() if end <= cutter.next_offsets[p]}
+            quiet = {p: cutter.seen_end(p) for p, end in ends.items() if end <= cutter.seen_end(p)}
             # Before calling a partition quiet, read past its watermark: the records may be there.
             for partition, end in self.topic.probe(quiet, self.records_per_task * PROBE_TASKS).items():
                 ends[partition] = max(ends[partition], end)
@@ -129,11 +129,14 @@ class KafkaStreamSource:
             logger.info("stream %s: the broker answers again", self.topic.address.url)
             self._outage = ""
         now = self.clock()
-        shards = cutter.observe(ends, now)
+        shards = cutter.observe(ends, now)  # a new record resets the idle time
+        idle = cutter.idle(now)
+        if idle:
+            shards += cutter.flush(now)  # what lingers, short of a whole task
         if shards:
             self._cut.put(shards)
-        elif cutter.idle(now):
-            self._idle.set()
+        if idle:
+            self._idle.set()  # after the last cut: feed adds it before it closes the stream
 
 
 def stream_ledger(config, command: str) -> StreamTaskManager | None:
