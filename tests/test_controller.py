@@ -418,11 +418,35 @@ def test_sync_mode_tells_the_ps_when_nobody_holds_a_task_any_more_so_pending_gra
     assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == []
     report(ctl, dispatcher, third, 0)
     decisions = report(ctl, dispatcher, fourth, 1)
-    assert kinds(decisions).index("TellLiveWorkers") < kinds(decisions).index("EndEpoch")
+    assert kinds(decisions).index("TellLiveWorkers") < kinds(decisions).index("LevelVersions")
     assert of(decisions, c.TellLiveWorkers) == [c.TellLiveWorkers(0)]
     # A PS was away for that tell: told again at the next Tick (simulator, seed 260).
     assert of(ctl.step(c.LiveWorkersNotTold()), c.TellLiveWorkers) == []
-    assert of(ctl.step(c.Tick()), c.TellLiveWorkers) == [c.TellLiveWorkers(0)]
+    assert of(ctl.step(c.VersionsNotLeveled()), c.LevelVersions) == []
+    assert kinds(ctl.step(c.Tick()))[:2] == ["TellLiveWorkers", "LevelVersions"]
+    assert of(ctl.step(c.VersionsLeveled(9)), c.EndEpoch) == [c.EndEpoch(0, final=True, sync_model=True)]
+
+
+def test_sync_mode_levels_the_shards_to_one_version_before_the_final_epoch_end():
+    """Issue 25: every shard of a sync job ends at one version, whatever grads_to_wait is. After
+    faults the shards group the same gradients into versions differently (the simulator: seeds
+    555, 965, 4788, ...), so once training is over and 0 live workers were told the controller
+    decides LevelVersions, and reads the final model (EndEpoch) only once it was answered."""
+    ctl, dispatcher, _, clock = make(workers=1, sync=True, tasks=2, epochs=1)
+    ctl.start()
+    assert of(report(ctl, dispatcher, take(dispatcher, 0), 0), c.LevelVersions) == []  # training goes on
+    decisions = report(ctl, dispatcher, take(dispatcher, 0), 0)
+    assert of(decisions, c.LevelVersions) == [c.LevelVersions()] and of(decisions, c.EndEpoch) == []
+    assert of(ctl.step(c.VersionsNotLeveled()), c.LevelVersions) == []  # a PS away: not at once
+    assert of(ctl.step(c.VersionReported(7)), c.EndEpoch) == []  # the end waits for the leveling
+    assert of(ctl.step(c.Tick()), c.LevelVersions) == [c.LevelVersions()]
+    decisions = ctl.step(c.VersionsLeveled(9))
+    assert of(decisions, c.VersionChanged) == [c.VersionChanged(9)]
+    assert of(decisions, c.EndEpoch) == [c.EndEpoch(0, final=True, sync_model=True)]
+    assert of(ctl.step(c.Tick()), c.LevelVersions) == []  # once
+    # A PS relaunched before the end: it may come back at another version, leveled again.
+    assert of(ctl.step(exit_of(0, role="ps")), c.RelaunchPS) != []
+    assert of(ctl.step(c.Tick()), c.LevelVersions) == [c.LevelVersions()]
 
 
 def test_async_mode_never_tells_live_workers():
@@ -853,3 +877,20 @@ def test_a_dropped_evaluation_task_fails_the_job_too():
     decisions = report(ctl, dispatcher, task, 0, err="InvalidArgumentError: bad metric input")
     assert kinds(decisions) == ["Fail"]
     assert decisions[0].error.startswith(f"evaluation task {task.task_id} (data.rec records 0-9")
+
+
+def test_a_leveling_refused_for_longer_than_its_patience_lets_the_job_end_unleveled():
+    """A PS relaunched empty that no worker can refill (no worker left has built the model) must
+    not hold the job's end forever (the simulator, seed 269, before an all-empty job was let through)."""
+    from elasticdl.master.leveling import LEVEL_PATIENCE_SECONDS
+
+    ctl, dispatcher, _, clock = make(workers=1, sync=True, tasks=1, epochs=1)
+    ctl.start()
+    assert of(report(ctl, dispatcher, take(dispatcher, 0), 0), c.LevelVersions) == [c.LevelVersions()]
+    assert of(ctl.step(c.VersionsNotLeveled()), c.EndEpoch) == []
+    clock.now += LEVEL_PATIENCE_SECONDS / 2
+    assert of(ctl.step(c.Tick()), c.LevelVersions) == [c.LevelVersions()]
+    assert of(ctl.step(c.VersionsNotLeveled()), c.EndEpoch) == []  # still patient
+    clock.now += LEVEL_PATIENCE_SECONDS / 2
+    ctl.step(c.Tick())
+    assert of(ctl.step(c.VersionsNotLeveled()), c.EndEpoch) == [c.EndEpoch(0, final=True, sync_model=True)]

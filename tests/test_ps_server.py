@@ -208,7 +208,7 @@ def test_bad_gradients_rejected_and_nothing_changes(kind, use_async):
 def test_push_before_model_rejected():
     ps = make_ps()
     result = ps.push_gradients(grads(), 0, None)
-    assert not result.accepted and "push the model first" in result.reason
+    assert not result.accepted and "holds no model" in result.reason  # stale: pull (refill), compute again
 
 
 # ---------------------------------------------------------------- checkpoints

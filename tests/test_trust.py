@@ -160,7 +160,7 @@ def test_the_ticket_travels_over_grpc_and_the_ps_checks_it(served_ps):
 
 def test_only_the_master_may_fence_roll_back_or_steer_a_ps(served_ps, tmp_path):
     """A token holder without the master's credential cannot fence another worker's hand-out,
-    set the learning rate, the live workers, snapshots or checkpoints: PERMISSION_DENIED."""
+    set the learning rate, the live workers, snapshots, checkpoints or a leveling: PERMISSION_DENIED."""
     from elasticdl.rpc.ps_client import PSClient
 
     ps, address = served_ps
@@ -171,7 +171,7 @@ def test_only_the_master_may_fence_roll_back_or_steer_a_ps(served_ps, tmp_path):
         commands = [lambda: intruder.fence([3], [7]), lambda: intruder.set_learning_rate(100.0),
                     lambda: intruder.set_live_workers(0), lambda: intruder.take_snapshot(1),
                     lambda: intruder.drop_snapshot(1), lambda: intruder.save_checkpoint(),
-                    lambda: intruder.restore(str(tmp_path / "version-1"), 0)]
+                    lambda: intruder.restore(str(tmp_path / "version-1"), 0), lambda: intruder.level_versions()]
         for command in commands:
             with pytest.raises(grpc.RpcError) as err:
                 command()

@@ -144,6 +144,7 @@ def ps_requests():
         st.tuples(st.just("drop_snapshot"), snapshot),
         st.tuples(st.just("set_learning_rate"), st.builds(elasticdl_pb2.LearningRate, value=numbers)),
         st.tuples(st.just("set_live_workers"), st.builds(elasticdl_pb2.LiveWorkers, count=ints32)),
+        st.tuples(st.just("level_version"), st.builds(elasticdl_pb2.LevelRequest, version=ints64, term=ints64)),
         st.tuples(st.just("push_embedding_table_infos"), infos),
         st.tuples(st.just("pull_embedding_vectors"), st.builds(
             elasticdl_pb2.PullEmbeddingVectorsRequest, name=st.one_of(st.just("emb"), names), ids=tensors(),

@@ -107,31 +107,70 @@ def test_after_a_ps_reconnect_the_worker_pulls_before_it_pushes(mode, down_at, m
     assert ps.pulls >= 2  # the first, and the one after the reconnect
 
 
-def test_a_ps_that_came_back_empty_is_refilled_at_the_version_the_others_are_at():
-    """Found by the simulator (seed 191): a PS relaunched without a checkpoint was refilled at
-    version 0 and stayed behind the other shards of a sync job for the rest of the job."""
+class _OneEmptyOfTwo:
+    """Two PS: the first at ``others_at``, the second relaunched empty until a ``push_model``."""
 
-    class TwoPS:
-        num_ps = 2
+    num_ps = 2
 
-        def __init__(self):
-            self.empty, self.refilled_at = True, None
+    def __init__(self, others_at: int):
+        self.others_at, self.empty, self.filled_at, self.pulls = others_at, True, None, 0
 
-        def pull(self, versions, wait_for_newer=None, timeout=30.0):
-            other = PullResult(True, 12, {"w": np.zeros(2, np.float32)})
-            mine = PullResult(not self.empty, self.refilled_at or 0, {} if self.empty else {"b": np.zeros(1, np.float32)})
-            return [other, mine]
+    def pull(self, versions, wait_for_newer=None, timeout=30.0):
+        self.pulls += 1
+        other = PullResult(True, self.others_at, {"w": np.zeros(2, np.float32)})
+        mine = PullResult(not self.empty, self.filled_at or 0, {} if self.empty else {"b": np.zeros(1, np.float32)})
+        return [other, mine]
 
-        def push_model(self, params, version=0, non_trainable=()):
-            self.empty, self.refilled_at = False, version
-            return [False, True]
+    def push_model(self, params, version=0, non_trainable=()):
+        self.empty, self.filled_at = False, version
+        return [False, True]
 
-    ps = TwoPS()
+
+def _sync_worker_of(ps) -> Worker:
     spec = type("Spec", (), {"learning_rate_scheduler": None})()
     trainer = _Trainer()
     trainer.get_params = lambda: {"w": np.zeros(2, np.float32), "b": np.zeros(1, np.float32)}
-    trainer.non_trainable = set()
-    worker = Worker(0, spec=spec, trainer=trainer, master=_Master(), ps=ps, minibatch_size=2,
-                    consistency=MODES["sync"](2))
-    worker._pull(everything=True)
-    assert ps.refilled_at == 12
+    trainer.variables, trainer.non_trainable = {"w": None, "b": None}, set()
+    return Worker(0, spec=spec, trainer=trainer, master=_Master(), ps=ps, minibatch_size=2,
+                  consistency=MODES["sync"](2))
+
+
+def test_a_ps_that_came_back_empty_is_refilled_at_the_version_the_others_are_at():
+    """Found by the simulator (seed 191): a PS relaunched without a checkpoint was refilled at
+    version 0 and stayed behind the other shards of a sync job for the rest of the job."""
+    ps = _OneEmptyOfTwo(others_at=12)
+    _sync_worker_of(ps)._pull(everything=True)
+    assert ps.filled_at == 12
+
+
+def test_a_new_worker_that_finds_a_ps_empty_fills_it_at_the_version_the_others_are_at():
+    """Found by the simulator (seed 3046, sync, 2 PS, 1 worker): a PS relaunched without a
+    checkpoint while no worker was left was filled by the replacement worker's first pull
+    (``_initialize_ps``) at version 0, 6 versions behind the other shard for good."""
+    ps = _OneEmptyOfTwo(others_at=6)
+    _sync_worker_of(ps)._initialize_ps()
+    assert ps.filled_at == 6
+
+
+def test_a_worker_waiting_for_a_task_refills_a_ps_that_holds_no_model(monkeypatch):
+    """Found by the simulator (seed 1475, sync, 3 PS, no checkpoint): a PS killed once every task
+    was done came back empty; no batch was left to pull for it, and the job ended with its shard
+    missing. A waiting worker looks (every REFILL_PROBE_SECONDS) and refills it; a sync job's
+    leveling waits for that (tests/test_ps_leveling.py)."""
+    from elasticdl.worker import batch_loop
+
+    now = [100.0]
+    monkeypatch.setattr(batch_loop.time, "monotonic", lambda: now[0])
+    ps = _OneEmptyOfTwo(others_at=6)
+    worker = _sync_worker_of(ps)
+    versions = worker.consistency.versions
+    worker._refill_while_waiting()
+    assert ps.pulls == 0  # not before it waited REFILL_PROBE_SECONDS since it started
+    now[0] += batch_loop.REFILL_PROBE_SECONDS
+    worker._refill_while_waiting()
+    assert ps.filled_at == 6 and worker.consistency.versions == versions  # the policy is not told
+    worker._refill_while_waiting()
+    assert ps.pulls == 1  # not again before REFILL_PROBE_SECONDS
+    now[0] += batch_loop.REFILL_PROBE_SECONDS
+    worker._refill_while_waiting()
+    assert ps.pulls == 2

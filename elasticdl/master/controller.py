@@ -41,6 +41,7 @@ from elasticdl.master.events import (
     FireEpochBegin,
     FireEpochEnd,
     HandoutsFenced,
+    LevelVersions,
     LiveWorkersNotTold,
     OpenEpoch,
     Phase,
@@ -61,9 +62,12 @@ from elasticdl.master.events import (
     Tick,
     VersionChanged,
     VersionReported,
+    VersionsLeveled,
+    VersionsNotLeveled,
     describe_exit,
 )
 from elasticdl.master.instance_manager import GiveUp, InstanceManager, Launch, Stop
+from elasticdl.master.leveling import Leveling
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +145,7 @@ class Controller:
         # get back to polling the exits that bring the PS back (a livelock).
         self._tell_held = False
         self._fewer_live_since: float | None = None
+        self.leveling = Leveling(self._clock)  # sync: every shard at one version once training is over
         self._saved_seq = -1
         self.outcome: Finish | Fail | None = None
         self._phase = Phase.RUNNING
@@ -237,6 +242,7 @@ class Controller:
                 # Asked again once per poll, after the job looked at which roles exited: asked at
                 # once, a PS whose exit was not seen yet kept the job from ever seeing it.
                 self._end_held = self._tell_held = False
+                self.leveling.tick()
                 if self.rounds is not None:
                     self.rounds.tick()
             case PSSilent(indices=indices):
@@ -247,6 +253,11 @@ class Controller:
                 self.tasks.fenced(list(handouts), marks)
             case LiveWorkersNotTold():
                 self._live_workers_told, self._tell_held = -1, True
+            case VersionsLeveled(version=version):
+                self.leveling.leveled()
+                return self._on_version(version)
+            case VersionsNotLeveled():
+                self.leveling.refused()
             case PSRelaunched(index=index, restored_version=restored, retrained=retrained, missing=missing):
                 self.rollbacks.append(PSRollback(index, self.model_version, restored, retrained, missing))
         return []
@@ -285,6 +296,7 @@ class Controller:
         if self.ps_relaunches > self.max_ps_relaunches or self.command != "train":
             return [Fail(describe_exit(exit_, "died"))]
         self._live_workers_told = -1  # the new PS knows nothing yet
+        self.leveling.ps_relaunched()
         return [RelaunchPS(exit_)] + (self.rounds.ps_died() if self.rounds is not None else [])
 
     def _on_version(self, version: int) -> list[Decision]:
@@ -427,6 +439,9 @@ class Controller:
             if settled and count != self._live_workers_told and not self._tell_held:
                 self._live_workers_told = count
                 decisions.append(TellLiveWorkers(count))
+            # Once 0 was told (no gradient waits in an average), before the final end reads the model.
+            if self.leveling.due(self.tasks.finished, self._live_workers_told == 0):
+                decisions.append(LevelVersions())
         return decisions
 
     def _settled(self, count: int) -> bool:
@@ -449,6 +464,8 @@ class Controller:
         if self.epoch_done >= last_complete:
             return None
         epoch = self.epoch_done + 1
+        if self.sync_mode and finished and epoch == self.tasks.epoch and not self.leveling.done:
+            return None  # the final end reads the model once every shard is at one version
         self._ending = EndEpoch(epoch, final=finished and epoch == self.tasks.epoch,
                                 sync_model=self.evaluation is None)
         return self._ending

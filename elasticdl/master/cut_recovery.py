@@ -107,7 +107,9 @@ def discard_abandoned(directory: str, version: int, ps_ids, term: int, floor: in
     for path in removed:
         logger.info("removed %s: written before the job started over", path)
     for version_dir in sorted({path.rsplit("/", 1)[0] for path in removed}):
-        if not fs.listdir(version_dir):  # a version the new timeline may never write again
+        # A version the new timeline may never write again; on a store without real directories
+        # (object stores, the memory store) it went with its last file.
+        if fs.exists(version_dir) and not fs.listdir(version_dir):
             fs.rmtree(version_dir)
     return removed
 

@@ -31,6 +31,7 @@ __all__ = [
     "FireEpochBegin",
     "FireEpochEnd",
     "HandoutsFenced",
+    "LevelVersions",
     "LiveWorkersNotTold",
     "OpenEpoch",
     "PSRelaunched",
@@ -54,6 +55,8 @@ __all__ = [
     "Tick",
     "VersionChanged",
     "VersionReported",
+    "VersionsLeveled",
+    "VersionsNotLeveled",
     "describe_exit",
 ]
 
@@ -142,6 +145,18 @@ class LiveWorkersNotTold:
 
 
 @dataclass(frozen=True)
+class VersionsLeveled:
+    """The answer to ``LevelVersions``: every PS is at ``version``."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class VersionsNotLeveled:
+    """``LevelVersions`` found a PS unreachable (or gradients still pending): ask again later."""
+
+
+@dataclass(frozen=True)
 class HandoutsFenced:
     """The answer to ``FenceHandouts``: the PS refuse those hand-outs' pushes from now on, and
     applied each task's records up to ``marks[task_id]`` (None: a PS could not be asked)."""
@@ -188,7 +203,7 @@ class PSRelaunched:
 Event = (
     Tick | RoleExited | TaskReported | VersionReported | ScaleRequested | StopRequested | StoreLost
     | EpochEnded | EpochEndDeferred | LiveWorkersNotTold | PSRelaunched | EpochEndFired | HandoutsFenced
-    | SnapshotTaken | SnapshotFailed | PSSilent
+    | SnapshotTaken | SnapshotFailed | PSSilent | VersionsLeveled | VersionsNotLeveled
 )
 
 
@@ -235,6 +250,14 @@ class TellLiveWorkers:
     """Sync mode: the PS average over the workers holding a task, never wait for absent ones."""
 
     count: int
+
+
+@dataclass(frozen=True)
+class LevelVersions:
+    """Sync, once training is over and 0 live workers were told: every PS moves up to the
+    highest shard's version, so that the job ends and is cut at one version (shards group
+    the same gradients into versions differently after faults: docs/consistency.md).
+    Answered by ``VersionsLeveled`` or ``VersionsNotLeveled``."""
 
 
 @dataclass(frozen=True)
@@ -319,7 +342,7 @@ class Fail:
 
 
 Decision = (
-    Launch | Stop | RelaunchPS | ReplacePS | ReplaceWorker | FenceHandouts | TellLiveWorkers | EndEpoch | FireEpochBegin | FireEpochEnd | VersionChanged
+    Launch | Stop | RelaunchPS | ReplacePS | ReplaceWorker | FenceHandouts | TellLiveWorkers | LevelVersions | EndEpoch | FireEpochBegin | FireEpochEnd | VersionChanged
     | RecordEvaluation | TakeSnapshot | DropSnapshot | SaveLedger | Finish | Fail | OpenEpoch
 )
 

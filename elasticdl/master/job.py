@@ -326,6 +326,11 @@ class Job(JobSetup, Recovery, JobEnd):
                     self._ps.set_live_workers(count)
                 except grpc.RpcError:
                     return [c.LiveWorkersNotTold()]  # a PS is restarting: tell it later
+            case c.LevelVersions():
+                try:
+                    return [c.VersionsLeveled(self._ps.level_versions())]
+                except grpc.RpcError:
+                    return [c.VersionsNotLeveled()]  # a PS is away: asked again at the next Tick
             case c.EndEpoch():
                 return self._end_epoch(decision)
             case c.FireEpochBegin(epoch=epoch):

@@ -323,6 +323,11 @@ class PServerStub:
                 request_serializer=elasticdl__pb2.LiveWorkers.SerializeToString,
                 response_deserializer=elasticdl__pb2.Empty.FromString,
                 _registered_method=True)
+        self.level_version = channel.unary_unary(
+                '/elasticdl.PServer/level_version',
+                request_serializer=elasticdl__pb2.LevelRequest.SerializeToString,
+                response_deserializer=elasticdl__pb2.RestoreResponse.FromString,
+                _registered_method=True)
         self.get_stats = channel.unary_unary(
                 '/elasticdl.PServer/get_stats',
                 request_serializer=elasticdl__pb2.Empty.SerializeToString,
@@ -421,6 +426,12 @@ class PServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def level_version(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def get_stats(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -510,6 +521,11 @@ def add_PServerServicer_to_server(servicer, server):
                     servicer.set_live_workers,
                     request_deserializer=elasticdl__pb2.LiveWorkers.FromString,
                     response_serializer=elasticdl__pb2.Empty.SerializeToString,
+            ),
+            'level_version': grpc.unary_unary_rpc_method_handler(
+                    servicer.level_version,
+                    request_deserializer=elasticdl__pb2.LevelRequest.FromString,
+                    response_serializer=elasticdl__pb2.RestoreResponse.SerializeToString,
             ),
             'get_stats': grpc.unary_unary_rpc_method_handler(
                     servicer.get_stats,
@@ -790,6 +806,33 @@ class PServer:
             '/elasticdl.PServer/set_live_workers',
             elasticdl__pb2.LiveWorkers.SerializeToString,
             elasticdl__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def level_version(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticdl.PServer/level_version',
+            elasticdl__pb2.LevelRequest.SerializeToString,
+            elasticdl__pb2.RestoreResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -23,6 +23,7 @@ from elasticdl.model.optimizers import Optimizer, learning_rate_problem
 from elasticdl.ps.checkpointing import ShardCheckpoints
 from elasticdl.ps.data_position import DataPosition
 from elasticdl.ps.gradient_guard import DEFAULT_MAX_NORM_RATIO, GradientGuard
+from elasticdl.ps.leveling import ShardLeveling
 from elasticdl.ps.parameters import GradientError, ParameterShard
 from elasticdl.ps.push_checks import check_push
 from elasticdl.ps.strategies import (
@@ -94,7 +95,7 @@ def make_updating_strategy(settings: PSSettings) -> GradientUpdatingStrategy:
     )
 
 
-class ParameterServer(ShardCheckpoints):
+class ParameterServer(ShardCheckpoints, ShardLeveling):
     def __init__(
         self,
         settings: PSSettings,
@@ -373,7 +374,8 @@ class ParameterServer(ShardCheckpoints):
         due = None
         with self._lock:
             try:
-                self.shard.check_gradients(grads)
+                if self.shard.initialized:  # an empty one holds nothing to check against (below)
+                    self.shard.check_gradients(grads)
                 check_push(version, learning_rate, batch, worker_id, self.verifier)
             except EmbeddingError as err:  # bad ids or rows: the servicer answers INVALID_ARGUMENT
                 logger.warning("rejected push: %s", err)
@@ -391,6 +393,15 @@ class ParameterServer(ShardCheckpoints):
                 elif batch is not None and self.position.already_taken(batch):
                     # A retry of a push whose answer was lost: taken once already.
                     result = PushResult(PushOutcome.APPLIED, self.shard.version, "already applied")
+                elif not self.shard.initialized:
+                    # Relaunched empty (no checkpoint, or its cut was damaged) while the worker was
+                    # away (frozen): the gradient was computed on no model this PS holds. Stale, so
+                    # the worker pulls, which gives the PS its copy, and computes again; refused as
+                    # invalid, the task failed until dropped (simulator, seed 2438).
+                    self.strategy.telemetry.rejected_stale(self.shard.version)
+                    result = PushResult(PushOutcome.REJECTED_STALE, self.shard.version,
+                                        "the parameter server holds no model (it restarted empty): pull, which "
+                                        "gives it the worker's copy, and compute again")
                 elif refusal := self.guard.problem(grads):
                     logger.warning("rejected push of worker %d: %s", worker_id, refusal)
                     self.strategy.telemetry.pushes_rejected_invalid += 1

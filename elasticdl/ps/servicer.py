@@ -193,6 +193,16 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
             marks=[elasticdl_pb2.TaskMark(task_id=t, records_end=e) for t, e in sorted(marks.items())]
         )
 
+    def level_version(self, request, context):
+        self._check_master(context)
+        if request.version < 0 or request.term < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "version and term are never negative")
+        try:
+            version = self._server.level_version(request.version, request.term)
+        except (StaleTermError, ValueError) as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        return elasticdl_pb2.RestoreResponse(version=version)
+
     def take_snapshot(self, request, context):
         self._check_master(context)
         _check_snapshot_id(request.snapshot_id, context)

@@ -115,6 +115,11 @@ class GradientUpdatingStrategy(ABC):
     def grads_to_wait(self) -> int:
         return 1
 
+    @property
+    def pending(self) -> int:
+        """Gradients accepted and not applied yet (waiting in a sync average)."""
+        return 0
+
     def _staleness_scale(self, staleness: int) -> float:
         return 1.0 / max(1, staleness) if self.lr_staleness_modulation else 1.0
 
@@ -154,6 +159,10 @@ class AverageUpdatingStrategy(GradientUpdatingStrategy):
     @property
     def grads_to_wait(self) -> int:
         return self.effective_grads_to_wait
+
+    @property
+    def pending(self) -> int:
+        return self._count
 
     def push(self, shard, grads, version, learning_rate):
         staleness = shard.version - version

@@ -101,6 +101,14 @@ class MasterCommands:
         for future in futures:
             future.result()
 
+    def level_versions(self) -> int:
+        """Sync, once training is over: every PS moves up to the highest shard's version
+        (PS.level_version); returns it."""
+        version = max(s.version for s in self.stats())
+        request = elasticdl_pb2.LevelRequest(version=version, term=self.term)
+        futures = [s.level_version.future(request, timeout=COMMAND_TIMEOUT_SECONDS) for s in self._stubs]
+        return max(f.result().version for f in futures)
+
     def stats(self) -> list[PSStats]:
         """Every PS's stats (a PS that does not answer within the command deadline raises:
         a frozen PS must not freeze the master with it)."""

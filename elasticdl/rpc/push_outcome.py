@@ -13,8 +13,8 @@ class PushOutcome(enum.Enum):
     PUSH_OUTCOME_UNSPECIFIED = "unspecified"  # not set: a PS that predates the field
     APPLIED = "applied"  # the update it is part of was applied: it made the answer's version
     ACCEPTED_PENDING = "accepted_pending"  # sync: in the average, waiting for the others' gradients
-    REJECTED_STALE = "rejected_stale"  # sync: computed on a version too old; pull and compute again
-    REJECTED_INVALID = "rejected_invalid"  # does not fit the model, or the PS holds no model yet
+    REJECTED_STALE = "rejected_stale"  # computed on a version too old (sync), or on no model the PS holds: pull, compute again
+    REJECTED_INVALID = "rejected_invalid"  # does not fit the model
     REJECTED_FENCED = "rejected_fenced"  # its task hand-out was taken back (requeued, rolled back): leave it
 
     @property

@@ -182,6 +182,8 @@ class SimMaster:
                     self._each(lambda ps: ps.set_live_workers(count))
                 except Unavailable:
                     return [c.LiveWorkersNotTold()]
+            case c.LevelVersions():
+                return [self._level_versions()]
             case c.EndEpoch():
                 return self._end_epoch(decision)
             case c.FireEpochEnd(epoch=epoch):
@@ -255,6 +257,14 @@ class SimMaster:
                 pass  # another PS is down too: its own relaunch restores the same cut
         rewound = rewind_ledger(self.tasks, plan.marks, plan.held, cut.path, "rollback")
         return c.PSRelaunched(exit_.index, cut.version, retrained=rewound.retrained, missing=rewound.possibly_missing)
+
+    def _level_versions(self):
+        """PSClient.level_versions: every PS up to the highest shard's version."""
+        try:
+            version = max(self._each(lambda ps: ps.version()))
+            return c.VersionsLeveled(max(self._each(lambda ps: ps.level_version(version, self.term))))
+        except (Unavailable, ValueError):
+            return c.VersionsNotLeveled()
 
     def _fence(self, handouts: list[int], task_ids: list[int]) -> dict[int, int] | None:
         try:

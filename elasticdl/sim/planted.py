@@ -7,6 +7,8 @@ Each is the behaviour of the code before its fix, patched in for the duration of
   on version -1" and the task was dropped (issue 25).
 - ``tell-livelock``: a TellLiveWorkers that found a PS away was issued again at once inside the
   same feed, forever: the master never polled the exit that brings the PS back (issue 25).
+- ``no-leveling``: a sync job's shards were never leveled to one version once training was
+  over (LevelVersions): after faults they ended at different versions (issue 25).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import contextlib
 from collections.abc import Iterator
 
 from elasticdl.master import controller as c
+from elasticdl.master.leveling import Leveling
 from elasticdl.worker.consistency import ConsistencyPolicy
 
 
@@ -60,7 +63,22 @@ def _tell_livelock() -> Iterator[None]:
         c.Controller._on = saved
 
 
-PLANTS = {"async-reconnect": _async_reconnect, "tell-livelock": _tell_livelock}
+@contextlib.contextmanager
+def _no_leveling() -> Iterator[None]:
+    saved = Leveling.due
+
+    def never(self, training_over: bool, zero_told: bool) -> bool:
+        self.done = True  # the final end goes on as before the fix
+        return False
+
+    Leveling.due = never
+    try:
+        yield
+    finally:
+        Leveling.due = saved
+
+
+PLANTS = {"async-reconnect": _async_reconnect, "tell-livelock": _tell_livelock, "no-leveling": _no_leveling}
 
 
 def planted(name: str | None):

@@ -114,6 +114,10 @@ class SimPS:
         self._serving()
         self._observe(lambda: self.core.set_live_workers(count))
 
+    def level_version(self, version: int, term: int) -> int:
+        self._serving()
+        return self.core.level_version(version, term)
+
     def fence(self, handouts: list[int], task_ids: list[int], term: int) -> dict[int, int]:
         self._serving()
         return self.core.fence(handouts, task_ids, term)

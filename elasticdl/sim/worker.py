@@ -1,10 +1,13 @@
 """A simulated worker: the real worker's batch loop as a coroutine, on the real ConsistencyPolicy.
 
-It mirrors elasticdl/worker/worker.py step for step (get a task, pull when the policy says,
-compute, push to every PS, take the answers, report), with the model replaced by the numpy
-stand-in (sim/model.py). The calls go through the simulated network; a PS that does not
-answer is retried as ``_with_ps_retries`` does, telling the policy ``ps_reconnected()``.
-Each push also carries the keys of its records, for the simulator's oracle only.
+It mirrors elasticdl/worker/worker.py and batch_loop.py: get a task, and for each batch carry
+out the steps ``ConsistencyPolicy.next_step()`` returns (wait, settle, pull, compute, push:
+the real step sequence of every mode, elasticdl/worker/batch_steps.py), telling the policy
+what happened, then flush the task (``task_ending``) and report; a failed task is left
+(``task_left``). The model is the numpy stand-in (sim/model.py). The calls go through the
+simulated network; a PS that does not answer is retried as ``BatchLoop._run_steps`` does,
+telling the policy ``ps_reconnected()``. An overlapped exchange's pull is made when it is
+settled. Each push also carries the keys of its records, for the simulator's oracle only.
 """
 
 from __future__ import annotations
@@ -21,14 +24,24 @@ from elasticdl.sim.model import EMBEDDING_IDS, Dataset, LinearModel, eval_metric
 from elasticdl.sim.modes import Mode
 from elasticdl.sim.scheduler import Await, Sleep
 from elasticdl.sim.transport import Call, Unavailable
+from elasticdl.worker.batch_loop import REFILL_PROBE_SECONDS
 from elasticdl.worker.consistency import ConsistencyPolicy, PushRejectedError, TaskTakenBackError
+from elasticdl.worker.steps import Gradients, StepKind
 
-MAX_PUSH_TRIES = 64  # as elasticdl/worker/worker.py
 PS_RECONNECT_SECONDS = 120.0
 SYNC_WAIT_SECONDS = 30.0
 MINIBATCH = 2
 WAIT_SECONDS = 0.05  # a worker told WAIT asks again after this long
 COMPUTE_SECONDS = 0.003
+
+
+@dataclass
+class Exchange:
+    """overlap: a batch's push in flight (``futures``; None: to be made again) and whether the
+    pull after it is due (prepared when it is settled, as Exchange's prepare on a retry)."""
+
+    futures: dict | None
+    pulls: bool
 
 
 @dataclass
@@ -74,18 +87,27 @@ class SimWorker:
         self.stop_requested = False
         self.progress = 0
         self.acc = Accumulated()
-        self.exchange = None  # overlap: (futures, request, parts, versions, position, keys)
+        self.exchange: Exchange | None = None  # overlap: the push in flight
+        self.outbox = None  # (parts, versions, position, keys, grads) until every PS took them
+        self.grads = None  # the last COMPUTE's, until a PUSH takes them
+        self.batch = None  # (indices, position, keys) of the batch under way
+        self.pause = self.blocked = 0.0  # SSP: the next pause, and the time blocked not reported yet
         self.now = lambda: 0.0  # set by the world: the simulated clock
+        self.probed_at = 0.0  # the last look for an empty PS while waiting for a task (from the start)
 
     # ------------------------------------------------------------ the task loop
 
     def run(self):
+        self.probed_at = self.now()
         while not self.stop_requested:
             order = yield from self._master("get_task", self.index)
             if order is NoTask.END:
                 return
             if order is NoTask.WAIT:
                 yield Sleep(WAIT_SECONDS)
+                if self.built and self.now() - self.probed_at >= REFILL_PROBE_SECONDS:
+                    self.probed_at = self.now()  # batch_loop._refill_while_waiting
+                    yield from self._with_ps_retries(self._refill_while_waiting)
                 continue
             if order.type is TaskType.EVALUATION:
                 yield from self.evaluate_task(order)
@@ -118,15 +140,12 @@ class SimWorker:
                 if self.stop_requested and done < end - start:
                     interrupted = True
                     break
-            yield from self._with_ps_retries(self._settle_exchange)
-            yield from self._with_ps_retries(self._push_accumulated)
+            self.policy.task_ending()  # BatchLoop._finish_task_pushes: settle, push what is accumulated
+            yield from self._run_steps()
         except GeneratorExit:
             raise  # killed: nothing more runs
         except BaseException:
-            yield from self._drop_exchange()
-            if self.acc.grads:
-                self.acc = Accumulated()
-                self.policy.accumulation_dropped()
+            yield from self._leave_task()
             raise
         return (self.progress if interrupted else end - start), interrupted
 
@@ -154,17 +173,30 @@ class SimWorker:
         metrics.update(self.validation.targets[indices], self.model.predict(self.validation, indices))
         yield from self._master("report", (order.task_id, self.index, "", len(indices), False, 0, metrics.states()))
 
-    # ------------------------------------------------------------ one batch
+    # ------------------------------------------------------------ one batch (BatchLoop)
 
     def train_batch(self, indices, position, keys):
-        if self.policy.overlap:
-            yield from self._train_batch_overlapped(indices, position, keys)
-        elif not self.policy.accumulates:
-            yield from self._with_ps_retries(lambda: self._train_batch_once(indices, position, keys))
-        else:
-            yield from self._with_ps_retries(lambda: self._accumulate_batch(indices, position, keys))
-            if self.policy.push_due():
-                yield from self._with_ps_retries(self._push_accumulated)
+        """BatchLoop.train_batch: the steps ConsistencyPolicy.next_step() returns, carried out."""
+        yield from self._with_ps_retries(self._before_batch)
+        self.batch, self.pause = (indices, position, keys), 0.005
+        self.policy.batch_started()
+        yield from self._run_steps()
+
+    def _run_steps(self):
+        """BatchLoop._run_steps, with its one retry rule (_ps_unreachable)."""
+        policy, deadline, pause = self.policy, None, 0.2
+        while (step := policy.next_step()).kind is not StepKind.DONE:
+            try:
+                yield from self._step(step)
+                deadline = None
+            except Unavailable:
+                if deadline is None:
+                    deadline, pause = self.now() + PS_RECONNECT_SECONDS, 0.2
+                if self.now() > deadline:
+                    raise
+                yield Sleep(pause)
+                pause = min(pause * 2, 2.0)
+                policy.ps_reconnected()  # it may come back older or empty: pull everything
 
     def _with_ps_retries(self, call):
         deadline, pause = self.now() + PS_RECONNECT_SECONDS, 0.2
@@ -176,157 +208,115 @@ class SimWorker:
                     raise
                 yield Sleep(pause)
                 pause = min(pause * 2, 2.0)
-                self.policy.ps_reconnected()  # it may come back older or empty: pull everything
+                self.policy.ps_reconnected()
 
     def _before_batch(self):
         if not self.built:
             yield from self._initialize_ps()
             self.built = True
-        if self.policy.bounded:
-            yield from self._wait_within_staleness_bound()
 
-    def _compute(self, indices):
+    def _step(self, step):
+        kind = step.kind
+        if kind is StepKind.WAIT:
+            yield from self._wait_step()
+        elif kind is StepKind.SETTLE:
+            yield from self._settle_exchange()
+        elif kind is StepKind.PULL:
+            yield from self._pull_with(step.pull)
+        elif kind is StepKind.COMPUTE:
+            yield from self._compute_step(step)
+        else:
+            yield from self._push_step(step)
+
+    def _wait_step(self):
+        """SSP: report the clock; while too far ahead of the slowest worker, pause."""
+        clock, slowest = yield from self._master("report_clock", (self.index, self.policy.clock, self.blocked))
+        self.blocked = 0.0
+        if self.policy.clock_reported(clock, slowest) and not self.policy.in_flight:
+            yield Sleep(self.pause)
+            self.blocked, self.pause = self.pause, min(self.pause * 2, 0.2)
+
+    def _compute_step(self, step):
+        indices, position, keys = self.batch
         yield Sleep(COMPUTE_SECONDS)
-        return self.model.gradients(self.data, indices)
+        _, grads = self.model.gradients(self.data, indices)
+        if step.keep:  # --push_steps: applied to the local copy, pushed with the next ones
+            self.acc.add(grads, position, keys)
+            self.model.apply_locally(grads)
+        else:
+            self.grads = grads
+        self.policy.computed(True)
 
-    def _train_batch_once(self, indices, position, keys):
-        yield from self._before_batch()
+    def _push_step(self, step):
         policy = self.policy
-        pending = set(range(self.num_ps))
-        for _ in range(MAX_PUSH_TRIES):
-            if policy.must_pull():
-                yield from self._pull()
-            _, grads = yield from self._compute(indices)
-            parts = split(grads, self.num_ps)
-            answers = yield from self._push({ps: parts[ps] for ps in pending}, policy.versions,
-                                            policy.wants_push_parameters, position, keys)
-            pending = policy.push_answered(answers)
-            for answer in answers.values():
-                if answer.params is not None:
-                    self.model.set_params(answer.params)
-            if not pending:
-                policy.batch_pushed()
-                if policy.applies_locally:
-                    self.model.apply_locally(grads)
-                return
-
-    def _accumulate_batch(self, indices, position, keys):
-        yield from self._before_batch()
-        if self.policy.must_pull():
-            yield from self._pull()
-        _, grads = yield from self._compute(indices)
-        self.acc.add(grads, position, keys)
-        self.model.apply_locally(grads)
-        self.policy.batch_accumulated()
-
-    def _push_accumulated(self):
-        if not self.acc.grads:
+        if step.gradients is not Gradients.AGAIN:
+            if step.gradients is Gradients.ACCUMULATED:
+                grads, position, keys = self.acc.mean(), self.acc.position, list(self.acc.keys)
+            else:
+                grads, self.grads = self.grads, None
+                _, position, keys = self.batch
+            self.outbox = (split(grads, self.num_ps), step.versions, position, keys, grads)
+        parts, versions, position, keys, grads = self.outbox
+        if step.background:  # overlap: the next batch computes on our own copy of this update
+            self.model.apply_locally(grads)
+            self.exchange = Exchange(self._start_push(dict(enumerate(parts)), versions, False, position, keys),
+                                     step.pull is not None)
+            policy.started_in_background(step)
             return
-        policy = self.policy
-        parts = split(self.acc.mean(), self.num_ps)
-        pending = set(range(self.num_ps))
-        for _ in range(MAX_PUSH_TRIES):
-            if policy.must_pull_before_push():  # after a reconnect: versions -1 are refused
-                yield from self._pull()
-            answers = yield from self._push({ps: parts[ps] for ps in pending}, policy.versions, False,
-                                            self.acc.position, self.acc.keys)
-            pending = policy.push_answered(answers)
-            if not pending:
-                break
-        self.acc = Accumulated()
-        policy.accumulation_pushed()
+        answers = yield from self._push({ps: parts[ps] for ps in step.to_ps}, step.versions, step.want_parameters,
+                                        position, keys)
+        for answer in answers.values():
+            if answer.params is not None:
+                self.model.set_params(answer.params)
+        dropped = policy.dropped
+        taken = policy.pushed(answers, step)  # raises TaskTakenBackError, PushRejectedError
+        if policy.unpushed == 0 and self.acc.grads:
+            self.acc = Accumulated()
+        if taken is not None or policy.dropped != dropped:
+            self.outbox = None
+        if taken is Gradients.BATCH and step.apply_locally:
+            self.model.apply_locally(grads)
 
-    def _train_batch_overlapped(self, indices, position, keys):
-        policy = self.policy
-        state = {}
-
-        def compute():
-            yield from self._before_batch()
-            if policy.must_pull():
-                yield from self._pull()
-            state["versions"] = policy.versions
-            state["grads"] = (yield from self._compute(indices))[1]
-
-        yield from self._with_ps_retries(compute)
-        parts = split(state["grads"], self.num_ps)
-        yield from self._with_ps_retries(self._settle_exchange)
-        if policy.applies_locally:
-            self.model.apply_locally(state["grads"])
-        request = policy.pull_request() if policy.pulls_after_push() else None
-        futures = self._start_push(dict(enumerate(parts)), state["versions"], False, position, keys)
-        self.exchange = (futures, request, parts, state["versions"], position, keys)
-        policy.exchange_started()
+    # ------------------------------------------------------------ overlap: the exchange
 
     def _settle_exchange(self):
-        if self.exchange is None:
-            return
-        futures, request, parts, versions, position, keys = self.exchange
-        self.exchange = None
-        policy = self.policy
-        try:
-            if futures is None:  # its push failed (a PS was away): pushed again, after a pull if due
-                if policy.must_pull_before_push():
-                    yield from self._pull()
-                    versions = policy.versions
-                futures = self._start_push(dict(enumerate(parts)), versions, False, position, keys)
-            answers = yield from self._answers(futures)
-        except Unavailable:  # pushed again on the retry, as the real exchange's error is raised here
-            self.exchange = (None, request, parts, versions, position, keys)
-            raise
-        try:
-            pending = policy.push_answered(answers)
-        except BaseException:
-            policy.exchange_dropped()
-            raise
-        policy.exchange_settled()
-        for _ in range(MAX_PUSH_TRIES):
-            if not pending:
-                break
-            answers = yield from self._push({ps: parts[ps] for ps in pending}, versions, False, position, keys)
-            pending = policy.push_answered(answers)
-        if pending:
-            return
-        policy.batch_pushed()
-        if request is None:
-            return
-        if request.versions != tuple(policy.versions):
-            yield from self._pull()
-        else:
-            yield from self._pull_with(request)
-
-    def _drop_exchange(self):
-        exchange, self.exchange = self.exchange, None
+        """BatchLoop._settle_exchange. A push that found a PS away is made again here (freshly
+        prepared: Exchange.result after an error), the same batch position: taken once."""
+        exchange = self.exchange
         if exchange is None:
             return
-        try:
-            if exchange[0] is not None:  # None: its push failed, nothing is in flight
-                yield from self._answers(exchange[0])
-        except Unavailable:
-            pass
-        self.policy.exchange_dropped()
+        parts, versions, position, keys, _ = self.outbox
+        futures, exchange.futures = exchange.futures, None
+        if futures is None:
+            futures = self._start_push(dict(enumerate(parts)), versions, False, position, keys)
+        answers = yield from self._answers(futures)  # Unavailable: the retry settles it again
+        request = self.policy.pull_request() if exchange.pulls else None
+        self.exchange = None
+        if not self.policy.settled(answers):  # raises TaskTakenBackError, PushRejectedError
+            return  # some PS refused it as stale: the next step pushes it again
+        self.outbox = None
+        if request is not None:
+            yield from self._pull_with(request)
 
-    # ------------------------------------------------------------ SSP
-
-    def _wait_within_staleness_bound(self):
-        blocked, pause = 0.0, 0.005
-        while True:
-            clock, slowest = yield from self._master("report_clock", (self.index, self.policy.clock, blocked))
-            if not self.policy.must_wait(clock, slowest):
-                return
-            if self.exchange is not None:
-                yield from self._with_ps_retries(self._settle_exchange)
-                blocked = 0.0
-                continue
-            self.policy.held_back()
-            yield Sleep(pause)
-            blocked, pause = pause, min(pause * 2, 0.2)
+    def _leave_task(self):
+        """BatchLoop._leave_task: no push lands after the report; what was not pushed is dropped."""
+        exchange, self.exchange = self.exchange, None
+        if exchange is not None and exchange.futures is not None:
+            try:
+                yield from self._answers(exchange.futures)
+            except Unavailable:
+                pass
+        self.acc = Accumulated()
+        self.outbox = None
+        self.policy.task_left()
 
     # ------------------------------------------------------------ PS calls
 
     def _initialize_ps(self):
         pulled = yield from self._pull_all([-1] * self.num_ps)
-        if not all(p[0] for p in pulled):
-            yield from self._each("push_model", [(dict(self.model.params),)] * self.num_ps)
+        if not all(p[0] for p in pulled):  # at the others' version, as batch_loop's _initialize_ps
+            version = max((p[1] for p in pulled if p[0]), default=0)
+            yield from self._each("push_model", [(dict(self.model.params), version)] * self.num_ps)
         if self.model.embedding:
             yield from self._each("push_table_infos", [(self.model.table_infos,)] * self.num_ps)
         yield from self._pull(everything=True)
@@ -344,13 +334,7 @@ class SimWorker:
                     break
                 yield Sleep(0.01)
             results.append(result)
-        if any(not r[0] for r in results) and self.built:
-            # A PS relaunched without a checkpoint: give it our copy of its variables, at the version
-            # the other shards are at (elasticdl/worker/batch_loop.py, main c12cca3).
-            version = max((r[1] for r in results if r[0]), default=0)
-            yield from self._each("push_model", [(dict(self.model.params), version)] * self.num_ps)
-            if self.model.embedding:
-                yield from self._each("push_table_infos", [(self.model.table_infos,)] * self.num_ps)
+        if (yield from self._refill_empty(results)):
             results = yield from self._pull_all(list(request.versions))
         for ps, result in enumerate(results):
             if not result[0]:
@@ -359,6 +343,22 @@ class SimWorker:
             self.model.set_params(params)
             self.model.rows.update(rows)
         self.policy.pulled(request, [r[1] for r in results])
+
+    def _refill_empty(self, results):
+        """batch_loop._refill_empty: a PS relaunched without a checkpoint gets our copy of its
+        variables, at the version the other shards are at; True if one did."""
+        if all(r[0] for r in results) or not self.built:
+            return False
+        version = max((r[1] for r in results if r[0]), default=0)
+        yield from self._each("push_model", [(dict(self.model.params), version)] * self.num_ps)
+        if self.model.embedding:
+            yield from self._each("push_table_infos", [(self.model.table_infos,)] * self.num_ps)
+        return True
+
+    def _refill_while_waiting(self):
+        """batch_loop._refill_while_waiting: no task now; a PS that holds no model is refilled
+        (the policy is not told)."""
+        yield from self._refill_empty((yield from self._pull_all(self.policy.versions)))
 
     def _pull_all(self, versions):
         return (yield from self._each("pull", [(v, self._ids()) for v in versions]))

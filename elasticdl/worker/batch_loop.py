@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 SYNC_WAIT_SECONDS = 30.0
 # How long a worker keeps retrying while a parameter server is down (being relaunched).
 PS_RECONNECT_SECONDS = 120.0
+# A worker told to wait for a task looks this often whether a PS holds no model (and refills it).
+REFILL_PROBE_SECONDS = 5.0
 # A batch whose loss or gradients are NaN or Inf is not pushed; this many in a row (across
 # tasks) and the job fails: training diverged, and no retry of the task can help.
 MAX_NONFINITE_BATCHES = 3
@@ -49,6 +51,12 @@ class _Outbox:
     position: BatchPosition | None
 
 
+def refill_version(pulled: list) -> int:
+    """The version to give an empty PS: the one the initialized PS are at (0: none is), so that
+    every shard of a sync job keeps one version (docs/consistency.md)."""
+    return max((r.version for r in pulled if r.initialized), default=0)
+
+
 class BatchLoop:
     """The training half of Worker (worker/worker.py): a mixin over its attributes (ps, trainer,
     master, consistency, ...)."""
@@ -59,6 +67,7 @@ class BatchLoop:
         self._batch: tuple | None = None  # (features, labels) of the batch under way
         self._loss = float("nan")
         self._pause = self._blocked = 0.0  # SSP: the next pause, and the time blocked not reported yet
+        self._probed_at = time.monotonic()  # the last look for an empty PS while waiting for a task
         self._steps: dict[StepKind, Callable[[Step], None]] = {
             StepKind.WAIT: self._wait_step, StepKind.SETTLE: lambda step: self._settle_exchange(),
             StepKind.PULL: lambda step: self._pull_with(step.pull), StepKind.COMPUTE: self._compute_step,
@@ -293,17 +302,7 @@ class BatchLoop:
 
     def _load_pulled(self, request: PullRequest, results: list) -> None:
         """Load what a pull of ``request`` answered (an empty PS is given this worker's copy first)."""
-        empty = [ps for ps, r in enumerate(results) if not r.initialized]
-        if empty and self.may_initialize_ps and self.trainer.built:
-            # A PS relaunched without a checkpoint: give it our copy of its variables.
-            # It starts at the version the others are at, so that every shard of a sync job keeps
-            # one version (found by the simulator: a refilled PS restarted at 0 stayed behind).
-            version = max((r.version for r in results if r.initialized), default=0)
-            logger.warning("PS %s came back empty; re-initializing it with this worker's parameters at version %d",
-                           empty, version)
-            self.ps.push_model(self.trainer.get_params(), version=version, non_trainable=self.trainer.non_trainable)
-            if self.trainer.embeddings.infos:  # its tables too; their rows start over (docs/embeddings.md)
-                self.ps.push_embedding_table_infos(list(self.trainer.embeddings.infos.values()))
+        if self._refill_empty(results):
             results = self.ps.pull(list(request.versions))
         for ps, result in enumerate(results):
             if not result.initialized:
@@ -318,6 +317,33 @@ class BatchLoop:
             )
         self.trainer.embeddings.snapshot_id = 0
 
+    def _refill_empty(self, results: list) -> bool:
+        """Give each PS that a pull found empty (relaunched without a checkpoint) this worker's copy
+        of its variables; True if one was. It starts at the version the others are at, so that
+        every shard of a sync job keeps one version (the simulator: a PS refilled at 0 stayed behind)."""
+        empty = [ps for ps, r in enumerate(results) if not r.initialized]
+        if not (empty and self.may_initialize_ps and self.trainer.built):
+            return False
+        version = refill_version(results)
+        logger.warning("PS %s came back empty; re-initializing it with this worker's parameters at version %d",
+                       empty, version)
+        self.ps.push_model(self.trainer.get_params(), version=version, non_trainable=self.trainer.non_trainable)
+        if self.trainer.embeddings.infos:  # its tables too; their rows start over (docs/embeddings.md)
+            self.ps.push_embedding_table_infos(list(self.trainer.embeddings.infos.values()))
+        return True
+
+    def _refill_while_waiting(self) -> None:
+        """The master has no task now: at most every REFILL_PROBE_SECONDS, look whether a PS holds
+        no model and refill it. A PS relaunched empty once every task was done has no batch left
+        to pull for it, and a sync job's end waits for it (LevelVersions; the simulator, seed 1475:
+        the job ended with that shard missing). The policy is not told: a pull made here must
+        not stand in for the one the next batch makes (it may wait for a version)."""
+        now = time.monotonic()
+        if not (self.trainer.built and self.may_initialize_ps) or now - self._probed_at < REFILL_PROBE_SECONDS:
+            return
+        self._probed_at = now
+        self._with_ps_retries(lambda: self._refill_empty(self.ps.pull(self.consistency.versions)))
+
     def _initialize_ps(self) -> None:
         """The first worker to get here gives the PS its freshly built model; the rest pull."""
         pulled = self.ps.pull([-1] * self.ps.num_ps)
@@ -327,7 +353,10 @@ class BatchLoop:
                     "the parameter servers hold no model: evaluate and predict need "
                     "--checkpoint_dir_for_init"
                 )
-            accepted = self.ps.push_model(self.trainer.get_params(), non_trainable=self.trainer.non_trainable)
+            # At the others' version: a worker that starts while a PS was relaunched empty is a
+            # refill too (found by the simulator, seed 3046: a new worker refilled it at 0).
+            accepted = self.ps.push_model(self.trainer.get_params(), version=refill_version(pulled),
+                                          non_trainable=self.trainer.non_trainable)
             if any(accepted):
                 logger.info("initialized the parameter servers with this worker's model")
         if self.trainer.embeddings.infos:  # idempotent: restored tables keep their rows

@@ -148,6 +148,7 @@ class Worker(BatchLoop):
                 return
             if order.kind == "wait":
                 time.sleep(self.wait_seconds)
+                self._refill_while_waiting()
                 continue
             for path, size, footer in order.footers:  # the master read them: no request for them
                 remember_file_footer(path, size, footer)
