@@ -125,3 +125,16 @@ def test_a_rollback_rewinds_offsets_to_the_cuts_marks():
     assert again == 6
     assert ledger.get_task(0).shard == Shard(P1, 4, 10)
     assert ledger.offsets() == {P0: 10, P1: 10}  # cutting goes on after the rewound range, not from it
+
+
+def test_bad_records_of_a_stream_count_as_skipped_training_records():
+    """A stream task's bad record names its partition (kafka://.../t#0) and its offset; the job's
+    data is the stream's address. Counted as skipped (their batches were pushed), so that
+    exactly_once compares the PS's count with the records done plus these."""
+    from elasticdl.data.errors import BadRecord
+    from elasticdl.master.cut_recovery import skipped_bad_records
+
+    bad = [BadRecord(P0, 17, "not an Example"), BadRecord(P1, 3, "not an Example"),
+           BadRecord("kafka://b:9092/other#0", 1, "another stream's"), BadRecord("data/a.tfrecord", 2, "a file's")]
+    assert skipped_bad_records(bad, [("kafka://b:9092/t", 0)]) == 2
+    assert skipped_bad_records(bad, [("data/a.tfrecord", 10)]) == 1

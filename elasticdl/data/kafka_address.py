@@ -55,6 +55,12 @@ def parse_kafka_url(url: str, flag: str = "--training_data") -> KafkaAddress:
     return KafkaAddress(",".join(hosts), topic)
 
 
+def stream_of(path: str) -> str:
+    """The stream a shard path belongs to (``kafka://brokers/topic`` of ``...#partition``); a
+    file's path as it is."""
+    return path.rpartition("#")[0] if is_kafka(path) and "#" in path else path
+
+
 def parse_partition_path(path: str) -> tuple[KafkaAddress, int]:
     """(address, partition) of a shard path ``kafka://brokers/topic#partition``."""
     url, sep, partition = path.rpartition("#")
