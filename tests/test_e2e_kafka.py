@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 from kafka_fixture import kafka_broker  # noqa: F401  (pytest finds fixtures by name)
 
@@ -61,9 +62,10 @@ def _train(broker, tmp_path, job: str, **flags) -> subprocess.Popen:
         "train", "--model_zoo", MODEL_ZOO, "--model_def", "digits.digits_functional.custom_model",
         "--training_data", f"kafka://{broker.bootstrap}/{TOPIC}", "--job_name", job,
         "--num_workers", "2", "--num_ps", "1", "--minibatch_size", "32",
-        "--records_per_task", str(RECORDS_PER_TASK), "--stream_idle_secs", "3",
+        "--records_per_task", str(RECORDS_PER_TASK),
         "--checkpoint_dir", str(tmp_path / "ckpt"), "--checkpoint_steps", "10",
     ]
+    flags = {"stream_idle_secs": 3, **flags}
     for name, value in flags.items():
         args += [f"--{name}", str(value)]
     return subprocess.Popen([sys.executable, "-m", "elasticdl", *args], cwd=tmp_path,
@@ -87,6 +89,29 @@ def _assert_exactly_once(report: dict, tmp_path, n: int) -> None:
     assert report["exactly_once"] == {"records_applied": [n], "records_done": n, "holds": True}
     directory, shards = final_cut(str(tmp_path / "ckpt"))  # the PS's own count, from its file
     assert [s.records_applied for s in shards] == [n], directory
+
+
+def test_elasticdl_stop_ends_a_stream_job_with_its_checkpoint_export_and_report(kafka_broker, digits, tmp_path):  # noqa: F811
+    _produce_digits(kafka_broker, digits, 600)
+    job = "kafka-stop"
+    proc = _train(kafka_broker, tmp_path, job, stream_idle_secs=0, output=tmp_path / "model")  # no idle end
+    try:
+        _wait_for(lambda: any((tmp_path / "ckpt").glob("version-*")), 180, "a first checkpoint")
+        stop = subprocess.run([sys.executable, "-m", "elasticdl", "stop", "--job_name", job], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+        asked = time.monotonic()
+        assert stop.returncode == 0, stop.stderr[-2000:]
+        assert f"stopping job {job}: the tasks in progress finish" in stop.stdout
+        report = _finish(proc, tmp_path, job)
+        took = time.monotonic() - asked
+    except BaseException:
+        proc.kill()
+        raise
+    done = report["records_done_per_epoch"][0]
+    assert 0 < done <= 600 and report["saved_model"] and os.path.isdir(report["saved_model"])
+    _assert_exactly_once(report, tmp_path, done)
+    assert took < 30, f"the job took {took:.1f} s to end after `elasticdl stop`"
+    assert "training stopped" in _master_log(tmp_path, job)
 
 
 def test_a_stream_job_trains_every_record_once_and_ends_when_idle(kafka_broker, digits, tmp_path):  # noqa: F811

@@ -175,6 +175,15 @@ class Job(JobSetup, Recovery, JobEnd):
         self._events.put(c.ScaleRequested(num_workers))
         return f"scaling job {self.config.job.job_name} to {num_workers} workers"
 
+    def request_stop(self, reason: str) -> str:
+        """`elasticdl stop` (any thread): the tasks in progress finish, then the job ends as a
+        finished one (final checkpoint, export, report); a stream takes no new record."""
+        if self.command != "train":
+            raise ValueError(f"`elasticdl stop` ends training jobs; this is `elasticdl {self.command}`")
+        self._events.put(c.StopRequested(reason))
+        return (f"stopping job {self.config.job.job_name}: the tasks in progress finish, then the final "
+                "checkpoint, export and report")
+
     def _store_lost(self, why: str) -> None:
         """From a store thread: stop handing out tasks now, then let the loop fail the job."""
         self.dispatcher.halt(why)

@@ -60,7 +60,7 @@ class StreamTaskManager(TaskManager):
         if self.stream_open:
             self.stream_open = False
             self.close_reason = reason
-            logger.info("the stream is closed (%s): the job ends once the %d records cut are trained",
+            logger.info("the stream is closed (%s): no record after the %d cut into tasks is trained",
                         reason, self.records_per_epoch)
             self._bump()
 
