@@ -78,3 +78,16 @@ def test_the_masters_stop_call_asks_the_job_and_answers_its_refusal():
     assert not refused.accepted and "ends training jobs" in refused.message
     with pytest.raises(grpc.RpcError):
         MasterServicer(None, None, frozenset).stop(elasticdl_pb2.StopRequest(), _Context())
+
+
+def test_elasticdl_stop_on_a_job_that_is_not_running_exits_2_saying_why(monkeypatch, tmp_path, capsys):
+    from elasticdl import cli
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["stop", "--job_name", "nojob"]) == 2
+    assert capsys.readouterr().err.startswith("elasticdl stop: error: no running job 'nojob' here")
+    (tmp_path / "runs" / "done").mkdir(parents=True)
+    (tmp_path / "runs" / "done" / "report.json").write_text('{"status": "succeeded"}')
+    assert cli.main(["stop", "--job_name", "done"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "elasticdl stop: error: job 'done' has ended (succeeded): there is nothing to stop")
