@@ -122,6 +122,9 @@ def test_a_stream_job_trains_every_record_once_and_ends_when_idle(kafka_broker, 
     _assert_exactly_once(report, tmp_path, n)
     log = _master_log(tmp_path, job)
     assert "no new record for 3 s (--stream_idle_secs)" in log
+    stream = report["stream"]
+    assert stream["closed"] == "no new record for 3 s (--stream_idle_secs)" and stream["records_cut"] == n
+    assert stream["partitions"] == {p: {"start": 0, "cut_to": n // 2, "seen": n // 2, "lag": 0} for p in ("0", "1")}
 
 
 def test_a_worker_sigkill_mid_stream_keeps_every_record_once(kafka_broker, digits, tmp_path):  # noqa: F811

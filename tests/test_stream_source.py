@@ -127,3 +127,22 @@ def test_records_short_of_a_task_are_cut_before_the_stream_closes_idle(kafka_bro
     source.poll_once()
     assert source.feed(ledger) == 3  # cut, then the stream closes
     assert not ledger.stream_open and ledger.records_per_epoch == 3
+
+
+def test_the_summary_gives_each_partitions_start_cut_seen_and_lag(kafka_broker):  # noqa: F811
+    kafka_broker.create_topic("summary", 2)
+    kafka_broker.produce("summary", (b"%d" % i for i in range(250)), partitions=2)  # 125 per partition
+    clock = Clock()
+    source = _source(kafka_broker, "summary", clock)
+    source.open({source.topic.address.partition_path(1): 25}, watch=False)
+    ledger = StreamTaskManager()
+    for _ in range(10):  # seen to the ends; the 25-record remainders still wait (no time passed)
+        source.poll_once()
+        source.feed(ledger)
+        if [source.cutter.seen_end(p) for p in (0, 1)] == [125, 125]:
+            break
+    summary = source.summary(ledger)
+    assert summary["partitions"] == {"0": {"start": 0, "cut_to": 100, "seen": 125, "lag": 25},
+                                     "1": {"start": 25, "cut_to": 125, "seen": 125, "lag": 0}}
+    assert summary["closed"] == "" and summary["records_cut"] == 200
+    assert summary["url"] == f"kafka://{kafka_broker.bootstrap}/summary"

@@ -226,6 +226,8 @@ class Job(JobSetup, Recovery, JobEnd):
                 report.staleness = self._epoch_telemetry(stats)
                 report.note_refusals()  # the gradient guard's (ps/gradient_guard.py)
                 report.exactly_once = self._check_exactly_once(stats)
+                if self.stream is not None:
+                    report.stream = self.stream.summary(self.main_tasks)
             self._finish(report)
             succeeded = True
         except BaseException as err:

@@ -53,6 +53,7 @@ class KafkaStreamSource:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._outage = ""
+        self.starts: dict[int, int] = {}
 
     def open(self, committed: dict[str, int], watch: bool = True) -> dict[int, int]:
         """Start watching from the ledger's ``committed`` offsets (path -> end cut), or, for a
@@ -71,6 +72,7 @@ class KafkaStreamSource:
         resumed = {p: o for p, o in starts.items() if address.partition_path(p) in committed}
         logger.info("stream %s: partitions %s start at offsets %s (%s)", address.url, self.partitions, starts,
                     f"the ledger's for {sorted(resumed)}" if resumed else f"--stream_start {self.start}")
+        self.starts = dict(starts)
         self.cutter = StreamCutter(dict(starts), address.partition_path, self.records_per_task,
                                    self.idle_secs, self.clock())
         if watch:
@@ -93,6 +95,18 @@ class KafkaStreamSource:
             ledger.close_stream(f"no new record for {self.idle_secs:g} s (--stream_idle_secs)")
             self.close()
         return added
+
+    def summary(self, ledger: StreamTaskManager) -> dict:
+        """The report's ``stream``: how it closed, and per partition where it started, how far it
+        was cut and seen, and the lag (records seen, not cut into a task: not trained)."""
+        cutter = self.cutter
+        partitions = {
+            str(p): {"start": self.starts.get(p, 0), "cut_to": cutter.next_offsets.get(p, 0),
+                     "seen": cutter.seen_end(p), "lag": cutter.seen_end(p) - cutter.next_offsets.get(p, 0)}
+            for p in self.partitions
+        } if cutter is not None else {}
+        return {"url": self.topic.address.url, "closed": ledger.close_reason if not ledger.stream_open else "",
+                "records_cut": ledger.records_per_epoch, "partitions": partitions}
 
     def close(self) -> None:
         self._stop.set()
