@@ -146,3 +146,8 @@ def test_the_summary_gives_each_partitions_start_cut_seen_and_lag(kafka_broker):
                                      "1": {"start": 25, "cut_to": 125, "seen": 125, "lag": 0}}
     assert summary["closed"] == "" and summary["records_cut"] == 200
     assert summary["url"] == f"kafka://{kafka_broker.bootstrap}/summary"
+    # A stop drops the tasks not started: their records are lag, and the source stops cutting.
+    ledger.stop()
+    source.feed(ledger)
+    assert source._stop.is_set()
+    assert source.summary(ledger)["partitions"]["0"] == {"start": 0, "cut_to": 0, "seen": 125, "lag": 125}

@@ -48,7 +48,7 @@ class KafkaStreamSource:
         self.poll_secs = poll_secs
         self.timeout = timeout
         self.cutter: StreamCutter | None = None
-        self._cut: queue.SimpleQueue = queue.SimpleQueue()  # lists of shards, then IDLE
+        self._cut: queue.SimpleQueue = queue.SimpleQueue()  # lists of shards, for the job loop
         self._idle = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -93,18 +93,19 @@ class KafkaStreamSource:
             added += sum(s.records for s in shards)
         if self._idle.is_set() and ledger.stream_open:
             ledger.close_stream(f"no new record for {self.idle_secs:g} s (--stream_idle_secs)")
+        if not ledger.stream_open:  # idle, or closed by a stop: nothing more is cut
             self.close()
         return added
 
     def summary(self, ledger: StreamTaskManager) -> dict:
         """The report's ``stream``: how it closed, and per partition where it started, how far it
         was cut and seen, and the lag (records seen, not cut into a task: not trained)."""
-        cutter = self.cutter
-        partitions = {
-            str(p): {"start": self.starts.get(p, 0), "cut_to": cutter.next_offsets.get(p, 0),
-                     "seen": cutter.seen_end(p), "lag": cutter.seen_end(p) - cutter.next_offsets.get(p, 0)}
-            for p in self.partitions
-        } if cutter is not None else {}
+        cutter, cut = self.cutter, ledger.offsets()  # the ledger's: what was cut and not dropped by a close
+        partitions = {}
+        for p in self.partitions if cutter is not None else ():
+            cut_to = cut.get(self.topic.address.partition_path(p), self.starts.get(p, 0))
+            partitions[str(p)] = {"start": self.starts.get(p, 0), "cut_to": cut_to, "seen": cutter.seen_end(p),
+                                  "lag": max(0, cutter.seen_end(p) - cut_to)}
         return {"url": self.topic.address.url, "closed": ledger.close_reason if not ledger.stream_open else "",
                 "records_cut": ledger.records_per_epoch, "partitions": partitions}
 
