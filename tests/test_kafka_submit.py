@@ -39,6 +39,8 @@ def test_a_stream_job_is_checked_against_its_broker_and_topic(kafka_broker):  # 
         check_inputs(_config(f"kafka://{kafka_broker.bootstrap}/missing"))
     with pytest.raises(DataError, match=r"--training_data 'kafka://nohost/clicks' is not a Kafka stream address"):
         check_inputs(_config("kafka://nohost/clicks"))
+    with pytest.raises(DataError, match=r"--validation_data: kafka://.* is a Kafka stream, and --validation_data reads files"):
+        check_inputs(_config(url, validation_data=url))
 
 
 def test_an_unreachable_broker_exits_2_naming_the_address_and_the_flag(tmp_path):

@@ -90,6 +90,8 @@ def count_data(flag: str, spec: str, has_header: bool, optional: bool = False) -
     naming ``flag`` when a file cannot be read or is in no format the readers know, and when the
     files hold no record at all. The same rules for every flag that names data (``optional``:
     the command runs without it too)."""
+    if is_kafka(spec):
+        raise DataError(f"{flag}: {spec} is a Kafka stream, and {flag} reads files: a stream is --training_data")
     try:
         paths = resolve_data_files(spec)
     except NoDataFilesError as err:
