@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-stamp
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[cpu,dev]"
+	$(PY) -m pip install --quiet -e ".[cpu,dev,kafka]"
 	touch $(STAMP)
 
 install: $(STAMP)

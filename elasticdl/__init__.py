@@ -7,7 +7,7 @@
 from elasticdl.mode import Mode
 
 __version__ = "0.1.0"
-__all__ = ["Mode", "evaluate", "predict", "scale", "train", "__version__"]
+__all__ = ["Mode", "evaluate", "predict", "scale", "stop", "train", "__version__"]
 
 
 def train(**flags):
@@ -36,3 +36,10 @@ def scale(job_name: str, num_workers: int, master_addr: str = "") -> str:
     from elasticdl import api
 
     return api.scale(job_name, num_workers, master_addr)
+
+
+def stop(job_name: str, master_addr: str = "") -> str:
+    """End a running training job early, finished as usual; see ``elasticdl.api.stop``."""
+    from elasticdl import api
+
+    return api.stop(job_name, master_addr)

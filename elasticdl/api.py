@@ -132,7 +132,7 @@ def _job_token(run_dir: str, job_name: str) -> str:
     return token
 
 
-def _no_master_addr(job_name: str, run_dir: str, addr_file: str) -> str:
+def _no_master_addr(job_name: str, run_dir: str, addr_file: str, what: str = "scale") -> str:
     """Why there is no master to ask: the job ended (its master removes master.addr on exit
     and leaves report.json), or it never ran here."""
     import json
@@ -144,7 +144,7 @@ def _no_master_addr(job_name: str, run_dir: str, addr_file: str) -> str:
     except (OSError, ValueError):
         return (f"no running job {job_name!r} here: {addr_file} does not exist. Run this where the job "
                 "was started, or pass --master_addr.")
-    return f"job {job_name!r} has ended ({status}): there is nothing to scale. Its report: {report_file}"
+    return f"job {job_name!r} has ended ({status}): there is nothing to {what}. Its report: {report_file}"
 
 
 def scale(job_name: str, num_workers: int, master_addr: str = "", timeout: float = 10.0) -> str:
@@ -154,9 +154,33 @@ def scale(job_name: str, num_workers: int, master_addr: str = "", timeout: float
 
         elasticdl.scale(job_name="digits-demo", num_workers=4)
     """
+    from elasticdl.proto import elasticdl_pb2
+
+    return _ask_master(job_name, master_addr, timeout, "scale",
+                       lambda stub: stub.scale(elasticdl_pb2.ScaleRequest(num_workers=num_workers), timeout=timeout))
+
+
+def stop(job_name: str, master_addr: str = "", timeout: float = 10.0) -> str:
+    """End a running training job early: the tasks in progress finish, then the final checkpoint,
+    export and report, as when it finishes (a stream job takes no new record). Returns the
+    master's answer; the job's command exits when the job has ended.
+
+    Example::
+
+        elasticdl.stop(job_name="clicks-online")
+    """
+    from elasticdl.proto import elasticdl_pb2
+
+    return _ask_master(job_name, master_addr, timeout, "stop",
+                       lambda stub: stub.stop(elasticdl_pb2.StopRequest(reason="elasticdl stop"), timeout=timeout))
+
+
+def _ask_master(job_name: str, master_addr: str, timeout: float, what: str, ask) -> str:
+    """``ask(MasterStub)`` of the job's master (found by ``job_name`` in runs/, or at
+    ``master_addr``), with the job's token; the master's answer, or ConfigError with its refusal."""
     import grpc
 
-    from elasticdl.proto import elasticdl_pb2, elasticdl_pb2_grpc
+    from elasticdl.proto import elasticdl_pb2_grpc
     from elasticdl.rpc.channel import make_channel, wait_for_channel
 
     check_job_name(job_name)  # never a path: runs/../../x would read outside runs/
@@ -164,15 +188,13 @@ def scale(job_name: str, num_workers: int, master_addr: str = "", timeout: float
     if not master_addr:
         addr_file = os.path.join(run_dir, "master.addr")
         if not os.path.exists(addr_file):
-            raise ConfigError(_no_master_addr(job_name, run_dir, addr_file))
+            raise ConfigError(_no_master_addr(job_name, run_dir, addr_file, what))
         master_addr = open(addr_file).read().strip()
     token = _job_token(run_dir, job_name)
     channel = make_channel(master_addr, token)
     try:
         wait_for_channel(channel, master_addr, timeout)
-        reply = elasticdl_pb2_grpc.MasterStub(channel).scale(
-            elasticdl_pb2.ScaleRequest(num_workers=num_workers), timeout=timeout
-        )
+        reply = ask(elasticdl_pb2_grpc.MasterStub(channel))
     except ConnectionError as err:
         raise MasterUnreachableError(f"{err}: is job {job_name!r} running?") from None
     except grpc.RpcError as err:

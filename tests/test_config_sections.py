@@ -27,7 +27,7 @@ NON_DEFAULT = {
     "wire_dtype": "bfloat16", "tensor_transport": "tcp",
     "training_data": "/data/train", "validation_data": "/data/val", "prediction_data": "/data/pred",
     "data_reader_params": "has_header=True", "num_minibatches_per_task": 4, "records_per_task": 100,
-    "shuffle_seed": 7, "max_bad_records": 2,
+    "shuffle_seed": 7, "max_bad_records": 2, "stream_idle_secs": 30.0, "stream_start": "latest",
     "keras_version": "2", "feed": "my_feed", "loss": "my_loss", "optimizer": "my_optimizer",
     "eval_metrics_fn": "my_metrics", "callbacks": "my_callbacks", "custom_data_reader": "my_reader",
     "prediction_outputs_processor": "MyProcessor",
@@ -63,7 +63,8 @@ def test_every_flag_is_in_exactly_one_section():
     assert all(FLAGS[name].section == where[0] for name, where in seen.items())
     # the flags of the flat JobConfig, none lost or added; + --max_bad_records; + 8 model_zoo_functions; + --push_steps;
     # + --wire_dtype, --tensor_transport; + --overlap_communication; + --max_gradient_norm_ratio
-    assert len(FLAGS) == 75
+    # + --stream_idle_secs, --stream_start
+    assert len(FLAGS) == 77
 
 
 def test_jobconfig_holds_only_the_sections():

@@ -26,6 +26,17 @@ def _scale_main(argv: list[str]) -> int:
     return 0
 
 
+def _stop_main(argv: list[str]) -> int:
+    from elasticdl.api import stop
+
+    args = build_parser().parse_args(argv)
+    try:
+        print(stop(job_name=args.job_name, master_addr=args.master_addr))
+    except REPORTED as err:
+        return report_exit("elasticdl stop", err)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``elasticdl`` command; ``argv`` None: this process's own command line (after Ctrl-C,
     the process then exits at once, see ``_run``)."""
@@ -37,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str], own_process: bool) -> int:
     if argv[:1] == ["scale"]:
         return _scale_main(argv)
+    if argv[:1] == ["stop"]:
+        return _stop_main(argv)
     if argv[:1] == ["zoo"]:
         from elasticdl.cli.zoo import main as zoo_main
 

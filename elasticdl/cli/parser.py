@@ -62,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="The number of workers wanted from now on (at most the job's --max_workers).")
     scale.add_argument("--master_addr", default="", metavar="MASTER_ADDR",
                        help="host:port of the master, instead of looking it up by --job_name (default: '').")
+    stop_help = ("End a running training job early: the tasks in progress finish, then the final checkpoint, "
+                 "export and report (a stream job takes no new record).")
+    stop = sub.add_parser("stop", help=stop_help, description=stop_help)
+    stop.add_argument("--job_name", required=True, metavar="JOB_NAME",
+                      help="The job to stop (its master's address is in runs/<job_name>/master.addr).")
+    stop.add_argument("--master_addr", default="", metavar="MASTER_ADDR",
+                      help="host:port of the master, instead of looking it up by --job_name (default: '').")
     from elasticdl.cli.zoo import add_zoo_parser
 
     add_zoo_parser(sub)

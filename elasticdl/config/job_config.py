@@ -38,6 +38,7 @@ from elasticdl.config.sections import (
     OutputSection,
     TrainingSection,
 )
+from elasticdl.config.stream import StreamSection
 from elasticdl.config.suggest import flag_hint
 
 BACKENDS = ("local", "kubernetes")
@@ -51,6 +52,7 @@ class JobConfig:
     training: TrainingSection = field(default_factory=TrainingSection)
     model_zoo_functions: ModelZooSection = field(default_factory=ModelZooSection)
     data: DataSection = field(default_factory=DataSection)
+    stream: StreamSection = field(default_factory=StreamSection)
     evaluation: EvaluationSection = field(default_factory=EvaluationSection)
     consistency: ConsistencySection = field(default_factory=ConsistencySection)
     elasticity: ElasticitySection = field(default_factory=ElasticitySection)
@@ -167,6 +169,7 @@ class JobConfig:
             )
         if command == "train" and not data.training_data:
             raise ConfigError("--training_data is required for `elasticdl train`.")
+        self.stream.check(data.training_data)
         if command == "evaluate" and not data.validation_data:
             raise ConfigError("--validation_data is required for `elasticdl evaluate`.")
         if command == "predict" and not data.prediction_data:

@@ -10,6 +10,8 @@ from elasticdl import fs
 from elasticdl.data import csv_file, parquet, recordio, tfrecord
 from elasticdl.data.columns import Columns, ColumnStream
 from elasticdl.data.errors import CorruptRecordError, DataError, NoDataFilesError
+from elasticdl.data.kafka_address import is_kafka
+from elasticdl.data.kafka_client import read_partition_range
 
 _TEXT_SUFFIXES = (".csv", ".txt")
 _PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -89,6 +91,8 @@ def record_format(path: str) -> str:
     files (by suffix or by the magic number of their first chunk, elasticdl/data/recordio.py), else
     "tfrecord"."""
     lower = path.lower()
+    if is_kafka(lower):
+        return "tfrecord"  # a message value is a TFRecord record's bytes: a serialized tf.train.Example
     if lower.endswith(_TEXT_SUFFIXES):
         return "csv"
     if lower.endswith(_PARQUET_SUFFIXES):
@@ -122,6 +126,8 @@ def read_records(
     is passed to it and not yielded (text lines cannot be corrupt at this level). A Parquet
     row comes as a serialized tf.train.Example of its ``columns`` (all when None).
     """
+    if is_kafka(path):  # a stream task: offsets start .. end - 1 of one partition
+        return iter(read_partition_range(path, start, end))
     kind = record_format(path)
     if kind == "csv":
         return csv_file.read_records(path, start, end, has_header)

@@ -19,6 +19,7 @@ import logging
 from dataclasses import dataclass, field
 
 from elasticdl import fs
+from elasticdl.data.kafka_address import stream_of
 from elasticdl.master.recovery_policy import CutFound, possibly_missing
 from elasticdl.master.task_manager import TaskManager
 from elasticdl.model import checkpoint
@@ -126,6 +127,7 @@ def read_cut(path: str) -> CutPosition | None:
 
 
 def skipped_bad_records(bad_records, training_files) -> int:
-    """Bad records found in the training data: their batches were pushed with them."""
+    """Bad records found in the training data: their batches were pushed with them. A stream's
+    bad record names a partition of the stream the job reads."""
     paths = {path for path, _ in training_files}
-    return sum(1 for r in bad_records if r.path in paths)
+    return sum(1 for r in bad_records if stream_of(r.path) in paths)

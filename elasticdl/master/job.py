@@ -43,6 +43,7 @@ from elasticdl.master.recovery import Recovery
 from elasticdl.master.report import CheckpointFailures, JobReport
 from elasticdl.master.request_desk import RequestDesk
 from elasticdl.master.requests import RequestLine
+from elasticdl.master.stream_source import open_stream, stream_ledger
 from elasticdl.master.task_manager import TaskManager, TaskType
 from elasticdl.master.telemetry import StalenessSummary
 from elasticdl.store import StateStoreError
@@ -90,8 +91,9 @@ class Job(JobSetup, Recovery, JobEnd):
         self.poll_seconds = poll_seconds
         self.has_header = cfg.data.has_header
 
-        self.main_tasks: TaskManager | None = None
-        if command in ("train", "predict"):
+        self.main_tasks: TaskManager | None = stream_ledger(cfg, command)  # a Kafka stream's, or None
+        self.stream = None  # its source (opened once the ledger is resumed)
+        if command in ("train", "predict") and self.main_tasks is None:
             self.main_tasks = TaskManager(
                 make_shards(checked.files, cfg.effective_records_per_task),
                 num_epochs=cfg.training.num_epochs if command == "train" else 1,
@@ -174,6 +176,15 @@ class Job(JobSetup, Recovery, JobEnd):
         self._events.put(c.ScaleRequested(num_workers))
         return f"scaling job {self.config.job.job_name} to {num_workers} workers"
 
+    def request_stop(self, reason: str) -> str:
+        """`elasticdl stop` (any thread): the tasks in progress finish, then the job ends as a
+        finished one (final checkpoint, export, report); a stream takes no new record."""
+        if self.command != "train":
+            raise ValueError(f"`elasticdl stop` ends training jobs; this is `elasticdl {self.command}`")
+        self._events.put(c.StopRequested(reason))
+        return (f"stopping job {self.config.job.job_name}: the tasks in progress finish, then the final "
+                "checkpoint, export and report")
+
     def _store_lost(self, why: str) -> None:
         """From a store thread: stop handing out tasks now, then let the loop fail the job."""
         self.dispatcher.halt(why)
@@ -202,6 +213,7 @@ class Job(JobSetup, Recovery, JobEnd):
             resumed = self.state.open(self.main_tasks)
             if self.main_tasks is not None:
                 self.main_tasks.start_term(self.state.term)
+            self.stream = open_stream(cfg, self.main_tasks)
             if resumed and cfg.checkpoints.checkpoint_dir:
                 self._restore_latest_checkpoint()
             self._note_restore(report)
@@ -216,6 +228,8 @@ class Job(JobSetup, Recovery, JobEnd):
                 report.note_refusals()  # the gradient guard's (ps/gradient_guard.py)
                 report.embedding_tables = embedding_stats.summarize_tables(stats)
                 report.exactly_once = self._check_exactly_once(stats)
+                if self.stream is not None:
+                    report.stream = self.stream.summary(self.main_tasks)
             self._finish(report)
             succeeded = True
         except BaseException as err:
@@ -230,6 +244,8 @@ class Job(JobSetup, Recovery, JobEnd):
                 raise
             finally:
                 self._complete_report(report, started)
+                if self.stream is not None:
+                    self.stream.close()
                 logging.getLogger().removeHandler(master_log)
                 master_log.close()
         return report
@@ -253,6 +269,9 @@ class Job(JobSetup, Recovery, JobEnd):
             events = self._next_events()
             events += [c.RoleExited(exit_) for exit_ in self.backend.poll_exits()]
             events += self._probe.poll()
+            if self.stream is not None:  # new records become tasks here, in the ledger's thread
+                self.stream.feed(self.main_tasks)
+                self.progress.records_per_epoch = self.main_tasks.records_per_epoch
             now = time.monotonic()
             events.append(c.Tick())
             for event in events:

@@ -16,6 +16,7 @@ from elasticdl.data.sources import make_shards
 from elasticdl.errors import JobFailedError
 from elasticdl.master import embedding_stats
 from elasticdl.master.continuation import continue_command, last_complete_checkpoint
+from elasticdl.master.cut_recovery import skipped_bad_records
 from elasticdl.master.report import JobReport
 from elasticdl.master.telemetry import summarize
 
@@ -108,8 +109,7 @@ class JobEnd:
     def _check_exactly_once(self, stats: list) -> dict:
         """The model-side truth: each PS counted the records whose gradients it applied; they must
         be the records the ledger counts as done (bad records skipped in a batch were pushed with it)."""
-        training_files = {path for path, _ in self.checked.files}
-        skipped = sum(1 for r in self.dispatcher.bad_records() if r.path in training_files)
+        skipped = skipped_bad_records(self.dispatcher.bad_records(), self.checked.files)
         done = sum(e.records_done for e in self.main_tasks.epochs) + skipped
         applied = [s.records_applied for s in stats]
         holds = all(a == done for a in applied)

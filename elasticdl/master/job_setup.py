@@ -55,7 +55,7 @@ class JobSetup:
         self._token = self.backend.token()
         self._server = make_server(token=self._token)
         servicer = MasterServicer(self.requests, self.clocks, lambda: self.desk.active_workers,
-                                  scale=self.request_scale,
+                                  scale=self.request_scale, stop=self.request_stop,
                                   job_key=self.backend.job_key())  # worker credentials, tickets (rpc/trust.py)
         elasticdl_pb2_grpc.add_MasterServicer_to_server(servicer, self._server)
         self.master_address = self.backend.bind_master(self._server)

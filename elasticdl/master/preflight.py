@@ -17,6 +17,8 @@ from elasticdl.config import JobConfig
 from elasticdl.config.paths import MIN_FREE_BYTES, check_writable_dir
 from elasticdl.data.columns import select
 from elasticdl.data.errors import BadRecord, BadRecordError, CorruptRecordError, DataError, NoDataFilesError
+from elasticdl.data.kafka_address import is_kafka
+from elasticdl.data.kafka_checks import check_stream, sample_stream
 from elasticdl.data.sources import (
     check_parquet_schemas,
     count_records,
@@ -62,7 +64,10 @@ def _check_inputs(config: JobConfig, command: str) -> tuple[list[tuple[str, int]
     config.validate(command)
     model_def_path(config.training.model_zoo, config.training.model_def)
     flag = {"train": "--training_data", "evaluate": "--validation_data", "predict": "--prediction_data"}[command]
-    files = count_data(flag, config.flag_value(flag[2:]), config.data.has_header)
+    if is_kafka(config.flag_value(flag[2:])):
+        files = check_stream(flag, config.flag_value(flag[2:]), command)
+    else:
+        files = count_data(flag, config.flag_value(flag[2:]), config.data.has_header)
     validation = []
     if config.data.validation_data and command == "train":
         # Checked as the training data is, now: evaluation reads it only after an epoch.
@@ -85,6 +90,8 @@ def count_data(flag: str, spec: str, has_header: bool, optional: bool = False) -
     naming ``flag`` when a file cannot be read or is in no format the readers know, and when the
     files hold no record at all. The same rules for every flag that names data (``optional``:
     the command runs without it too)."""
+    if is_kafka(spec):
+        raise DataError(f"{flag}: {spec} is a Kafka stream, and {flag} reads files: a stream is --training_data")
     try:
         paths = resolve_data_files(spec)
     except NoDataFilesError as err:
@@ -215,11 +222,14 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> tu
 
     from elasticdl.model.trainer import Trainer, make_dataset
 
-    path = next(p for p, n in files if n > 0)
-    n = min(config.training.minibatch_size, dict(files)[path])
+    path = next(p for p, n in files if n > 0 or is_kafka(p))
+    n = min(config.training.minibatch_size, dict(files)[path] or config.training.minibatch_size)
     max_bad = config.data.max_bad_records if mode != Mode.PREDICTION else 0
     corrupt = []
-    if config.data.records == "columns":  # a file other than Parquet is refused here, named
+    if is_kafka(path):
+        records = sample_stream(path, n)
+        n = len(records)
+    elif config.data.records == "columns":  # a file other than Parquet is refused here, named
         records = read_columns(path, 0, n, config.data.columns)
     else:
         records = list(itertools.islice(read_records(path, 0, n, has_header, on_corrupt=corrupt.append,

@@ -80,6 +80,9 @@ class JobReport:
     # The check made at the end: every PS applied the gradients of exactly the records the ledger
     # counts as done (ps/data_position.py). {"records_applied": [per PS], "records_done": n, "holds": bool}
     exactly_once: dict = field(default_factory=dict)
+    # A stream job (--training_data kafka://...): how it closed and, per partition, the offsets it
+    # started at, cut to, and saw (elasticdl/master/stream_source.py); {} for files.
+    stream: dict = field(default_factory=dict)
     state_store: str = "memory"
     resumed: bool = False  # continued a ledger a previous master left in etcd
     # The checkpoint the parameter servers started from (--checkpoint_dir_for_init, or the

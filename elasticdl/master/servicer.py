@@ -56,6 +56,7 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
         active_workers: Callable[[], frozenset[int]],
         scale: Callable[[int], str] | None = None,
         job_key: str = "",
+        stop: Callable[[str], str] | None = None,
     ):
         """``line`` leads to the job loop; ``active_workers`` reads the workers holding a task as
         the loop last published them (report_clock never waits for the loop). ``job_key``
@@ -64,6 +65,7 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
         self._job_key = job_key
         self._line = line
         self._scale = scale
+        self._stop = stop
         self._clocks = clocks
         self._active_workers = active_workers
         self._waiting = threading.BoundedSemaphore(MAX_WAITING_TASK_REQUESTS)
@@ -171,6 +173,15 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "this master cannot scale")
         try:
             message = self._scale(request.num_workers)
+        except ValueError as err:
+            return elasticdl_pb2.ScaleResponse(accepted=False, message=str(err))
+        return elasticdl_pb2.ScaleResponse(accepted=True, message=message)
+
+    def stop(self, request, context):
+        if self._stop is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this master cannot stop early")
+        try:
+            message = self._stop(request.reason[:200] or "elasticdl stop")
         except ValueError as err:
             return elasticdl_pb2.ScaleResponse(accepted=False, message=str(err))
         return elasticdl_pb2.ScaleResponse(accepted=True, message=message)

@@ -43,6 +43,9 @@ logger = logging.getLogger(__name__)
 
 
 class TaskManager(LedgerPersistence):
+    # A stream's ledger (elasticdl/master/stream_tasks.py) starts empty: its tasks come as records arrive.
+    _open_ended = False
+
     def __init__(
         self,
         shards: Sequence[Shard],
@@ -57,7 +60,7 @@ class TaskManager(LedgerPersistence):
         gate_epochs: bool = False,
         fences_pushes: bool = False,
     ):
-        if not shards:
+        if not shards and not self._open_ended:
             raise ValueError("no records to train on: every data file is empty")
         self._shards = list(shards)
         self._num_epochs = num_epochs

@@ -59,6 +59,11 @@ class MasterStub:
                 request_serializer=elasticdl__pb2.ScaleRequest.SerializeToString,
                 response_deserializer=elasticdl__pb2.ScaleResponse.FromString,
                 _registered_method=True)
+        self.stop = channel.unary_unary(
+                '/elasticdl.Master/stop',
+                request_serializer=elasticdl__pb2.StopRequest.SerializeToString,
+                response_deserializer=elasticdl__pb2.ScaleResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -94,6 +99,13 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def stop(self, request, context):
+        """accepted, and the master's answer
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -120,6 +132,11 @@ def add_MasterServicer_to_server(servicer, server):
             'scale': grpc.unary_unary_rpc_method_handler(
                     servicer.scale,
                     request_deserializer=elasticdl__pb2.ScaleRequest.FromString,
+                    response_serializer=elasticdl__pb2.ScaleResponse.SerializeToString,
+            ),
+            'stop': grpc.unary_unary_rpc_method_handler(
+                    servicer.stop,
+                    request_deserializer=elasticdl__pb2.StopRequest.FromString,
                     response_serializer=elasticdl__pb2.ScaleResponse.SerializeToString,
             ),
     }
@@ -257,6 +274,33 @@ class Master:
             target,
             '/elasticdl.Master/scale',
             elasticdl__pb2.ScaleRequest.SerializeToString,
+            elasticdl__pb2.ScaleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def stop(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticdl.Master/stop',
+            elasticdl__pb2.StopRequest.SerializeToString,
             elasticdl__pb2.ScaleResponse.FromString,
             options,
             channel_credentials,

@@ -1,0 +1,43 @@
+"""The flags of a stream job: ``--training_data kafka://HOST:PORT/TOPIC`` (docs/online_training.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from elasticdl.config.errors import ConfigError
+from elasticdl.config.fields import flag
+
+STREAM_STARTS = ("earliest", "latest")
+
+
+@dataclass
+class StreamSection:
+    """How a job that trains on a Kafka stream starts and ends."""
+
+    TITLE: ClassVar[str] = "Streams"
+
+    stream_idle_secs: float = flag(
+        0.0,
+        "A stream job (--training_data kafka://HOST:PORT/TOPIC) ends once no new record came on any "
+        "partition for this many seconds: the tasks cut so far are trained, then the job finishes as a "
+        "file job does (0: it runs until stopped).",
+        commands=("train",),
+    )
+    stream_start: str = flag(
+        "earliest",
+        "Where a new stream job starts in each partition: earliest (the first record the broker holds) "
+        "or latest (only records that arrive after the start). A resumed job goes on from the offsets "
+        "its ledger holds.",
+        commands=("train",),
+    )
+
+    def check(self, training_data: str) -> None:
+        """The rules of these flags (``JobConfig.validate``)."""
+        if self.stream_start not in STREAM_STARTS:
+            raise ConfigError(f"--stream_start must be earliest or latest. Received: {self.stream_start!r}")
+        if self.stream_idle_secs and not training_data.strip().lower().startswith("kafka://"):
+            raise ConfigError(
+                "--stream_idle_secs applies to a stream (--training_data kafka://HOST:PORT/TOPIC); "
+                f"--training_data {training_data!r} is files: drop --stream_idle_secs"
+            )

@@ -1,0 +1,209 @@
+"""A Kafka topic through confluent-kafka (librdkafka): checks, partition ends, offset ranges.
+
+No consumer group: a reader assigns itself one partition and seeks to an offset, so any
+worker can read any task's range and the master, not the broker, keeps what was consumed
+(the ledger). Used by the master (submit checks, ``ends``: how far each partition has
+records) and by the workers (``read``: a task's records).
+
+High watermarks are a hint, not the truth: Tansu 0.6.0 under-reports a partition's high
+watermark when producers batch (7,713 for 10,000 records held), while the records read back
+with their offsets. ``ends`` therefore reads past the watermark (``probe``) before it calls a
+partition idle, and a range is cut only up to offsets seen to exist. Real Kafka reports
+watermarks correctly; both pass the same code.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+
+from elasticdl.data.errors import DataError
+from elasticdl.data.kafka_address import KafkaAddress, parse_kafka_url, parse_partition_path
+
+# How long a submit-time check waits for the broker before calling it unreachable.
+CHECK_TIMEOUT_SECS = 5.0
+# How long a worker waits for a task's records before failing the task (retried by the master).
+READ_TIMEOUT_SECS = 60.0
+# How long a probe past the watermarks waits to reach the partitions' ends (it returns at once
+# when the broker says it did; a fresh assignment's first fetch can take a few hundred ms).
+PROBE_WAIT_SECS = 2.0
+
+# One consume() call's wait: it returns when it has all the records asked for, or after this.
+CONSUME_SECS = 0.05
+
+_local = threading.local()  # one consumer per thread and cluster (a worker reads ahead in threads)
+
+
+def _client_module():
+    try:
+        import confluent_kafka
+    except ImportError:
+        raise DataError(
+            "kafka:// data needs the confluent-kafka client: pip install 'elasticdl[kafka]'"
+        ) from None
+    return confluent_kafka
+
+
+def _consumer(brokers: str):
+    consumers = getattr(_local, "consumers", None)
+    if consumers is None:
+        consumers = _local.consumers = {}
+    if brokers not in consumers:
+        kafka = _client_module()
+        consumers[brokers] = kafka.Consumer({
+            "bootstrap.servers": brokers,
+            "group.id": "elasticdl",  # never joined: partitions are assigned, offsets never committed
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "allow.auto.create.topics": False,
+            "enable.partition.eof": True,  # a probe knows when it read a partition to its end
+            "fetch.wait.max.ms": 100,  # ... within 0.1 s of it (the broker holds an empty fetch this long)
+            "log_level": 0,  # failures reach the caller as errors; librdkafka would print each retry
+        })
+    return consumers[brokers]
+
+
+class KafkaTopic:
+    """One topic of one cluster, as the master and the workers read it."""
+
+    def __init__(self, address: KafkaAddress):
+        self.address = address
+
+    @classmethod
+    def of(cls, url: str, flag: str = "--training_data") -> KafkaTopic:
+        return cls(parse_kafka_url(url, flag))
+
+    def partitions(self, flag: str = "--training_data", timeout: float = CHECK_TIMEOUT_SECS) -> list[int]:
+        """The topic's partitions; a DataError naming ``flag`` when the brokers cannot be reached
+        or the topic does not exist (the topics are listed, never asked for by name: a broker
+        that creates topics on a metadata request would create it)."""
+        kafka = _client_module()
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.address.brokers, "log_level": 0})
+        try:
+            topics = admin.list_topics(timeout=timeout).topics
+        except kafka.KafkaException as err:
+            raise DataError(
+                f"{flag}: the Kafka brokers {self.address.brokers} cannot be reached within {timeout:g} s "
+                f"({err.args[0].str() if err.args else err}): check the address in {flag} and that the "
+                "brokers run and are reachable from the master"
+            ) from None
+        meta = topics.get(self.address.topic)
+        if meta is None or meta.error is not None:
+            known = ", ".join(sorted(t for t in topics if not t.startswith("__"))[:10]) or "none"
+            raise DataError(
+                f"{flag}: the topic {self.address.topic!r} does not exist on {self.address.brokers} "
+                f"(topics there: {known}): create it, or name another in {flag}"
+            )
+        return sorted(meta.partitions)
+
+    def watermarks(self, partition: int, timeout: float = CHECK_TIMEOUT_SECS) -> tuple[int, int]:
+        """(low, high) watermark of ``partition``: the first offset held, and one past the last
+        (a hint: see the module's docstring)."""
+        kafka = _client_module()
+        tp = kafka.TopicPartition(self.address.topic, partition)
+        low, high = _consumer(self.address.brokers).get_watermark_offsets(tp, timeout=timeout, cached=False)
+        return low, high
+
+    def probe(self, starts: Mapping[int, int], limit: int, wait: float = PROBE_WAIT_SECS) -> dict[int, int]:
+        """For each partition, one past the last offset seen from ``starts[partition]`` on, reading
+        until the partition's end (the broker's end-of-partition event), at most about ``limit``
+        records of it, or ``wait`` seconds (``starts[partition]`` when none came)."""
+        kafka = _client_module()
+        consumer = _consumer(self.address.brokers)
+        ends = dict(starts)
+        if not starts:
+            return ends
+        consumer.assign([kafka.TopicPartition(self.address.topic, p, o) for p, o in starts.items()])
+        at_end: set[int] = set()
+        seen = 0
+        try:
+            deadline = time.monotonic() + wait
+            while len(at_end) < len(starts) and seen < limit * len(starts):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                # consume() waits for all num_messages or its timeout: short calls, so that an end
+                # reached early is seen early.
+                for message in consumer.consume(num_messages=min(limit, 10_000), timeout=min(left, CONSUME_SECS)):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == kafka.KafkaError._PARTITION_EOF:
+                            at_end.add(message.partition())
+                        continue
+                    if message.offset() >= ends.get(message.partition(), 0):
+                        ends[message.partition()] = message.offset() + 1
+                        seen += 1
+        finally:
+            consumer.unassign()
+        return ends
+
+    def end(self, partition: int, limit: int = 10_000) -> int:
+        """One past the last offset ``partition`` holds now: its watermark, then read past it
+        until no more come (``limit`` records a read)."""
+        end = self.watermarks(partition)[1]
+        while True:
+            found = self.probe({partition: end}, limit)[partition]
+            if found <= end:
+                return end
+            end = found
+
+    def read(self, partition: int, start: int, end: int, timeout: float = READ_TIMEOUT_SECS) -> list[bytes]:
+        """The values of the records at offsets ``start`` .. ``end - 1`` of ``partition``, in order.
+
+        A DataError when they do not all arrive within ``timeout`` or an offset is missing
+        (deleted by retention, or a compacted or transactional topic): a task holds every
+        offset of its range."""
+        kafka = _client_module()
+        if end <= start:
+            return []
+        consumer = _consumer(self.address.brokers)
+        where = f"{self.address.partition_path(partition)} offsets {start}-{end - 1}"
+        consumer.assign([kafka.TopicPartition(self.address.topic, partition, start)])
+        values: list[bytes] = []
+        try:
+            deadline = time.monotonic() + timeout
+            while start + len(values) < end:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DataError(f"{where}: only {len(values)} of {end - start} records arrived within "
+                                    f"{timeout:g} s: is the broker reachable from the worker?")
+                for message in consumer.consume(num_messages=min(end - start - len(values), 10_000),
+                                                timeout=min(left, CONSUME_SECS)):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() != kafka.KafkaError._PARTITION_EOF and (error.fatal() or not error.retriable()):
+                            raise DataError(f"{where}: {error.str()}")
+                        continue  # the end of what the partition holds now: more may come
+                    expected = start + len(values)
+                    if message.offset() < expected:
+                        continue  # before the range (a seek that landed earlier)
+                    if message.offset() > expected:
+                        raise DataError(
+                            f"{where}: offset {expected} is missing (the next is {message.offset()}): the "
+                            "broker no longer holds it (retention), or the topic is compacted or "
+                            "transactional, which stream training does not read yet"
+                        )
+                    if message.offset() < end:
+                        values.append(message.value() or b"")
+        finally:
+            consumer.unassign()
+        return values
+
+    def sample(self, n: int, timeout: float = CHECK_TIMEOUT_SECS) -> list[bytes]:
+        """Up to ``n`` records from the start of the first partition that holds any (the submit
+        check's batch)."""
+        for partition in self.partitions(timeout=timeout):
+            low, _high = self.watermarks(partition, timeout)
+            found = self.probe({partition: low}, n, wait=min(timeout, 2.0))
+            if found[partition] > low:
+                return self.read(partition, low, min(found[partition], low + n), timeout)
+        return []
+
+
+def read_partition_range(path: str, start: int, end: int) -> list[bytes]:
+    """A stream task's records: offsets ``start`` .. ``end - 1`` of the partition ``path`` names."""
+    address, partition = parse_partition_path(path)
+    return KafkaTopic(address).read(partition, start, end)

@@ -1,0 +1,179 @@
+"""The master's Kafka source: watch the partitions, cut new records into tasks, end when idle.
+
+A thread of its own asks the broker, every ``poll_secs``, how far each partition holds
+records: the high watermark, and for a partition whose watermark did not move, a read past it
+(``KafkaTopic.probe``: a broker may under-report the watermark). What it finds goes through
+the ``StreamCutter``; the tasks it cuts wait in a queue until the job loop, the only thread
+that touches the ledger, takes them (``feed``). Once no record came for
+``--stream_idle_secs``, ``feed`` closes the ledger's stream and the job ends after the tasks cut.
+
+A broker that cannot be reached is waited out (logged once per outage): its time does not
+count as idle, and cutting goes on from where it stood when it answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+from elasticdl.data.kafka_address import is_kafka
+from elasticdl.data.kafka_client import KafkaTopic
+from elasticdl.master.stream_cutter import StreamCutter
+from elasticdl.master.stream_tasks import StreamTaskManager
+
+logger = logging.getLogger(__name__)
+
+POLL_SECS = 0.5
+# A poll that gets no answer within this long counts as a broker outage (waited out).
+BROKER_TIMEOUT_SECS = 5.0
+# A probe past the watermarks reads at most about this many tasks' records of a partition per poll.
+PROBE_TASKS = 8
+
+
+class KafkaStreamSource:
+    """``open`` (where to start), then ``feed`` the ledger from the job loop; ``close`` at the end."""
+
+    def __init__(self, topic: KafkaTopic, partitions: list[int], records_per_task: int, idle_secs: float,
+                 start: str = "earliest", clock: Callable[[], float] = time.monotonic,
+                 poll_secs: float = POLL_SECS, timeout: float = BROKER_TIMEOUT_SECS):
+        self.topic = topic
+        self.partitions = partitions
+        self.records_per_task = records_per_task
+        self.idle_secs = idle_secs
+        self.start = start
+        self.clock = clock
+        self.poll_secs = poll_secs
+        self.timeout = timeout
+        self.cutter: StreamCutter | None = None
+        self._cut: queue.SimpleQueue = queue.SimpleQueue()  # lists of shards, for the job loop
+        self._idle = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._outage = ""
+        self.starts: dict[int, int] = {}
+
+    def open(self, committed: dict[str, int], watch: bool = True) -> dict[int, int]:
+        """Start watching from the ledger's ``committed`` offsets (path -> end cut), or, for a
+        partition the ledger never cut, from ``--stream_start``; the offsets it starts from.
+        ``watch=False``: no thread (tests call ``poll_once`` themselves)."""
+        address = self.topic.address
+        starts: dict[int, int] = {}
+        for partition in self.partitions:
+            path = address.partition_path(partition)
+            if path in committed:
+                starts[partition] = committed[path]
+                continue
+            # latest: past every record the partition holds now (read past its watermark)
+            starts[partition] = (self.topic.watermarks(partition)[0] if self.start == "earliest"
+                                 else self.topic.end(partition))
+        resumed = {p: o for p, o in starts.items() if address.partition_path(p) in committed}
+        logger.info("stream %s: partitions %s start at offsets %s (%s)", address.url, self.partitions, starts,
+                    f"the ledger's for {sorted(resumed)}" if resumed else f"--stream_start {self.start}")
+        self.starts = dict(starts)
+        self.cutter = StreamCutter(dict(starts), address.partition_path, self.records_per_task,
+                                   self.idle_secs, self.clock())
+        if watch:
+            self._thread = threading.Thread(target=self._watch, name="stream-source", daemon=True)
+            self._thread.start()
+        return starts
+
+    def feed(self, ledger: StreamTaskManager) -> int:
+        """In the job loop: add the tasks cut since the last call; close the stream once it is
+        idle. How many records were added."""
+        added = 0
+        while True:
+            try:
+                shards = self._cut.get_nowait()
+            except queue.Empty:
+                break
+            ledger.add(shards)
+            added += sum(s.records for s in shards)
+        if self._idle.is_set() and ledger.stream_open:
+            ledger.close_stream(f"no new record for {self.idle_secs:g} s (--stream_idle_secs)")
+        if not ledger.stream_open:  # idle, or closed by a stop: nothing more is cut
+            self.close()
+        return added
+
+    def summary(self, ledger: StreamTaskManager) -> dict:
+        """The report's ``stream``: how it closed, and per partition where it started, how far it
+        was cut and seen, and the lag (records seen, not cut into a task: not trained)."""
+        cutter, cut = self.cutter, ledger.offsets()  # the ledger's: what was cut and not dropped by a close
+        partitions = {}
+        for p in self.partitions if cutter is not None else ():
+            cut_to = cut.get(self.topic.address.partition_path(p), self.starts.get(p, 0))
+            partitions[str(p)] = {"start": self.starts.get(p, 0), "cut_to": cut_to, "seen": cutter.seen_end(p),
+                                  "lag": max(0, cutter.seen_end(p) - cut_to)}
+        return {"url": self.topic.address.url, "closed": ledger.close_reason if not ledger.stream_open else "",
+                "records_cut": ledger.records_per_epoch, "partitions": partitions}
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            self.poll_once()
+            if self._idle.is_set():
+                return
+            self._stop.wait(self.poll_secs)
+
+    def poll_once(self) -> None:
+        """One look at the partitions: cut what is new, and tell when the stream went idle."""
+        cutter = self.cutter
+        try:
+            ends: dict[int, int] = {}
+            for partition in self.partitions:
+                _low, high = self.topic.watermarks(partition, self.timeout)
+                ends[partition] = high
+            quiet = {p: cutter.seen_end(p) for p, end in ends.items() if end <= cutter.seen_end(p)}
+            # Before calling a partition quiet, read past its watermark: the records may be there.
+            for partition, end in self.topic.probe(quiet, self.records_per_task * PROBE_TASKS).items():
+                ends[partition] = max(ends[partition], end)
+        except Exception as err:  # the broker is away: wait it out; its time is not idle time
+            if not self._outage:
+                logger.warning("stream %s: the broker does not answer (%s); waiting for it",
+                               self.topic.address.url, err)
+            self._outage = str(err)
+            cutter.last_new = self.clock()
+            return
+        if self._outage:
+            logger.info("stream %s: the broker answers again", self.topic.address.url)
+            self._outage = ""
+        now = self.clock()
+        shards = cutter.observe(ends, now)  # a new record resets the idle time
+        idle = cutter.idle(now)
+        if idle:
+            shards += cutter.flush(now)  # what lingers, short of a whole task
+        if shards:
+            self._cut.put(shards)
+        if idle:
+            self._idle.set()  # after the last cut: feed adds it before it closes the stream
+
+
+def stream_ledger(config, command: str) -> StreamTaskManager | None:
+    """The training ledger of a stream job (``--training_data kafka://...``); None for files."""
+    if command != "train" or not is_kafka(config.data.training_data):
+        return None
+    return StreamTaskManager(
+        task_timeout=config.elasticity.task_timeout,
+        max_task_retries=config.elasticity.max_task_retries,
+        seed=config.data.shuffle_seed,
+        gate_epochs=True,
+        fences_pushes=True,  # a task taken back waits for FenceHandouts, as a file task does
+    )
+
+
+def open_stream(config, ledger) -> KafkaStreamSource | None:
+    """Start watching the stream of a stream job's ledger (after the ledger was resumed: it
+    goes on from the ledger's offsets); None for a file job."""
+    if not isinstance(ledger, StreamTaskManager):
+        return None
+    topic = KafkaTopic.of(config.data.training_data)
+    source = KafkaStreamSource(topic, topic.partitions(), config.effective_records_per_task,
+                               config.stream.stream_idle_secs, config.stream.stream_start)
+    source.open(ledger.offsets())
+    return source

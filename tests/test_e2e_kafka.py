@@ -1,0 +1,178 @@
+"""End to end: `elasticdl train` on a Kafka stream (a real broker: tests/kafka_fixture.py).
+
+N digits examples (the bundled generator's, fixed seed) go into a 2-partition topic; 2 workers
+and 1 PS train on them until --stream_idle_secs passes with no new record. Checked from the
+outside as the chaos harness checks a file job: the job succeeds, and the PS's own count of
+records applied, read from the final checkpoint's files, is N: every record exactly once. Then
+the same with a worker SIGKILLed mid-stream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from kafka_fixture import kafka_broker  # noqa: F401  (pytest finds fixtures by name)
+
+from elasticdl.data import tfrecord
+from tests.chaos.checks import final_cut
+from tests.test_e2e_elastic import _master_log, _wait_for, _worker_pids
+from tests.test_e2e_local import MODEL_ZOO, digits  # noqa: F401
+
+TOPIC, PARTITIONS, RECORDS_PER_TASK = "digits", 2, 64
+
+
+def _digits_records(digits_dir, n: int) -> list[bytes]:
+    """The first ``n`` records of the digits training data (serialized tf.train.Example)."""
+    records: list[bytes] = []
+    for path in sorted((digits_dir / "train").iterdir()):
+        records += tfrecord.read_records(path, 0, tfrecord.count_records(path))
+        if len(records) >= n:
+            break
+    records = records[:n]
+    assert len(records) == n, f"the digits data holds {len(records)} records, the test wants {n}"
+    return records
+
+
+def _produce_digits(broker, digits_dir, n: int) -> None:
+    broker.create_topic(TOPIC, PARTITIONS)
+    broker.produce(TOPIC, _digits_records(digits_dir, n), partitions=PARTITIONS)
+
+
+def _trickle(broker, records: list[bytes], per_batch: int, every: float) -> threading.Thread:
+    """A producer writing ``records`` while the job runs, ``per_batch`` every ``every`` s."""
+    def produce() -> None:
+        pace = threading.Event()
+        for i in range(0, len(records), per_batch):
+            broker.produce(TOPIC, records[i:i + per_batch], partitions=PARTITIONS)
+            pace.wait(every)
+
+    thread = threading.Thread(target=produce, daemon=True)
+    thread.start()
+    return thread
+
+
+def _train(broker, tmp_path, job: str, **flags) -> subprocess.Popen:
+    args = [
+        "train", "--model_zoo", MODEL_ZOO, "--model_def", "digits.digits_functional.custom_model",
+        "--training_data", f"kafka://{broker.bootstrap}/{TOPIC}", "--job_name", job,
+        "--num_workers", "2", "--num_ps", "1", "--minibatch_size", "32",
+        "--records_per_task", str(RECORDS_PER_TASK),
+        "--checkpoint_dir", str(tmp_path / "ckpt"), "--checkpoint_steps", "10",
+    ]
+    flags = {"stream_idle_secs": 3, **flags}
+    for name, value in flags.items():
+        args += [f"--{name}", str(value)]
+    return subprocess.Popen([sys.executable, "-m", "elasticdl", *args], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc: subprocess.Popen, tmp_path, job: str) -> dict:
+    try:
+        out, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-4000:]
+    return json.loads((tmp_path / "runs" / job / "report.json").read_text())
+
+
+def _assert_exactly_once(report: dict, tmp_path, n: int) -> None:
+    assert report["status"] == "succeeded"
+    assert report["records_done_per_epoch"] == [n]
+    assert report["exactly_once"] == {"records_applied": [n], "records_done": n, "holds": True}
+    directory, shards = final_cut(str(tmp_path / "ckpt"))  # the PS's own count, from its file
+    assert [s.records_applied for s in shards] == [n], directory
+
+
+def test_elasticdl_stop_ends_a_stream_job_with_its_checkpoint_export_and_report(kafka_broker, digits, tmp_path):  # noqa: F811
+    _produce_digits(kafka_broker, digits, 600)
+    job = "kafka-stop"
+    proc = _train(kafka_broker, tmp_path, job, stream_idle_secs=0, output=tmp_path / "model")  # no idle end
+    try:
+        _wait_for(lambda: any((tmp_path / "ckpt").glob("version-*")), 180, "a first checkpoint")
+        stop = subprocess.run([sys.executable, "-m", "elasticdl", "stop", "--job_name", job], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+        asked = time.monotonic()
+        assert stop.returncode == 0, stop.stderr[-2000:]
+        assert f"stopping job {job}: the tasks in progress finish" in stop.stdout
+        report = _finish(proc, tmp_path, job)
+        took = time.monotonic() - asked
+    except BaseException:
+        proc.kill()
+        raise
+    done = report["records_done_per_epoch"][0]
+    assert 0 < done <= 600 and report["saved_model"] and os.path.isdir(report["saved_model"])
+    _assert_exactly_once(report, tmp_path, done)
+    assert took < 30, f"the job took {took:.1f} s to end after `elasticdl stop`"
+    assert "training stopped" in _master_log(tmp_path, job)
+
+
+def test_a_stream_job_trains_every_record_once_and_ends_when_idle(kafka_broker, digits, tmp_path):  # noqa: F811
+    n = 1000
+    _produce_digits(kafka_broker, digits, n)
+    job = "kafka-stream"
+    report = _finish(_train(kafka_broker, tmp_path, job), tmp_path, job)
+    _assert_exactly_once(report, tmp_path, n)
+    log = _master_log(tmp_path, job)
+    assert "no new record for 3 s (--stream_idle_secs)" in log
+    stream = report["stream"]
+    assert stream["closed"] == "no new record for 3 s (--stream_idle_secs)" and stream["records_cut"] == n
+    assert stream["partitions"] == {p: {"start": 0, "cut_to": n // 2, "seen": n // 2, "lag": 0} for p in ("0", "1")}
+
+
+def test_a_worker_sigkill_mid_stream_keeps_every_record_once(kafka_broker, digits, tmp_path):  # noqa: F811
+    n = 1400
+    records = _digits_records(digits, n)
+    kafka_broker.create_topic(TOPIC, PARTITIONS)
+    kafka_broker.produce(TOPIC, records[:600], partitions=PARTITIONS)
+    job = "kafka-worker-kill"
+    proc = _train(kafka_broker, tmp_path, job, task_timeout=60)
+    producer = _trickle(kafka_broker, records[600:], per_batch=20, every=0.5)  # before and during the job
+    try:
+        # Once training is under way (a first checkpoint cut), a worker dies hard mid-task.
+        _wait_for(lambda: any((tmp_path / "ckpt").glob("version-*")), 180, "a first checkpoint")
+        workers = _wait_for(lambda: _worker_pids(proc.pid, tmp_path), 30, "the workers' pids")
+        os.kill(workers[min(workers)], signal.SIGKILL)
+    except BaseException:
+        proc.kill()
+        raise
+    report = _finish(proc, tmp_path, job)
+    producer.join()
+    _assert_exactly_once(report, tmp_path, n)
+    log = _master_log(tmp_path, job)
+    # Mid-stream: the worker died while records were still arriving (before the stream closed).
+    assert log.index(f"worker {min(workers)} is gone; requeued tasks") < log.index("the stream is closed")
+
+
+def test_a_master_sigkilled_mid_stream_resumes_from_the_ledgers_offsets(kafka_broker, digits, tmp_path,  # noqa: F811
+                                                                         etcd_process):
+    """The ledger in etcd holds the offsets cut; the master run again goes on from them (records
+    cut after the last checkpoint go back to todo from the cut's marks), while records still arrive."""
+    n = 1400
+    records = _digits_records(digits, n)
+    kafka_broker.create_topic(TOPIC, PARTITIONS)
+    kafka_broker.produce(TOPIC, records[:600], partitions=PARTITIONS)
+    job = "kafka-master-kill"
+    flags = {"etcd_endpoints": etcd_process.endpoint}
+    first = _train(kafka_broker, tmp_path, job, **flags)
+    producer = _trickle(kafka_broker, records[600:], per_batch=20, every=0.5)
+    try:
+        _wait_for(lambda: any((tmp_path / "ckpt").glob("version-*/ps-0-of-1*.npz")), 180, "a first complete cut")
+        first.kill()  # the master dies hard; its PS and workers die with it
+        first.communicate(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    report = _finish(_train(kafka_broker, tmp_path, job, **flags), tmp_path, job)
+    producer.join()
+    assert report["resumed"]
+    _assert_exactly_once(report, tmp_path, n)
+    log = _master_log(tmp_path, job)
+    assert "(the ledger's for [0, 1])" in log  # both partitions went on from the ledger's offsets

@@ -1,0 +1,153 @@
+"""The master's Kafka source against a real broker (tests/kafka_fixture.py), one poll at a time
+on the test's own clock: what it cuts, where it starts, when it calls the stream idle."""
+
+from __future__ import annotations
+
+from kafka_fixture import kafka_broker  # noqa: F401  (pytest finds fixtures by name)
+
+from elasticdl.data.kafka_client import KafkaTopic
+from elasticdl.master.stream_cutter import LINGER_SECS
+from elasticdl.master.stream_source import KafkaStreamSource
+from elasticdl.master.stream_tasks import StreamTaskManager
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _source(broker, topic: str, clock: Clock, start: str = "earliest", idle: float = 5.0) -> KafkaStreamSource:
+    kafka = KafkaTopic.of(f"kafka://{broker.bootstrap}/{topic}")
+    return KafkaStreamSource(kafka, kafka.partitions(), records_per_task=100, idle_secs=idle, start=start,
+                             clock=clock, timeout=1.0)
+
+
+def _cut_all(source: KafkaStreamSource, ledger: StreamTaskManager, polls: int = 30) -> int:
+    """Poll until a poll sees no new record, then once more after the linger (the records short
+    of a whole task are cut then); the records added."""
+    added = 0
+    for _ in range(polls):
+        seen = [source.cutter.seen_end(p) for p in source.partitions]
+        source.poll_once()
+        added += source.feed(ledger)
+        if [source.cutter.seen_end(p) for p in source.partitions] == seen:
+            source.clock.now += LINGER_SECS
+            source.poll_once()
+            return added + source.feed(ledger)
+    raise AssertionError(f"still seeing new records after {polls} polls")
+
+
+def test_every_record_is_cut_once_even_past_an_under_reported_watermark(kafka_broker):  # noqa: F811
+    n = 5000
+    kafka_broker.create_topic("batched", 1)
+    kafka_broker.produce("batched", (b"%d" % i for i in range(n)))  # batched: Tansu's watermark lags
+    clock = Clock()
+    source = _source(kafka_broker, "batched", clock)
+    assert source.open({}, watch=False) == {0: 0}
+    ledger = StreamTaskManager()
+    assert _cut_all(source, ledger) == n
+    shards = [ledger.get_task(0).shard for _ in range(len(ledger._todo))]
+    # Contiguous, each offset in one task, none over --records_per_task (a cut ends where the
+    # partition's end was seen, so a task may be shorter).
+    assert shards[0].start == 0 and shards[-1].end == n
+    assert all(a.end == b.start for a, b in zip(shards, shards[1:]))
+    assert all(s.records == 100 for s in shards)  # a remainder waits to fill a task: 5000 makes 50 whole ones
+    # More records later: cut from where the cutting stood.
+    kafka_broker.produce("batched", [b"late-1", b"late-2"])
+    clock.now += 1
+    assert _cut_all(source, ledger) == 2
+    assert ledger.get_task(0).shard.start == n
+
+
+def test_the_stream_closes_after_the_idle_time_without_a_new_record(kafka_broker):  # noqa: F811
+    kafka_broker.create_topic("quiet", 2)
+    kafka_broker.produce("quiet", [b"a", b"b", b"c"], partitions=2)
+    clock = Clock()
+    source = _source(kafka_broker, "quiet", clock, idle=5.0)
+    source.open({}, watch=False)
+    ledger = StreamTaskManager()
+    assert _cut_all(source, ledger) == 3
+    clock.now = source.cutter.last_new + 4.9  # the last new record was seen then
+    source.poll_once()
+    source.feed(ledger)
+    assert ledger.stream_open
+    clock.now += 0.1
+    source.poll_once()
+    source.feed(ledger)
+    assert not ledger.stream_open and "--stream_idle_secs" in ledger.close_reason
+
+
+def test_a_resumed_source_goes_on_from_the_ledgers_offsets_and_latest_skips_the_backlog(kafka_broker):  # noqa: F811
+    kafka_broker.create_topic("resume", 2)
+    kafka_broker.produce("resume", (b"%d" % i for i in range(400)), partitions=2)  # 200 per partition
+    clock = Clock()
+    source = _source(kafka_broker, "resume", clock)
+    path0 = source.topic.address.partition_path(0)
+    assert source.open({path0: 150}, watch=False) == {0: 150, 1: 0}  # partition 1: never cut, from earliest
+    ledger = StreamTaskManager()
+    assert _cut_all(source, ledger) == 50 + 200
+    latest = _source(kafka_broker, "resume", clock, start="latest")
+    assert latest.open({}, watch=False) == {0: 200, 1: 200}  # past the records held at the start
+    kafka_broker.produce("resume", [b"new"] * 4, partitions=2)
+    fresh = StreamTaskManager()
+    assert _cut_all(latest, fresh) == 4
+
+
+def test_a_broker_outage_is_waited_out_and_not_counted_as_idle(kafka_broker):  # noqa: F811
+    kafka_broker.create_topic("outage", 1)
+    kafka_broker.produce("outage", [b"a"])
+    clock = Clock()
+    source = _source(kafka_broker, "outage", clock, idle=5.0)
+    source.open({}, watch=False)
+    ledger = StreamTaskManager()
+    assert _cut_all(source, ledger) == 1
+    kafka_broker.stop()
+    clock.now += 60  # far past the idle time, all of it in the outage
+    source.poll_once()
+    source.feed(ledger)
+    assert ledger.stream_open
+
+
+def test_records_short_of_a_task_are_cut_before_the_stream_closes_idle(kafka_broker):  # noqa: F811
+    kafka_broker.create_topic("few", 1)
+    kafka_broker.produce("few", [b"a", b"b", b"c"])
+    clock = Clock()
+    source = _source(kafka_broker, "few", clock, idle=5.0)
+    source.open({}, watch=False)
+    ledger = StreamTaskManager()
+    for _ in range(10):  # until the three are seen (past the watermark); no time passes: they linger
+        source.poll_once()
+        if source.cutter.seen_end(0) == 3:
+            break
+    assert source.feed(ledger) == 0
+    clock.now += 5.0
+    source.poll_once()
+    assert source.feed(ledger) == 3  # cut, then the stream closes
+    assert not ledger.stream_open and ledger.records_per_epoch == 3
+
+
+def test_the_summary_gives_each_partitions_start_cut_seen_and_lag(kafka_broker):  # noqa: F811
+    kafka_broker.create_topic("summary", 2)
+    kafka_broker.produce("summary", (b"%d" % i for i in range(250)), partitions=2)  # 125 per partition
+    clock = Clock()
+    source = _source(kafka_broker, "summary", clock)
+    source.open({source.topic.address.partition_path(1): 25}, watch=False)
+    ledger = StreamTaskManager()
+    for _ in range(10):  # seen to the ends; the 25-record remainders still wait (no time passed)
+        source.poll_once()
+        source.feed(ledger)
+        if [source.cutter.seen_end(p) for p in (0, 1)] == [125, 125]:
+            break
+    summary = source.summary(ledger)
+    assert summary["partitions"] == {"0": {"start": 0, "cut_to": 100, "seen": 125, "lag": 25},
+                                     "1": {"start": 25, "cut_to": 125, "seen": 125, "lag": 0}}
+    assert summary["closed"] == "" and summary["records_cut"] == 200
+    assert summary["url"] == f"kafka://{kafka_broker.bootstrap}/summary"
+    # A stop drops the tasks not started: their records are lag, and the source stops cutting.
+    ledger.stop()
+    source.feed(ledger)
+    assert source._stop.is_set()
+    assert source.summary(ledger)["partitions"]["0"] == {"start": 0, "cut_to": 0, "seen": 125, "lag": 125}
