@@ -127,7 +127,7 @@ def test_a_backup_equals_its_primary_bit_for_bit_and_takes_over_when_it_dies(two
     processes[1].wait()
     with pytest.raises(grpc.RpcError):
         client.stats()
-    promoted = master_call(addresses[0], "promote", {"shard": 1, "term": 1, "routes": {"term": 1, "primary": [0, 0]}})
+    promoted = master_call(addresses[0], "promote", {"shard": 1, "term": 1, "routes": {"version": 1, "primary": [0, 0]}})
     master_call(addresses[0], "set_backups", {"shard": 0, "backups": [], "term": 1})  # its backup died
     assert promoted == {"version": before}
     assert client.refresh_routes() == [1]

@@ -18,6 +18,7 @@ from elasticdl.master.evaluation_service import EvaluationResult
 from elasticdl.master.instance_manager import Launch, Stop
 
 __all__ = [
+    "BackupPromoted",
     "Decision",
     "DropSnapshot",
     "EndEpoch",
@@ -37,6 +38,8 @@ __all__ = [
     "PSRelaunched",
     "PSRollback",
     "PSSilent",
+    "PromoteBackup",
+    "PromotionFailed",
     "Phase",
     "RecordEvaluation",
     "RelaunchPS",
@@ -200,10 +203,47 @@ class PSRelaunched:
     missing: int = 0  # no checkpoint: records whose updates may be missing on the PS's shard
 
 
+# --ps_replicas (docs/replicas.md; decided in elasticdl/master/failover.py)
+
+
+@dataclass(frozen=True)
+class PromoteBackup:
+    """Decision: PS ``dead`` died. Each ``(shard, ps)`` of ``promotions``: that PS's backup of the
+    shard becomes its primary (under the master's term, which the PS checks); ``backups``: every
+    shard's live backups after (the primaries stop forwarding to the dead PS); ``primary``: the
+    routing table after (shard -> PS), ``routes_version`` its version (workers take the newest).
+    No promotions: a fallback to the cut, the backup lists emptied first."""
+
+    dead: int
+    promotions: tuple[tuple[int, int], ...]
+    backups: tuple[tuple[int, ...], ...]
+    primary: tuple[int, ...]
+    routes_version: int
+
+
+@dataclass(frozen=True)
+class BackupPromoted:
+    """Event: the answer to ``PromoteBackup``; ``versions``: each promoted shard's model version."""
+
+    dead: int
+    promotions: tuple[tuple[int, int], ...]
+    versions: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class PromotionFailed:
+    """Event: a PS refused or did not answer a promotion (another one died too, or a newer
+    master took over): the job falls back to the cut (``RelaunchPS``)."""
+
+    dead: int
+    reason: str
+
+
 Event = (
     Tick | RoleExited | TaskReported | VersionReported | ScaleRequested | StopRequested | StoreLost
     | EpochEnded | EpochEndDeferred | LiveWorkersNotTold | PSRelaunched | EpochEndFired | HandoutsFenced
     | SnapshotTaken | SnapshotFailed | PSSilent | VersionsLeveled | VersionsNotLeveled
+    | BackupPromoted | PromotionFailed  # --ps_replicas (elasticdl/master/failover.py)
 )
 
 
@@ -213,9 +253,12 @@ Event = (
 
 @dataclass(frozen=True)
 class RelaunchPS:
-    """Start the PS that exited again, on its address (from the latest checkpoint, if any)."""
+    """Start the PS that exited again, on its address (from the latest checkpoint, if any).
+    ``moved_to``: (shard, PS) of the shards whose backup was promoted (--ps_replicas): the PS
+    comes back as a spare serving none of them, and nothing is rolled back."""
 
     exit: ProcessExit
+    moved_to: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -344,6 +387,7 @@ class Fail:
 Decision = (
     Launch | Stop | RelaunchPS | ReplacePS | ReplaceWorker | FenceHandouts | TellLiveWorkers | LevelVersions | EndEpoch | FireEpochBegin | FireEpochEnd | VersionChanged
     | RecordEvaluation | TakeSnapshot | DropSnapshot | SaveLedger | Finish | Fail | OpenEpoch
+    | PromoteBackup  # --ps_replicas (elasticdl/master/failover.py)
 )
 
 

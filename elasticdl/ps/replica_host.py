@@ -46,9 +46,9 @@ class ReplicaHost:
             core = make_backup(shard)
             self.cores[shard] = core
             self.appliers[shard] = BackupApplier(core)
-        self.routes = wire.Routes.initial(self.num_ps, settings.term)
+        self.routes = wire.Routes.initial(self.num_ps)
         for shard, ps in (moved_to or {}).items():
-            self.routes = self.routes.moved(shard, ps, settings.term)
+            self.routes = self.routes.moved(shard, ps)
         self.forwarder: GrpcForwarder | None = None
         self.servicers = {shard: PServerServicer(core) for shard, core in self.cores.items()}
         self._lock = threading.Lock()
@@ -141,7 +141,7 @@ class ShardRouter:
         if not host.primary_here(shard):
             context.abort(grpc.StatusCode.UNAVAILABLE,
                           f"{wire.MOVED}: shard {shard}'s primary is PS {host.routes.primary[shard]} "
-                          f"(term {host.routes.term}), not PS {host.ps_id}: ask for the routes again")
+                          f"(routes version {host.routes.version}), not PS {host.ps_id}: ask for the routes again")
         return host.servicers[shard]
 
 

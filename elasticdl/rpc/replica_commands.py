@@ -24,26 +24,27 @@ CALL_SECONDS = 30.0
 
 @dataclass(frozen=True)
 class Routes:
-    """Shard i's primary runs on PS ``primary[i]``; ``term``: the master's when it last changed."""
+    """Shard i's primary runs on PS ``primary[i]``; ``version``: one more at each promotion (the
+    newest table wins)."""
 
-    term: int
+    version: int
     primary: tuple[int, ...]
 
     @classmethod
-    def initial(cls, num_ps: int, term: int = 0) -> Routes:
-        return cls(term, tuple(range(num_ps)))
+    def initial(cls, num_ps: int) -> Routes:
+        return cls(0, tuple(range(num_ps)))
 
-    def moved(self, shard: int, ps: int, term: int) -> Routes:
+    def moved(self, shard: int, ps: int) -> Routes:
         primary = list(self.primary)
         primary[shard] = ps
-        return Routes(term, tuple(primary))
+        return Routes(self.version, tuple(primary))
 
     def to_dict(self) -> dict:
-        return {"term": self.term, "primary": list(self.primary)}
+        return {"version": self.version, "primary": list(self.primary)}
 
     @classmethod
     def from_dict(cls, data: dict) -> Routes:
-        return cls(int(data["term"]), tuple(int(p) for p in data["primary"]))
+        return cls(int(data["version"]), tuple(int(p) for p in data["primary"]))
 
 
 def backups_of(shard: int, num_ps: int, replicas: int) -> list[int]:
@@ -63,14 +64,14 @@ def command(channel: grpc.Channel, method: str, args: dict, metadata=()) -> dict
 
 
 def newest_routes(channels: list[grpc.Channel]) -> Routes | None:
-    """The routing table of the newest term any reachable PS holds (None: none answered)."""
+    """The newest routing table any reachable PS holds (None: none answered)."""
     best = None
     for channel in channels:
         try:
             routes = Routes.from_dict(command(channel, "routes", {}))
         except grpc.RpcError:
             continue  # that PS is down (the one that died, maybe)
-        if best is None or routes.term > best.term:
+        if best is None or routes.version > best.version:
             best = routes
     return best
 
@@ -88,7 +89,7 @@ class ShardRoutes:
         from elasticdl.rpc.channel import ServiceStub
 
         held = self.routes or Routes.initial(self.num_ps)
-        if routes.term < held.term:
+        if routes.version < held.version:
             return []
         moved = [s for s, ps in enumerate(routes.primary) if ps != held.primary[s]]
         for shard in moved:

@@ -1,0 +1,82 @@
+"""The job carrying out the replica decisions (``--ps_replicas``, docs/replicas.md): the PS told
+their peers once all serve, backups promoted under the master's term, the dead PS relaunched as
+a spare that serves none of its old shards.
+
+A part of the job's executor (``Job`` in elasticdl/master/job.py), in its own module; what to do
+is decided by the controller (elasticdl/master/failover.py, pure).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import grpc
+
+from elasticdl.master import controller as c
+from elasticdl.master.failover import ReplicaRoles
+from elasticdl.rpc import replica_commands as wire
+from elasticdl.rpc import trust
+from elasticdl.rpc.channel import make_channel
+
+logger = logging.getLogger(__name__)
+
+
+class ReplicaRecovery:
+    """The replica side of ``Job`` (its attributes are the job's)."""
+
+    def _replica_roles(self) -> ReplicaRoles | None:
+        replicas = self.config.elasticity.ps_replicas
+        return ReplicaRoles.initial(self.config.elasticity.num_ps, replicas) if replicas else None
+
+    def _replica_command(self, ps: int, method: str, args: dict) -> dict:
+        channel = make_channel(self.ps_addresses[ps], self._token)
+        try:
+            credential = trust.master_credential(self.backend.job_key())
+            return wire.command(channel, method, args, [(trust.MASTER_CREDENTIAL_HEADER, credential)])
+        finally:
+            channel.close()
+
+    def _configure_replicas(self) -> None:
+        """Every PS serves: each learns its peers' addresses and starts forwarding to its backups."""
+        if not self.config.elasticity.ps_replicas:
+            return
+        routes = wire.Routes.initial(len(self.ps_addresses)).to_dict()
+        for ps in range(len(self.ps_addresses)):
+            self._replica_command(ps, "configure", {"addresses": self.ps_addresses, "routes": routes})
+        logger.info("--ps_replicas %d: each shard's updates are forwarded to its backups on the next %s",
+                    self.config.elasticity.ps_replicas,
+                    "PS" if self.config.elasticity.ps_replicas == 1 else f"{self.config.elasticity.ps_replicas} PS")
+
+    def _promote_backups(self, decision: c.PromoteBackup) -> list:
+        """Promote each backup (the PS checks the master's term), then tell every live primary its
+        backups now, and route the master's own calls to the new primaries."""
+        routes = {"version": decision.routes_version, "primary": list(decision.primary)}
+        versions = []
+        try:
+            for shard, ps in decision.promotions:
+                answer = self._replica_command(ps, "promote", {"shard": shard, "term": self.state.term,
+                                                               "routes": routes})
+                versions.append(int(answer["version"]))
+            for shard, backups in enumerate(decision.backups):
+                primary = decision.primary[shard]
+                if primary != decision.dead:
+                    self._replica_command(primary, "set_backups", {"shard": shard, "backups": list(backups),
+                                                                   "term": self.state.term})
+        except grpc.RpcError as err:
+            return [c.PromotionFailed(decision.dead, f"{err.code().name}: {err.details()}")]
+        if not decision.promotions:
+            return []  # a fallback to the cut: the backups were only emptied
+        self._ps.reroute(wire.Routes.from_dict(routes))
+        for (shard, ps), version in zip(decision.promotions, versions):
+            logger.warning("ps-%d died: shard %d goes on from its backup on PS %d at version %d, nothing rolled "
+                           "back (--ps_replicas)", decision.dead, shard, ps, version)
+        return [c.BackupPromoted(decision.dead, decision.promotions, tuple(versions))]
+
+    def _relaunch_spare(self, exit_, moved_to: tuple[tuple[int, int], ...]) -> list:
+        """The dead PS comes back on its address serving none of the shards it led (their
+        primaries moved): a worker that still asks it is told where they went."""
+        logger.info("%s; relaunching it on port %s as a spare (its shards moved: %s)",
+                    c.describe_exit(exit_, "died"), self._ps_port(exit_.index), dict(moved_to))
+        self._start_ps(exit_.index, "--moved_to", json.dumps({str(s): p for s, p in moved_to}))
+        return []
