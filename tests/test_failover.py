@@ -4,13 +4,13 @@ back to the cut (docs/replicas.md)."""
 
 from __future__ import annotations
 
+from elasticdl.data.sources import Shard
 from elasticdl.launch.api import ProcessExit
 from elasticdl.master import controller as c
 from elasticdl.master.evaluation_service import TaskDispatcher
 from elasticdl.master.failover import FailoverRecord, ReplicaRoles
 from elasticdl.master.instance_manager import InstanceManager
 from elasticdl.master.recovery_policy import FailoverFacts, Promote, plan_failover
-from elasticdl.data.sources import Shard
 from elasticdl.master.task_manager import TaskManager, TaskType
 
 
