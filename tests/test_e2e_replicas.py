@@ -1,0 +1,53 @@
+"""End to end (issue 26's acceptance run, shortened): 1 worker, 2 PS, --ps_replicas 1, sync,
+digits, ps-1 SIGKILLed mid-job. Its shard goes on from its backup on ps-0: the job succeeds at
+the fault-free final version, nothing is rolled back or trained again, exactly once holds, and
+the report lists the failover (docs/replicas.md)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+from elasticdl.data.sources import count_records, resolve_data_files
+from tests.chaos.test_exactly_once import _check_lineages, _complete_cut
+from tests.test_e2e_elastic import _report_after_ps_kill
+from tests.test_e2e_local import digits, train_args  # noqa: F401
+
+EPOCHS, BATCH, RECORDS_PER_TASK, STEPS = 3, 32, 128, 40
+
+
+def batches_per_epoch(digits) -> int:  # noqa: F811
+    """Sync with one worker, fault-free: one version per batch; tasks are cut per file, and each
+    file's last task (and its last batch) may be short."""
+    batches = 0
+    for path in resolve_data_files(str(digits / "train")):
+        records = count_records(path)
+        batches += sum(math.ceil(min(RECORDS_PER_TASK, records - start) / BATCH)
+                       for start in range(0, records, RECORDS_PER_TASK))
+    return batches
+
+
+def test_a_ps_sigkill_with_replicas_promotes_its_backup_and_rolls_nothing_back(digits, tmp_path):  # noqa: F811
+    command = [sys.executable, "-m", "elasticdl", *train_args(
+        digits, "digits.digits_functional.custom_model", job_name="replicas-ps-kill", num_workers=1, num_ps=2,
+        ps_replicas=1, num_epochs=EPOCHS, minibatch_size=BATCH, records_per_task=RECORDS_PER_TASK,
+        checkpoint_dir=tmp_path / "ckpt", checkpoint_steps=STEPS,
+    )]
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Killed after the cut at 2 * STEPS: in the second epoch, the worker training.
+    report = _report_after_ps_kill(proc, tmp_path, lambda: _complete_cut(tmp_path, 2 * STEPS), "a cut", ps=1)
+    records = report["records_per_epoch"]
+    assert report["status"] == "succeeded"
+    assert report["ps_rollbacks"] == []
+    assert sum(sum(v for k, v in e.items() if k != "epoch") for e in report["records_retrained"]) == 0, \
+        report["records_retrained"]
+    assert report["records_possibly_missing"] == 0
+    assert report["exactly_once"] == {
+        "records_applied": [EPOCHS * records] * 2, "records_done": EPOCHS * records, "holds": True,
+    }
+    assert report["model_version"] == EPOCHS * batches_per_epoch(digits)  # the fault-free job's
+    (failover,) = report["ps_failovers"]
+    assert (failover["shard"], failover["old_primary"], failover["new_primary"]) == (1, 1, 0)
+    assert failover["version"] >= 2 * STEPS and failover["pause_seconds"] < 10
+    _check_lineages(tmp_path)
