@@ -382,6 +382,8 @@ class PSClient(MasterCommands, ShardRoutes):
             last = [call() for call in calls[-1:]]
             return [future.result() for future in futures] + last
         except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.UNAVAILABLE:
+                self.refresh_routes()  # --ps_replicas: the retry goes to the shard's new primary
             raise _translate(err) from None
 
     # ------------------------------------------------------------ embedding tables

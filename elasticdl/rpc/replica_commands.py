@@ -20,6 +20,7 @@ METHODS = ("replicate", "configure", "promote", "set_backups", "routes")
 # the caller asks the PS for the routes again and retries (the one retry rule of worker/batch_loop.py).
 MOVED = "moved"
 CALL_SECONDS = 30.0
+ROUTES_SECONDS = 5.0  # a PS that does not tell its routes by then is skipped (the others are asked)
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,9 @@ def call(channel: grpc.Channel, method: str, payload: bytes = b"", metadata=(), 
     return channel.unary_unary(f"/{SERVICE}/{method}")(payload, metadata=tuple(metadata), timeout=timeout)
 
 
-def command(channel: grpc.Channel, method: str, args: dict, metadata=()) -> dict:
+def command(channel: grpc.Channel, method: str, args: dict, metadata=(), timeout: float = CALL_SECONDS) -> dict:
     """A JSON command (configure, promote, set_backups, routes) and its JSON answer."""
-    answer = call(channel, method, json.dumps(args).encode(), metadata)
+    answer = call(channel, method, json.dumps(args).encode(), metadata, timeout)
     return json.loads(answer) if answer else {}
 
 
@@ -68,7 +69,7 @@ def newest_routes(channels: list[grpc.Channel]) -> Routes | None:
     best = None
     for channel in channels:
         try:
-            routes = Routes.from_dict(command(channel, "routes", {}))
+            routes = Routes.from_dict(command(channel, "routes", {}, timeout=ROUTES_SECONDS))
         except grpc.RpcError:
             continue  # that PS is down (the one that died, maybe)
         if best is None or routes.version > best.version:

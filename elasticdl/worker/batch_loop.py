@@ -134,7 +134,6 @@ class BatchLoop:
         logger.warning("a parameter server is unreachable (%s); retrying", err.details())
         time.sleep(outage[1])
         outage[1] = min(outage[1] * 2, 2.0)
-        self.ps.refresh_routes()  # --ps_replicas: its shard's backup may be its primary now
         # It may come back older (from a checkpoint) or empty: pull everything before computing or pushing.
         self.consistency.ps_reconnected()
 
