@@ -68,8 +68,16 @@ def test_with_three_ps_the_first_live_backup_on_the_ring_takes_over_and_the_dead
     ctl, _ = make(num_ps=3, replicas=2)
     [promote] = of(ctl.step(ps_exit(1)), c.PromoteBackup)
     assert promote.promotions == ((1, 2),)
-    assert promote.backups == ((2,), (0,), (0,))  # PS 1 gone from every list; shard 1's new primary off its own
+    # PS 1 gone from every list. Shard 1's other backup (PS 0) may lack the last update the dead
+    # primary forwarded, and the new primary numbers afresh: it catches up again from a snapshot.
+    assert promote.backups == ((2,), (), (0,))
     assert promote.primary == (0, 2, 2)
+    ctl.step(c.BackupPromoted(1, promote.promotions, (9,)))
+    adds = of(ctl.step(c.Tick()), c.AddBackup)
+    assert [(a.ps, a.shards) for a in adds] == [(0, (1,)), (1, (0, 1, 2))]  # PS 0 again; the spare: all short
+    ctl.step(c.BackupAdded(0, (1,)))
+    ctl.step(c.BackupAdded(1, (0, 1, 2)))
+    assert ctl.replicas.backups == [[2, 1], [0, 1], [0, 1]]
 
 
 def test_a_shard_that_lost_every_replica_falls_back_to_the_cut_after_the_backups_are_emptied():
@@ -78,15 +86,17 @@ def test_a_shard_that_lost_every_replica_falls_back_to_the_cut_after_the_backups
     ctl.step(c.BackupPromoted(1, ((1, 0),), (5,)))
     decisions = of(ctl.step(ps_exit(0)), c.PromoteBackup | c.RelaunchPS)  # PS 0 led both shards: no live backup
     assert [type(d).__name__ for d in decisions] == ["PromoteBackup", "RelaunchPS"]
-    assert decisions[0].promotions == () and decisions[0].backups == ((), ())
+    assert decisions[0].fallback and decisions[0].backups == ((), ()) and decisions[0].primary == (0, 1)
     assert decisions[1] == c.RelaunchPS(ProcessExit("ps", 0, -9, ""))  # the cut, as without replicas
 
 
 def test_a_failed_promotion_falls_back_to_the_cut():
     ctl, _ = make(num_ps=2, replicas=1)
     ctl.step(ps_exit(1))
-    [relaunch] = of(ctl.step(c.PromotionFailed(1, "FAILED_PRECONDITION: a command from leadership term 1 refused")),
-                    c.RelaunchPS)
+    decisions = ctl.step(c.PromotionFailed(1, "FAILED_PRECONDITION: a command from leadership term 1 refused"))
+    [fallback] = of(decisions, c.PromoteBackup)
+    [relaunch] = of(decisions, c.RelaunchPS)
+    assert fallback.fallback and fallback.primary == (0, 1)
     assert relaunch == c.RelaunchPS(ProcessExit("ps", 1, -9, ""))
     assert ctl.replicas.backups == [[], []] and ctl.replicas.records == []
 
@@ -99,3 +109,35 @@ def test_without_replicas_a_ps_death_relaunches_it_as_before():
     decisions = ctl.step(ps_exit(1))
     assert of(decisions, c.RelaunchPS) == [c.RelaunchPS(ProcessExit("ps", 1, -9, ""))]
     assert of(decisions, c.PromoteBackup) == []
+
+
+def test_the_relaunched_spare_catches_up_at_a_tick_and_a_second_death_is_handled_the_same_way():
+    ctl, clock = make(num_ps=2, replicas=1)
+    ctl.step(ps_exit(1))
+    ctl.step(c.BackupPromoted(1, ((1, 0),), (80,)))
+    [add] = of(ctl.step(c.Tick()), c.AddBackup)
+    assert add == c.AddBackup(ps=1, shards=(0, 1), primary=(0, 0), routes_version=1)
+    assert of(ctl.step(c.Tick()), c.AddBackup) == []  # not asked twice while in flight
+    ctl.step(c.BackupNotAdded(1, "UNAVAILABLE: not serving yet"))
+    [again] = of(ctl.step(c.Tick()), c.AddBackup)
+    assert again == add
+    ctl.step(c.BackupAdded(1, (0, 1)))
+    assert ctl.replicas.backups == [[1], [1]] and of(ctl.step(c.Tick()), c.AddBackup) == []
+    # PS 0 now leads both shards, and PS 1 backs both up: both are promoted there.
+    [promote] = of(ctl.step(ps_exit(0)), c.PromoteBackup)
+    assert promote.promotions == ((0, 1), (1, 1)) and promote.primary == (1, 1) and not promote.fallback
+    [relaunch] = of(ctl.step(c.BackupPromoted(0, promote.promotions, (90, 90))), c.RelaunchPS)
+    assert relaunch.moved_to == ((0, 1),)
+    assert [(r.shard, r.old_primary, r.new_primary) for r in ctl.replicas.records] == [(1, 1, 0), (0, 0, 1), (1, 0, 1)]
+    assert ctl.rollbacks == []
+
+
+def test_a_spare_that_dies_before_it_caught_up_is_relaunched_as_a_spare_again():
+    ctl, _ = make(num_ps=2, replicas=1)
+    ctl.step(ps_exit(1))
+    ctl.step(c.BackupPromoted(1, ((1, 0),), (80,)))
+    decisions = of(ctl.step(ps_exit(1)), c.PromoteBackup | c.RelaunchPS)  # it led nothing, backed up nothing
+    assert [type(d).__name__ for d in decisions] == ["PromoteBackup", "RelaunchPS"]
+    assert decisions[0].promotions == () and not decisions[0].fallback
+    assert decisions[1].moved_to == ((1, 0),)
+    assert of(ctl.step(c.Tick()), c.AddBackup) != []

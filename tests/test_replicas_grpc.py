@@ -22,7 +22,7 @@ from elasticdl.model.sharding import ps_for_variable
 from elasticdl.rpc import auth, trust
 from elasticdl.rpc import replica_commands as wire
 from elasticdl.rpc.batch_position import BatchPosition
-from elasticdl.rpc.channel import make_channel
+from elasticdl.rpc.channel import make_channel, wait_for_channel
 from elasticdl.rpc.ps_client import PSClient
 from elasticdl.rpc.push_outcome import PushOutcome
 
@@ -84,6 +84,7 @@ def two_ps(tmp_path):
 
 def master_call(address: str, method: str, args: dict) -> dict:
     channel = make_channel(address)
+    wait_for_channel(channel, address, START_SECONDS)  # a relaunched PS's port: past gRPC's reconnect backoff
     try:
         return wire.command(channel, method, args, [(trust.MASTER_CREDENTIAL_HEADER, trust.master_credential(KEY))])
     finally:
@@ -151,3 +152,46 @@ def test_a_backup_equals_its_primary_bit_for_bit_and_takes_over_when_it_dies(two
     assert info.value.code() is grpc.StatusCode.UNAVAILABLE and wire.MOVED in info.value.details()
     assert stale.refresh_routes() == [1]
     assert [s.version for s in stale.stats()] == [before + 1, before + 1]
+
+
+def test_the_relaunched_ps_catches_up_as_a_backup_and_takes_over_at_a_second_death(two_ps):
+    start, addresses, processes, ckpt = two_ps
+    for address in addresses:
+        master_call(address, "configure", {"addresses": addresses, "routes": wire.Routes.initial(2).to_dict()})
+    client = PSClient(addresses, master_credential=trust.master_credential(KEY), replicas=1)
+    model = variables()
+    client.push_model(model)
+    rng = np.random.default_rng(1)
+    for step in range(6):
+        push(client, model, rng, step)
+    processes[1].send_signal(signal.SIGKILL)
+    processes[1].wait()
+    routes = {"version": 1, "primary": [0, 0]}
+    master_call(addresses[0], "promote", {"shard": 1, "term": 1, "routes": routes})
+    master_call(addresses[0], "set_backups", {"shard": 0, "backups": [], "term": 1})
+    client.refresh_routes()
+    client.term = 1
+    for step in range(6, 9):  # trained with no backup at all
+        push(client, model, rng, step)
+
+    start(1, "--moved_to", json.dumps({"1": 0}), port=int(addresses[1].rsplit(":", 1)[1]))
+    master_call(addresses[1], "configure", {"addresses": addresses, "routes": routes})
+    for shard in (0, 1):  # what AddBackup does: the spare is prepared, each primary sends its snapshot
+        master_call(addresses[1], "prepare", {"shard": shard})
+        assert master_call(addresses[0], "catch_up", {"shard": shard, "backup": 1, "term": 1})["seq"] > 0
+    for step in range(9, 14):  # forwarded to the caught-up spare
+        push(client, model, rng, step)
+    [version] = {s.version for s in client.stats()}
+    client.save_checkpoint()
+    primaries = [shard_state(ckpt, version, shard) for shard in (0, 1)]
+
+    processes[0].send_signal(signal.SIGKILL)  # the second death: PS 0 led both shards
+    processes[0].wait()
+    for shard in (0, 1):
+        master_call(addresses[1], "promote", {"shard": shard, "term": 2, "routes": {"version": 2, "primary": [1, 1]}})
+    assert client.refresh_routes() == [0, 1]
+    client.term = 2
+    client.save_checkpoint()
+    assert [shard_state(ckpt, version, shard) for shard in (0, 1)] == primaries  # bit for bit
+    push(client, model, rng, 14)
+    assert [s.version for s in client.stats()] == [version + 1, version + 1]

@@ -183,3 +183,45 @@ def test_ps_replicas_beyond_two_is_refused():
 
     with pytest.raises(ConfigError, match="ps_replicas"):
         JobConfig.from_flags(model_zoo="zoo", model_def="a.b.c", training_data="d", num_ps=4, ps_replicas=3).validate(check_paths=False)
+
+
+def test_a_new_backup_catches_up_from_a_snapshot_while_pushes_go_on():
+    """The primary's state at update s, then the updates after s (forwarded meanwhile, held by
+    the new backup until its snapshot is in): it ends equal to the primary bit for bit."""
+    from elasticdl.ps.replica_snapshot import begin_catch_up
+
+    appliers: dict[int, BackupApplier] = {}
+    primary, _backup, first = pair(lambda ps, entry: appliers[ps].receive(entry), grads_to_wait=1)
+    appliers[1] = first
+    primary.push_model(model(), 0, ["bn/moving_mean"])
+    rng = np.random.default_rng(3)
+    for step in range(10):
+        primary.push_gradients(gradient(rng), primary.shard.version, None, batch=BatchPosition(1, 1, (step + 1) * 8, 8))
+    primary.set_learning_rate(0.003)
+    primary.fence([7], [], 0)
+
+    late = ParameterServer(PSSettings(grads_to_wait=1), adam())
+    appliers[2] = BackupApplier(late, installed=False)
+    seq, snapshot = begin_catch_up(primary, 2)
+    assert seq == primary.replication.seq and primary.replication.backups == [1, 2]
+    # Pushes go on before the snapshot is installed: their forwards to PS 2 wait for it.
+    pusher = threading.Thread(target=lambda: [
+        primary.push_gradients(gradient(rng), primary.shard.version, None, batch=BatchPosition(2, 1, (i + 1) * 8, 8))
+        for i in range(5)])
+    pusher.start()
+    appliers[2].install(seq, snapshot)
+    pusher.join(timeout=30)
+    assert not pusher.is_alive()
+    assert fingerprint(late) == fingerprint(primary)
+    assert late._learning_rate == 0.003 and appliers[2].applied == primary.replication.seq == seq + 5
+
+
+def test_no_snapshot_while_a_sync_average_is_in_progress():
+    from elasticdl.ps.replica_snapshot import SnapshotRefused, begin_catch_up
+
+    primary, _backup, _applier = pair(grads_to_wait=2)
+    primary.push_model(model(), 0, ["bn/moving_mean"])
+    primary.push_gradients(gradient(np.random.default_rng(0)), 0, None)  # one of two: pending
+    with pytest.raises(SnapshotRefused, match="1 gradients wait in the sync average"):
+        begin_catch_up(primary, 2)
+    assert primary.replication.backups == [1]

@@ -29,6 +29,8 @@ from elasticdl.master.evaluation_rounds import EvaluationRounds
 from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
 from elasticdl.master.events import *  # noqa: F403  (the vocabulary: ``c.Tick``, ``c.EndEpoch``, ...)
 from elasticdl.master.events import (
+    BackupAdded,
+    BackupNotAdded,
     BackupPromoted,
     Decision,
     EndEpoch,
@@ -250,6 +252,8 @@ class Controller:
                 self.leveling.tick()
                 if self.rounds is not None:
                     self.rounds.tick()
+                if self.replicas is not None:
+                    return self.replicas.due()  # spares to catch up as backups
             case PSSilent(indices=indices):
                 return self._on_ps_silent(indices)
             case SnapshotTaken() | SnapshotFailed() if self.rounds is not None:
@@ -263,7 +267,7 @@ class Controller:
                 return self._on_version(version)
             case VersionsNotLeveled():
                 self.leveling.refused()
-            case BackupPromoted() | PromotionFailed() if self.replicas is not None:
+            case BackupPromoted() | PromotionFailed() | BackupAdded() | BackupNotAdded() if self.replicas is not None:
                 return self.replicas.answered(event, self._clock())
             case PSRelaunched(index=index, restored_version=restored, retrained=retrained, missing=missing):
                 self.rollbacks.append(PSRollback(index, self.model_version, restored, retrained, missing))

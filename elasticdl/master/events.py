@@ -18,6 +18,9 @@ from elasticdl.master.evaluation_service import EvaluationResult
 from elasticdl.master.instance_manager import Launch, Stop
 
 __all__ = [
+    "AddBackup",
+    "BackupAdded",
+    "BackupNotAdded",
     "BackupPromoted",
     "Decision",
     "DropSnapshot",
@@ -219,6 +222,35 @@ class PromoteBackup:
     backups: tuple[tuple[int, ...], ...]
     primary: tuple[int, ...]
     routes_version: int
+    fallback: bool = False  # a shard lost every replica: every PS back on its own shard, no backups
+
+
+@dataclass(frozen=True)
+class AddBackup:
+    """Decision: PS ``ps`` (relaunched as a spare) becomes a backup of ``shards``: it learns its
+    peers, each shard's primary sends it a snapshot and forwards every later update to it."""
+
+    ps: int
+    shards: tuple[int, ...]
+    primary: tuple[int, ...]  # the routing table (shard -> PS)
+    routes_version: int
+
+
+@dataclass(frozen=True)
+class BackupAdded:
+    """Event: the answer to ``AddBackup``: PS ``ps`` caught up on ``shards``."""
+
+    ps: int
+    shards: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BackupNotAdded:
+    """Event: ``AddBackup`` failed (the spare not serving yet, a sync average in progress): asked
+    again at the next ``Tick``."""
+
+    ps: int
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -243,7 +275,7 @@ Event = (
     Tick | RoleExited | TaskReported | VersionReported | ScaleRequested | StopRequested | StoreLost
     | EpochEnded | EpochEndDeferred | LiveWorkersNotTold | PSRelaunched | EpochEndFired | HandoutsFenced
     | SnapshotTaken | SnapshotFailed | PSSilent | VersionsLeveled | VersionsNotLeveled
-    | BackupPromoted | PromotionFailed  # --ps_replicas (elasticdl/master/failover.py)
+    | BackupPromoted | PromotionFailed | BackupAdded | BackupNotAdded  # --ps_replicas (master/failover.py)
 )
 
 
@@ -387,7 +419,7 @@ class Fail:
 Decision = (
     Launch | Stop | RelaunchPS | ReplacePS | ReplaceWorker | FenceHandouts | TellLiveWorkers | LevelVersions | EndEpoch | FireEpochBegin | FireEpochEnd | VersionChanged
     | RecordEvaluation | TakeSnapshot | DropSnapshot | SaveLedger | Finish | Fail | OpenEpoch
-    | PromoteBackup  # --ps_replicas (elasticdl/master/failover.py)
+    | PromoteBackup | AddBackup  # --ps_replicas (elasticdl/master/failover.py)
 )
 
 

@@ -24,7 +24,16 @@ import logging
 from dataclasses import dataclass, field
 
 from elasticdl.launch.exits import ProcessExit
-from elasticdl.master.events import BackupPromoted, Decision, PromoteBackup, PromotionFailed, RelaunchPS
+from elasticdl.master.events import (
+    AddBackup,
+    BackupAdded,
+    BackupNotAdded,
+    BackupPromoted,
+    Decision,
+    PromoteBackup,
+    PromotionFailed,
+    RelaunchPS,
+)
 from elasticdl.master.recovery_policy import FailoverFacts, plan_failover
 
 logger = logging.getLogger(__name__)
@@ -54,11 +63,16 @@ class ReplicaRoles:
     records: list[FailoverRecord] = field(default_factory=list)
     _lost_at: dict[int, float] = field(default_factory=dict)  # dead PS -> when its exit was seen
     _exits: dict[int, ProcessExit] = field(default_factory=dict)  # dead PS -> its exit, while promoting
+    replicas: int = 0
+    _spares: set[int] = field(default_factory=set)  # relaunched PS not caught up as backups yet
+    _adding: set[int] = field(default_factory=set)  # spares whose AddBackup is being carried out
+    _readd: dict[int, set[int]] = field(default_factory=dict)  # live PS -> shards it must catch up on again
 
     @classmethod
     def initial(cls, num_ps: int, replicas: int) -> ReplicaRoles:
         """Shard i on PS i, its backups on PS i+1 ... i+R (mod P)."""
-        return cls(list(range(num_ps)), [[(s + k) % num_ps for k in range(1, replicas + 1)] for s in range(num_ps)])
+        return cls(list(range(num_ps)), [[(s + k) % num_ps for k in range(1, replicas + 1)] for s in range(num_ps)],
+                   replicas=replicas)
 
     def moved_to(self) -> tuple[tuple[int, int], ...]:
         """(shard, PS) for each shard whose primary is not on its own PS: a relaunched PS starts
@@ -66,44 +80,89 @@ class ReplicaRoles:
         return tuple((s, p) for s, p in enumerate(self.primary) if p != s)
 
     def ps_lost(self, dead: int, now: float) -> PromoteBackup:
-        """The decision for PS ``dead``'s exit: promotions if the recovery policy plans them, else
-        (no promotions) the backup lists emptied before the fallback to the cut."""
+        """The decision for PS ``dead``'s exit: promotions if the recovery policy plans them (none
+        when it led no shard: a spare or a backup only); else a fallback, every shard back on its
+        own PS with no backup, before the cut's relaunch."""
         led = tuple(s for s, p in enumerate(self.primary) if p == dead)
         plan = plan_failover(FailoverFacts(dead, led, tuple(tuple(b) for b in self.backups)))
         self._lost_at[dead] = now
+        self.routes_version += 1
         if plan is None:  # a shard has no live replica: every PS goes back to the cut
+            self.primary = list(range(len(self.primary)))
             self.backups = [[] for _ in self.primary]
-            return PromoteBackup(dead, (), tuple(() for _ in self.primary), tuple(self.primary), self.routes_version)
+            self._spares.clear()
+            self._readd.clear()
+            return PromoteBackup(dead, (), tuple(() for _ in self.primary), tuple(self.primary), self.routes_version,
+                                 fallback=True)
         for shard, ps in plan.promotions:
             self.primary[shard] = ps
+            # The new primary numbers its updates afresh, and another backup may lack the last one
+            # the dead primary forwarded: each other backup catches up again from a snapshot.
+            for other in self.backups[shard]:
+                if other not in (dead, ps):
+                    self._readd.setdefault(other, set()).add(shard)
+            self.backups[shard] = []
         self.backups = [[b for b in backups if b != dead and b != self.primary[s]]
                         for s, backups in enumerate(self.backups)]
-        self.routes_version += 1
+        self._readd.pop(dead, None)
         return PromoteBackup(dead, plan.promotions, tuple(tuple(b) for b in self.backups), tuple(self.primary),
                              self.routes_version)
 
     def ps_exited(self, exit_: ProcessExit, now: float) -> list[Decision]:
         """The controller's decisions for a PS's exit: promotions (the relaunch waits for their
-        answer), or, when a shard lost every replica, the backups emptied and the cut's relaunch."""
+        answer); none needed (it led no shard): the backup lists updated and a spare's relaunch;
+        a shard that lost every replica: the fallback and the cut's relaunch."""
         promote = self.ps_lost(exit_.index, now)
-        if not promote.promotions:
+        self._spares.discard(exit_.index)
+        self._adding.discard(exit_.index)
+        if promote.fallback:
             return [promote, RelaunchPS(exit_)]
+        if not promote.promotions:
+            self._spares.add(exit_.index)
+            return [promote, RelaunchPS(exit_, moved_to=self.moved_to())]
         self._exits[exit_.index] = exit_
         return [promote]
 
-    def answered(self, event: BackupPromoted | PromotionFailed, now: float) -> list[Decision]:
-        """The answer to ``PromoteBackup``: relaunch the dead PS, as a spare once its shards were
-        promoted; after a failed promotion, from the cut (and no backup is trusted any more)."""
+    def answered(self, event, now: float) -> list[Decision]:
+        """The answer to ``PromoteBackup`` (relaunch the dead PS: as a spare once its shards were
+        promoted; after a failed promotion, from the cut) or to ``AddBackup``."""
+        if isinstance(event, BackupAdded | BackupNotAdded):
+            self._adding.discard(event.ps)
+            if isinstance(event, BackupAdded):
+                self._spares.discard(event.ps)
+                self._readd.pop(event.ps, None)
+                for shard in event.shards:
+                    if event.ps not in self.backups[shard]:
+                        self.backups[shard].append(event.ps)
+            return []
         exit_ = self._exits.pop(event.dead, None)
         if exit_ is None:
             return []
         if isinstance(event, PromotionFailed):
             logger.error("promoting the backups of PS %d's shards failed (%s): the job goes back to the "
                          "checkpoint cut", event.dead, event.reason)
+            self.primary = list(range(len(self.primary)))
             self.backups = [[] for _ in self.primary]
-            return [RelaunchPS(exit_)]
+            self.routes_version += 1
+            self._spares.clear()
+            return [PromoteBackup(event.dead, (), tuple(() for _ in self.primary), tuple(self.primary),
+                                  self.routes_version, fallback=True), RelaunchPS(exit_)]
         self.promoted(event, now)
+        self._spares.add(event.dead)
         return [RelaunchPS(exit_, moved_to=self.moved_to())]  # nothing rolled back
+
+    def due(self) -> list[Decision]:
+        """At a Tick: each spare becomes a backup of the shards short of backups (not its own), and
+        a backup of a shard whose primary changed catches up with the new one."""
+        decisions: list[Decision] = []
+        for ps in sorted((self._spares | set(self._readd)) - self._adding):
+            shards = tuple(s for s, p in enumerate(self.primary)
+                           if p != ps and ps not in self.backups[s] and len(self.backups[s]) < self.replicas
+                           and (ps in self._spares or s in self._readd.get(ps, ())))
+            if shards:
+                self._adding.add(ps)
+                decisions.append(AddBackup(ps, shards, tuple(self.primary), self.routes_version))
+        return decisions
 
     def promoted(self, event: BackupPromoted, now: float) -> None:
         since = self._lost_at.pop(event.dead, now)

@@ -316,6 +316,8 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
                 return self._relaunch_spare(exit_, moved_to) if moved_to else [self._relaunch_ps(exit_)]
             case c.PromoteBackup():
                 return self._promote_backups(decision)
+            case c.AddBackup():
+                return self._add_backup(decision)
             case c.TellLiveWorkers(count=count):
                 try:
                     self._ps.set_live_workers(count)

@@ -52,6 +52,8 @@ class ReplicaRecovery:
         """Promote each backup (the PS checks the master's term), then tell every live primary its
         backups now, and route the master's own calls to the new primaries."""
         routes = {"version": decision.routes_version, "primary": list(decision.primary)}
+        if decision.fallback:
+            return self._fall_back(decision, routes)
         versions = []
         try:
             for shard, ps in decision.promotions:
@@ -72,6 +74,38 @@ class ReplicaRecovery:
             logger.warning("ps-%d died: shard %d goes on from its backup on PS %d at version %d, nothing rolled "
                            "back (--ps_replicas)", decision.dead, shard, ps, version)
         return [c.BackupPromoted(decision.dead, decision.promotions, tuple(versions))]
+
+    def _fall_back(self, decision: c.PromoteBackup, routes: dict) -> list:
+        """A shard lost every replica: every live PS serves its own shard again, forwarding to
+        no backup, before the cut's relaunch rolls the job back (as without replicas)."""
+        for ps in range(len(self.ps_addresses)):
+            if ps == decision.dead:
+                continue
+            try:
+                self._replica_command(ps, "configure", {"addresses": self.ps_addresses, "routes": routes,
+                                                        "backups": False})
+            except grpc.RpcError as err:  # that PS is down too: its own exit relaunches it
+                logger.warning("PS %d could not be told to forward to no backup: %s", ps, err.details())
+        self._ps.reroute(wire.Routes.from_dict(routes))
+        logger.error("ps-%d died and a shard it held has no live replica left: the job goes back to the "
+                     "checkpoint cut, without backups from now on (--ps_replicas)", decision.dead)
+        return []
+
+    def _add_backup(self, decision: c.AddBackup) -> list:
+        """The spare learns its peers and the routes; each shard's primary sends it a snapshot and
+        forwards every later update to it (a catch-up). Answered by ``BackupAdded``, or
+        ``BackupNotAdded`` (asked again at the next Tick: the spare may not serve yet)."""
+        routes = {"version": decision.routes_version, "primary": list(decision.primary)}
+        try:
+            self._replica_command(decision.ps, "configure", {"addresses": self.ps_addresses, "routes": routes})
+            for shard in decision.shards:
+                self._replica_command(decision.ps, "prepare", {"shard": shard})
+                self._replica_command(decision.primary[shard], "catch_up",
+                                      {"shard": shard, "backup": decision.ps, "term": self.state.term})
+        except grpc.RpcError as err:
+            return [c.BackupNotAdded(decision.ps, f"{err.code().name}: {err.details()}")]
+        logger.info("PS %d caught up and backs up shards %s again (--ps_replicas)", decision.ps, list(decision.shards))
+        return [c.BackupAdded(decision.ps, decision.shards)]
 
     def _relaunch_spare(self, exit_, moved_to: tuple[tuple[int, int], ...]) -> list:
         """The dead PS comes back on its address serving none of the shards it led (their

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import grpc
 
+from elasticdl.ps.replica_snapshot import SnapshotRefused, begin_catch_up
 from elasticdl.ps.replica_wire import GrpcForwarder, decode_entry
 from elasticdl.ps.replication import BackupApplier, PrimaryLog
 from elasticdl.ps.server import ParameterServer, StaleTermError
@@ -51,6 +52,7 @@ class ReplicaHost:
             self.routes = self.routes.moved(shard, ps)
         self.forwarder: GrpcForwarder | None = None
         self.servicers = {shard: PServerServicer(core) for shard, core in self.cores.items()}
+        self._make_backup = make_backup
         self._lock = threading.Lock()
 
     @property
@@ -62,15 +64,23 @@ class ReplicaHost:
 
     # ------------------------------------------------------------ the master's commands
 
-    def configure(self, addresses: list[str], token: str | None, credential: str, routes: wire.Routes) -> None:
-        """Every PS serves: forward this PS's primaries' updates to their backups from now on."""
+    def configure(self, addresses: list[str], token: str | None, credential: str, routes: wire.Routes,
+                  backups: bool = True) -> None:
+        """Every PS serves: forward this PS's primaries' updates to their backups from now on
+        (``backups=False``: to none, after a fallback to the cut)."""
         with self._lock:
-            self.forwarder = GrpcForwarder(addresses, token, credential)
+            if self.forwarder is None:
+                self.forwarder = GrpcForwarder(addresses, token, credential)
             self.routes = routes
             for shard in self.cores:
-                if self.primary_here(shard) and self.cores[shard].replication is None:
-                    backups = [p for p in wire.backups_of(shard, self.num_ps, self.replicas) if p != self.ps_id]
-                    self.cores[shard].replication = PrimaryLog(shard, backups, self.forwarder.forward)
+                core = self.cores[shard]
+                if not self.primary_here(shard):
+                    continue
+                if core.replication is None:
+                    ring = [p for p in wire.backups_of(shard, self.num_ps, self.replicas) if p != self.ps_id]
+                    core.replication = PrimaryLog(shard, ring if backups else [], self.forwarder.forward)
+                elif not backups:
+                    core.replication.set_backups([])
         logger.info("replicas configured: shard %d's backups on PS %s", self.ps_id,
                     wire.backups_of(self.ps_id, self.num_ps, self.replicas))
 
@@ -98,6 +108,41 @@ class ReplicaHost:
         core.check_term(term)
         if core.replication is not None:
             core.replication.set_backups(backups)
+
+    def prepare(self, shard: int) -> None:
+        """Become a new backup of ``shard``: updates forwarded from now on wait for its snapshot."""
+        with self._lock:
+            if self.primary_here(shard):
+                raise KeyError(f"PS {self.ps_id} is shard {shard}'s primary: it backs up other shards only")
+            if shard not in self.cores:
+                self.cores[shard] = self._make_backup(shard)
+                self.servicers[shard] = PServerServicer(self.cores[shard])
+            self.appliers[shard] = BackupApplier(self.cores[shard], installed=False)
+
+    def catch_up(self, shard: int, backup: int, term: int) -> int:
+        """This primary's side of a new backup on PS ``backup``: its snapshot sent, every later
+        update forwarded to it. Returns the update number of the snapshot. SnapshotRefused:
+        asked again later; ConnectionError: the backup did not take it (not added)."""
+        core = self.cores[shard]
+        core.check_term(term)
+        if not self.primary_here(shard) or self.forwarder is None:
+            raise KeyError(f"PS {self.ps_id} is not shard {shard}'s primary")
+        seq, snapshot = begin_catch_up(core, backup)
+        try:
+            self.forwarder.install(backup, shard, seq, snapshot)
+        except ConnectionError:
+            core.replication.set_backups([b for b in core.replication.backups if b != backup])
+            raise
+        logger.info("shard %d: PS %d caught up at update %d (version %d) and is its backup again", shard, backup,
+                    seq, core.shard.version)
+        return seq
+
+    def install(self, header: str, snapshot: bytes) -> None:
+        fields = json.loads(header)
+        applier = self.appliers.get(int(fields["shard"]))
+        if applier is None:
+            raise KeyError(f"PS {self.ps_id} was not prepared to back up shard {fields['shard']}")
+        applier.install(int(fields["seq"]), snapshot)
 
     def replicate(self, header: str, payload: bytes) -> None:
         entry = decode_entry(header, payload)
@@ -179,7 +224,7 @@ class ReplicaService:
         self._check_master(context)
         args = json.loads(payload)
         self._host.configure(list(args["addresses"]), self._token, self._credential,
-                             wire.Routes.from_dict(args["routes"]))
+                             wire.Routes.from_dict(args["routes"]), bool(args.get("backups", True)))
         return b"{}"
 
     def promote(self, payload: bytes, context) -> bytes:
@@ -203,6 +248,34 @@ class ReplicaService:
         except KeyError as err:
             context.abort(grpc.StatusCode.NOT_FOUND, f"PS {self._host.ps_id} holds no shard {err.args[0]}")
         return b"{}"
+
+    def prepare(self, payload: bytes, context) -> bytes:
+        self._check_master(context)
+        try:
+            self._host.prepare(int(json.loads(payload)["shard"]))
+        except KeyError as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err.args[0]))
+        return b"{}"
+
+    def catch_up(self, payload: bytes, context) -> bytes:
+        self._check_master(context)
+        args = json.loads(payload)
+        try:
+            seq = self._host.catch_up(int(args["shard"]), int(args["backup"]), int(args["term"]))
+        except (StaleTermError, KeyError) as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        except (SnapshotRefused, ConnectionError) as err:  # asked again later
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+        return json.dumps({"seq": seq}).encode()
+
+    def install(self, payload: bytes, context) -> bytes:
+        self._check_master(context)
+        header = dict(context.invocation_metadata() or ()).get(wire.ENTRY_HEADER, "")
+        try:
+            self._host.install(header, payload)
+        except KeyError as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err.args[0]))
+        return b""
 
     def routes(self, payload: bytes, context) -> bytes:
         return json.dumps(self._host.routes.to_dict()).encode()

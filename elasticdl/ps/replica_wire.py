@@ -94,6 +94,15 @@ class GrpcForwarder:
         except grpc.RpcError as err:
             raise ConnectionError(f"PS {backup_ps}: {err.code().name} {err.details()}") from None
 
+    def install(self, backup_ps: int, shard: int, seq: int, snapshot: bytes) -> None:
+        """Send a new backup its shard's snapshot at update ``seq`` (a catch-up)."""
+        header = json.dumps({"shard": shard, "seq": seq})
+        try:
+            wire.call(self._channels[backup_ps], "install", snapshot,
+                      [(wire.ENTRY_HEADER, header), (MASTER_CREDENTIAL_HEADER, self._credential)])
+        except grpc.RpcError as err:
+            raise ConnectionError(f"PS {backup_ps}: {err.code().name} {err.details()}") from None
+
     def close(self) -> None:
         for channel in self._channels:
             channel.close()

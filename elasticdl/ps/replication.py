@@ -67,6 +67,13 @@ class PrimaryLog:
         self.seq += 1
         return Entry(self.shard, self.seq, op, args)
 
+    def add_backup(self, backup: int) -> None:
+        """A new backup (call with the core's lock held, where its snapshot is taken): every
+        entry numbered from now on goes to it too."""
+        with self._changed:
+            if backup not in self._backups:
+                self._backups.append(backup)
+
     def set_backups(self, backups: list[int]) -> None:
         """The master's list of live backups: a forward to one taken off ends at once."""
         with self._changed:
@@ -100,9 +107,10 @@ class PrimaryLog:
 class BackupApplier:
     """A backup of one shard: takes forwarded entries in any order, applies them in sequence."""
 
-    def __init__(self, core, gap_wait: float = GAP_WAIT_SECONDS):
+    def __init__(self, core, gap_wait: float = GAP_WAIT_SECONDS, installed: bool = True):
+        """``installed=False``: a new backup, which applies nothing before its snapshot came."""
         self.core = core  # the shard's ParameterServer on this PS
-        self.applied = 0  # the last sequence number applied
+        self.applied = 0 if installed else -1  # the last sequence number applied (-1: no snapshot yet)
         self.gap_wait = gap_wait
         self._turn = threading.Condition()
 
@@ -120,6 +128,17 @@ class BackupApplier:
                 return
             apply_entry(self.core, entry)
             self.applied = entry.seq
+            self._turn.notify_all()
+
+
+    def install(self, seq: int, snapshot: bytes) -> None:
+        """The primary's state at update ``seq`` (elasticdl/ps/replica_snapshot.py): entries after
+        it, held meanwhile, apply from now on."""
+        from elasticdl.ps.replica_snapshot import load
+
+        with self._turn:
+            load(self.core, snapshot)
+            self.applied = seq
             self._turn.notify_all()
 
 

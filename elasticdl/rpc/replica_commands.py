@@ -15,7 +15,7 @@ import grpc
 SHARD_HEADER = "elasticdl-shard"  # the shard a call is for (absent: the PS's own)
 ENTRY_HEADER = "elasticdl-replica-entry"  # a forwarded update's shard, number, kind and scalars (JSON)
 SERVICE = "elasticdl.PSReplica"
-METHODS = ("replicate", "configure", "promote", "set_backups", "routes")
+METHODS = ("replicate", "configure", "promote", "set_backups", "routes", "prepare", "catch_up", "install")
 # A PS that does not serve a shard as primary answers UNAVAILABLE with this in its details:
 # the caller asks the PS for the routes again and retries (the one retry rule of worker/batch_loop.py).
 MOVED = "moved"
