@@ -62,7 +62,7 @@ def decode_entry(header: str, payload: bytes) -> Entry:
     op, shard, seq = fields["op"], int(fields["shard"]), int(fields["seq"])
     if op == "push":
         head = elasticdl_pb2.PushGradientsRequest.FromString(payload)
-        grads: dict = dict(tensor_codec.decode_list(head.gradients, writable=True))
+        grads: dict = dict(tensor_codec.decode_list(head.gradients))  # views, as a worker's push is read
         for rows in head.embedding_gradients:
             grads[rows.name] = IndexedRows(tensor_codec.decode(rows.ids), tensor_codec.decode(rows.values))
         for name, values in tensor_codec.decode_list(head.non_trainable_changes, writable=True).items():
