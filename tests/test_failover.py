@@ -141,3 +141,24 @@ def test_a_spare_that_dies_before_it_caught_up_is_relaunched_as_a_spare_again():
     assert decisions[0].promotions == () and not decisions[0].fallback
     assert decisions[1].moved_to == ((1, 0),)
     assert of(ctl.step(c.Tick()), c.AddBackup) != []
+
+
+pytest_plugins = ["store_fixtures"]
+
+
+def test_the_roles_are_recorded_per_shard_and_replica_with_the_term_in_either_store(make_store):
+    from elasticdl.master.job_state import JobState
+
+    store = make_store()
+    state = JobState.__new__(JobState)  # only its store and term are used here
+    state._store, state._leadership, state.lineage = store, None, None
+    roles = ReplicaRoles.initial(num_ps=3, replicas=2)
+    state.record_shard_roles(roles.primary, roles.backups)
+    assert store.shard_roles()[1] == {"term": 0, "replicas": {1: "primary", 2: "backup", 0: "backup"}}
+    roles.ps_lost(1, now=0.0)
+    state.record_shard_roles(roles.primary, roles.backups)
+    assert store.shard_roles() == {
+        0: {"term": 0, "replicas": {0: "primary", 2: "backup"}},
+        1: {"term": 0, "replicas": {2: "primary"}},
+        2: {"term": 0, "replicas": {2: "primary", 0: "backup"}},
+    }

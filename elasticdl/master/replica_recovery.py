@@ -18,6 +18,7 @@ from elasticdl.master.failover import ReplicaRoles
 from elasticdl.rpc import replica_commands as wire
 from elasticdl.rpc import trust
 from elasticdl.rpc.channel import make_channel
+from elasticdl.store import StateStoreError
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,8 @@ class ReplicaRecovery:
         routes = wire.Routes.initial(len(self.ps_addresses)).to_dict()
         for ps in range(len(self.ps_addresses)):
             self._replica_command(ps, "configure", {"addresses": self.ps_addresses, "routes": routes})
+        roles = self._replica_roles()  # the controller starts from the same table
+        self._record_roles(roles.primary, roles.backups)
         logger.info("--ps_replicas %d: each shard's updates are forwarded to its backups on the next %s",
                     self.config.elasticity.ps_replicas,
                     "PS" if self.config.elasticity.ps_replicas == 1 else f"{self.config.elasticity.ps_replicas} PS")
@@ -67,8 +70,9 @@ class ReplicaRecovery:
                                                                    "term": self.state.term})
         except grpc.RpcError as err:
             return [c.PromotionFailed(decision.dead, f"{err.code().name}: {err.details()}")]
+        self._record_roles(list(decision.primary), [list(b) for b in decision.backups])
         if not decision.promotions:
-            return []  # a fallback to the cut: the backups were only emptied
+            return []  # a spare or a backup died: the backup lists were only updated
         self._ps.reroute(wire.Routes.from_dict(routes))
         for (shard, ps), version in zip(decision.promotions, versions):
             logger.warning("ps-%d died: shard %d goes on from its backup on PS %d at version %d, nothing rolled "
@@ -87,6 +91,7 @@ class ReplicaRecovery:
             except grpc.RpcError as err:  # that PS is down too: its own exit relaunches it
                 logger.warning("PS %d could not be told to forward to no backup: %s", ps, err.details())
         self._ps.reroute(wire.Routes.from_dict(routes))
+        self._record_roles(list(decision.primary), [[] for _ in decision.primary])
         logger.error("ps-%d died and a shard it held has no live replica left: the job goes back to the "
                      "checkpoint cut, without backups from now on (--ps_replicas)", decision.dead)
         return []
@@ -104,8 +109,20 @@ class ReplicaRecovery:
                                       {"shard": shard, "backup": decision.ps, "term": self.state.term})
         except grpc.RpcError as err:
             return [c.BackupNotAdded(decision.ps, f"{err.code().name}: {err.details()}")]
+        table = self.controller.replicas
+        self._record_roles(list(decision.primary), [
+            [*table.backups[s], decision.ps] if s in decision.shards else list(table.backups[s])
+            for s in range(len(decision.primary))])
         logger.info("PS %d caught up and backs up shards %s again (--ps_replicas)", decision.ps, list(decision.shards))
         return [c.BackupAdded(decision.ps, decision.shards)]
+
+    def _record_roles(self, primary: list[int], backups: list[list[int]]) -> None:
+        """The roles in the state store (memory, or etcd): informational so far, a failure to
+        write them is logged and the job goes on (a resumed master does not read them yet)."""
+        try:
+            self.state.record_shard_roles(primary, backups)
+        except StateStoreError as err:
+            logger.warning("could not record the shards' replica roles in the state store: %s", err)
 
     def _relaunch_spare(self, exit_, moved_to: tuple[tuple[int, int], ...]) -> list:
         """The dead PS comes back on its address serving none of the shards it led (their
