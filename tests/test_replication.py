@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -225,3 +226,34 @@ def test_no_snapshot_while_a_sync_average_is_in_progress():
     with pytest.raises(SnapshotRefused, match="1 gradients wait in the sync average"):
         begin_catch_up(primary, 2)
     assert primary.replication.backups == [1]
+
+
+def test_an_update_waiting_for_its_turn_is_never_applied_once_the_backup_was_promoted():
+    """The dead primary's update 3 arrived and waits for 2, which is still on the wire. Promoted
+    meanwhile, the backup must apply neither: the worker's retry of that push at the new primary
+    applies it, and it would be applied twice."""
+    core = ParameterServer(PSSettings(use_async=True), adam())
+    applier = BackupApplier(core)
+    applier.receive(Entry(0, 1, "model", (model(), 0, ["bn/moving_mean"])))
+    rng = np.random.default_rng(0)
+    second = Entry(0, 2, "push", (gradient(rng), 0, None, BatchPosition(1, 1, 8, 8), 0))
+    third = Entry(0, 3, "push", (gradient(rng), 0, None, BatchPosition(1, 1, 16, 8), 0))
+    outcome = []
+
+    def receive(entry):
+        try:
+            applier.receive(entry)
+            outcome.append(f"{entry.seq} applied")
+        except ConnectionError as err:
+            outcome.append(str(err))
+
+    thread = threading.Thread(target=receive, args=(third,))
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not applier._turn._waiters and time.monotonic() < deadline:  # until it waits for update 2
+        threading.Event().wait(0.001)
+    applier.close()  # the promotion
+    receive(second)  # the dead primary's late forward
+    thread.join(timeout=10)
+    assert sorted(outcome) == ["shard 0: this PS is no longer its backup (promoted)"] * 2
+    assert (core.shard.version, core.position.records_applied) == (0, 0)

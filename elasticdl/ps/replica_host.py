@@ -94,8 +94,7 @@ class ReplicaHost:
             core.check_term(term)  # a deposed master cannot promote
             applier = self.appliers.pop(shard, None)
             if applier is not None:
-                with applier._turn:  # an update being applied finishes first
-                    pass
+                applier.close()  # an update being applied finishes first; none waiting is applied after
             core.settings = dataclasses.replace(core.settings, checkpoint_dir=self.checkpoint_dir)
             core.replication = PrimaryLog(shard, [], self.forwarder.forward if self.forwarder else _unconfigured)
             self.routes = routes
@@ -117,6 +116,9 @@ class ReplicaHost:
             if shard not in self.cores:
                 self.cores[shard] = self._make_backup(shard)
                 self.servicers[shard] = PServerServicer(self.cores[shard])
+            old = self.appliers.get(shard)
+            if old is not None:
+                old.close()  # an update of a former primary, waiting for its turn, is never applied now
             self.appliers[shard] = BackupApplier(self.cores[shard], installed=False)
 
     def catch_up(self, shard: int, backup: int, term: int) -> int:

@@ -112,6 +112,7 @@ class BackupApplier:
         self.core = core  # the shard's ParameterServer on this PS
         self.applied = 0 if installed else -1  # the last sequence number applied (-1: no snapshot yet)
         self.gap_wait = gap_wait
+        self.closed = False  # no longer this shard's backup (promoted, or caught up afresh)
         self._turn = threading.Condition()
 
     def receive(self, entry: Entry) -> None:
@@ -119,17 +120,26 @@ class BackupApplier:
         ConnectionError when the one before does not arrive within ``gap_wait`` (the primary
         sends it again)."""
         with self._turn:
-            if entry.seq <= self.applied:
+            if entry.seq <= self.applied and not self.closed:
                 return
-            if not self._turn.wait_for(lambda: self.applied >= entry.seq - 1, self.gap_wait):
+            if not self._turn.wait_for(lambda: self.closed or self.applied >= entry.seq - 1, self.gap_wait):
                 raise ConnectionError(f"shard {entry.shard}: update {entry.seq} arrived, {self.applied + 1} "
                                       f"did not within {self.gap_wait:g}s")
+            if self.closed:  # applied now, it could come after a retry of the same push at the new primary
+                raise ConnectionError(f"shard {entry.shard}: this PS is no longer its backup (promoted)")
             if entry.seq <= self.applied:  # a copy applied while this one waited
                 return
             apply_entry(self.core, entry)
             self.applied = entry.seq
             self._turn.notify_all()
 
+
+    def close(self) -> None:
+        """No entry is applied from now on (one being applied finishes first); one waiting for
+        its turn is refused."""
+        with self._turn:
+            self.closed = True
+            self._turn.notify_all()
 
     def install(self, seq: int, snapshot: bytes) -> None:
         """The primary's state at update ``seq`` (elasticdl/ps/replica_snapshot.py): entries after
