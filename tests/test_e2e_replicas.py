@@ -32,7 +32,7 @@ def batches_per_epoch(digits) -> int:  # noqa: F811
     return batches
 
 
-@pytest.mark.parametrize("mode", ["sync", "async-without-checkpoints", "sync-two-deaths"])
+@pytest.mark.parametrize("mode", ["sync", "async-without-checkpoints", "sync-two-deaths", "sync-both-replicas-lost"])
 def test_a_ps_sigkill_with_replicas_promotes_its_backup_and_rolls_nothing_back(digits, tmp_path, mode):  # noqa: F811
     job = "replicas-ps-kill"
     flags = ({"use_async": "true"} if mode.startswith("async")  # no --checkpoint_dir: nothing to roll back to
@@ -53,19 +53,31 @@ def test_a_ps_sigkill_with_replicas_promotes_its_backup_and_rolls_nothing_back(d
             raise
         report = _report_after_ps_kill(proc, tmp_path, lambda: "caught up and backs up shards [0, 1]" in _master_log(
             tmp_path, job), "ps-1 caught up", ps=0)
+    elif mode == "sync-both-replicas-lost":  # ps-1, then ps-0 before ps-1 came back: shard 1 has no replica left
+        try:
+            _wait_for(lambda: _complete_cut(tmp_path, 2 * STEPS), 120, "a cut")
+            os.kill(_ps_pids(proc.pid, tmp_path)[1], signal.SIGKILL)
+        except BaseException:
+            proc.kill()
+            raise
+        report = _report_after_ps_kill(proc, tmp_path, lambda: True, "now", ps=0)
     else:
         report = _report_after_ps_kill(proc, tmp_path, lambda: "epoch 2 of 3 starts" in _master_log(tmp_path, job),
                                        "epoch 2", ps=1)
     records = report["records_per_epoch"]
     assert report["status"] == "succeeded"
-    assert report["ps_rollbacks"] == []
-    assert sum(sum(v for k, v in e.items() if k != "epoch") for e in report["records_retrained"]) == 0, \
-        report["records_retrained"]
-    assert report["records_possibly_missing"] == 0
     assert report["exactly_once"] == {
         "records_applied": [EPOCHS * records] * 2, "records_done": EPOCHS * records, "holds": True,
     }
     assert report["model_version"] == EPOCHS * batches_per_epoch(digits)  # the fault-free job's
+    if mode == "sync-both-replicas-lost":  # as without replicas: back to the cut, nothing lost
+        assert report["ps_rollbacks"] and all(r["to_version"] >= 2 * STEPS for r in report["ps_rollbacks"])
+        _check_lineages(tmp_path)
+        return
+    assert report["ps_rollbacks"] == []
+    assert sum(sum(v for k, v in e.items() if k != "epoch") for e in report["records_retrained"]) == 0, \
+        report["records_retrained"]
+    assert report["records_possibly_missing"] == 0
     if mode == "sync-two-deaths":  # the second death promoted ps-1's caught-up backups of both shards
         assert [(f["shard"], f["old_primary"], f["new_primary"]) for f in report["ps_failovers"]] == [
             (1, 1, 0), (0, 0, 1), (1, 0, 1)]

@@ -257,3 +257,22 @@ def test_an_update_waiting_for_its_turn_is_never_applied_once_the_backup_was_pro
     thread.join(timeout=10)
     assert sorted(outcome) == ["shard 0: this PS is no longer its backup (promoted)"] * 2
     assert (core.shard.version, core.position.records_applied) == (0, 0)
+
+
+def test_the_client_routes_each_shard_to_the_ps_that_claims_it_in_the_newest_table(monkeypatch):
+    from elasticdl.rpc import replica_commands as wire
+
+    told = {
+        0: {"version": 1, "primary": [0, 0]},  # promoted: leads both
+        1: {"version": 0, "primary": [0, 0]},  # the spare relaunched with its shard moved
+    }
+    monkeypatch.setattr(wire, "command", lambda channel, method, args, timeout: told[channel])
+    assert wire.newest_routes([0, 1]) == wire.Routes(1, (0, 0))
+    # Both died and came back from the cut: each claims its own shard again, at version 0.
+    told[0] = {"version": 0, "primary": [0, 1]}
+    told[1] = {"version": 0, "primary": [0, 1]}
+    assert wire.newest_routes([0, 1]) == wire.Routes(0, (0, 1))
+    # A deposed primary still up (cut off from the master) loses to the newer claim.
+    told[0] = {"version": 1, "primary": [0, 0]}
+    told[1] = {"version": 2, "primary": [1, 1]}
+    assert wire.newest_routes([0, 1]) == wire.Routes(2, (1, 1))

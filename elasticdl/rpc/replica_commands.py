@@ -65,16 +65,25 @@ def command(channel: grpc.Channel, method: str, args: dict, metadata=(), timeout
 
 
 def newest_routes(channels: list[grpc.Channel]) -> Routes | None:
-    """The newest routing table any reachable PS holds (None: none answered)."""
-    best = None
-    for channel in channels:
+    """The routes as the reachable PS tell them (None: none answered). A PS knows which shards
+    it serves as primary: each shard goes to the PS that claims it in the newest table (a PS
+    relaunched after every replica of its shard was lost claims its own shard at version 0,
+    and no PS of a newer table is left to contradict it); a shard no PS claims, to where the
+    newest table says."""
+    tables: dict[int, Routes] = {}
+    for ps, channel in enumerate(channels):
         try:
-            routes = Routes.from_dict(command(channel, "routes", {}, timeout=ROUTES_SECONDS))
+            tables[ps] = Routes.from_dict(command(channel, "routes", {}, timeout=ROUTES_SECONDS))
         except grpc.RpcError:
             continue  # that PS is down (the one that died, maybe)
-        if best is None or routes.version > best.version:
-            best = routes
-    return best
+    if not tables:
+        return None
+    newest = max(tables.values(), key=lambda r: r.version)
+    primary = []
+    for shard, fallback in enumerate(newest.primary):
+        claims = [(table.version, ps) for ps, table in tables.items() if table.primary[shard] == ps]
+        primary.append(max(claims)[1] if claims else fallback)
+    return Routes(newest.version, tuple(primary))
 
 
 class ShardRoutes:
@@ -84,14 +93,12 @@ class ShardRoutes:
     routes: Routes | None = None  # None: no replicas, every shard on its own PS
 
     def reroute(self, routes: Routes) -> list[int]:
-        """Send each shard's calls to its primary in ``routes`` (an older table is ignored);
-        returns the shards that moved."""
+        """Send each shard's calls to its primary in ``routes`` (the master's, or what the PS
+        claim: both are the truth when given); returns the shards that moved."""
         from elasticdl.rpc.auth import HeaderCallInterceptor
         from elasticdl.rpc.channel import ServiceStub
 
         held = self.routes or Routes.initial(self.num_ps)
-        if routes.version < held.version:
-            return []
         moved = [s for s, ps in enumerate(routes.primary) if ps != held.primary[s]]
         for shard in moved:
             channel = self._channels[routes.primary[shard]]
