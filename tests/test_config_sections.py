@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 NON_DEFAULT = {
     "model_zoo": "zoo", "model_def": "pkg.mod.fn", "model_params": "units=[8, 4];act=relu;rate=0.5;t=(1,)",
     "minibatch_size": 32, "num_epochs": 3, "num_threads_per_process": 2, "embedding_swap_threshold_mb": 0.5,
+    "embedding_admit_min_count": 2, "embedding_ttl_versions": 100, "embedding_max_rows": 1000,
     "wire_dtype": "bfloat16", "tensor_transport": "tcp",
     "training_data": "/data/train", "validation_data": "/data/val", "prediction_data": "/data/pred",
     "data_reader_params": "has_header=True", "num_minibatches_per_task": 4, "records_per_task": 100,
@@ -62,7 +63,7 @@ def test_every_flag_is_in_exactly_one_section():
     assert all(FLAGS[name].section == where[0] for name, where in seen.items())
     # the flags of the flat JobConfig, none lost or added; + --max_bad_records; + 8 model_zoo_functions; + --push_steps;
     # + --wire_dtype, --tensor_transport; + --overlap_communication; + --max_gradient_norm_ratio; + --ps_replicas
-    assert len(FLAGS) == 73
+    assert len(FLAGS) == 76
 
 
 def test_jobconfig_holds_only_the_sections():
@@ -123,7 +124,11 @@ def test_unknown_flags_keep_their_error():
     for build in (JobConfig.from_flags, api.make_config, JobConfig().replace):
         with pytest.raises(ConfigError) as info:
             build(model_zoo="zoo", num_pss=2, batch_size=3)
-        assert str(info.value) == "unknown option(s) batch_size, num_pss; see `elasticdl train --help` for the list."
+        assert str(info.value).splitlines() == [
+            "unknown option(s) batch_size, num_pss; see `elasticdl train --help` for the list.",
+            "batch_size: did you mean minibatch_size? (Keras's batch_size)",
+            "num_pss: did you mean num_ps?",
+        ]
 
 
 def test_from_json_refuses_what_is_not_a_section_or_is_in_the_wrong_one():

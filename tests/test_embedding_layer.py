@@ -145,3 +145,34 @@ def test_swap_threshold_flag_default_matches_the_layer_default():
 
     assert JobConfig().training.embedding_swap_threshold_mb == DEFAULT_THRESHOLD_MB == 2.0
     assert threshold_bytes(2.0) == 2 * 1024 * 1024 and threshold_bytes(-1) is None
+
+
+def test_bounds_arguments_reach_the_table_info_and_the_config():
+    from elasticdl.model.embedding.policy import TablePolicy
+
+    layer, tables = ps_backed(4, name="items", admit_min_count=3, ttl_versions=50, max_rows=1000)
+    layer(np.array([[1, 2]], np.int64), training=True)
+    policy = TablePolicy(admit_min_count=3, ttl_versions=50, max_rows=1000)
+    assert layer.table_info().policy == tables.infos["items/embeddings"].policy == policy
+    assert Embedding.from_config(layer.get_config()).policy == policy
+    # Admission filters new ids: a training lookup reads the zero row and makes no row.
+    assert len(tables.source.tables["items/embeddings"]) == 0
+    with pytest.raises(ValueError, match=r"`admit_probability` must be a number in \(0, 1\]"):
+        Embedding(4, admit_probability=0)
+    with pytest.raises(ValueError, match="`max_rows` must be an integer >= 0 and <= 4611686018427387904. Received: max_rows=-1"):
+        Embedding(4, max_rows=-1)
+
+
+def test_the_swap_bounds_its_tables_by_the_flags(caplog):
+    from elasticdl.config import JobConfig
+    from elasticdl.model.embedding.policy import TablePolicy
+    from elasticdl.model.embedding.swap import swap_large_embeddings, swap_policy
+
+    training = JobConfig.from_flags(embedding_admit_min_count=2, embedding_max_rows=500).training
+    assert swap_policy(training) == TablePolicy(admit_min_count=2, max_rows=500)
+    assert swap_policy(JobConfig().training) == TablePolicy()
+    with caplog.at_level("INFO"), use_embedding_backend(EmbeddingTables()), \
+            swap_large_embeddings(0, swap_policy(training)):
+        layer = keras.layers.Embedding(1000, 8, name="big_bounded")
+    assert isinstance(layer, Embedding) and layer.policy == TablePolicy(admit_min_count=2, max_rows=500)
+    assert "'big_bounded', its rows live on the parameter servers (admit_min_count=2, max_rows=500)" in caplog.text

@@ -68,6 +68,25 @@ class TrainingSection:
         "servers, sharded by id (0: every Embedding; a negative value: none).",
         bounds=Bounds(low=None),
     )
+    embedding_admit_min_count: int = flag(
+        1,
+        "Tables the automatic swap makes (--embedding_swap_threshold_mb): an id gets a row at its "
+        "Nth sighting; until then it reads the zero row and its gradient is dropped (1: at once). "
+        "docs/embeddings.md, Bounded tables.",
+        bounds=Bounds(low=1, high=65535),
+    )
+    embedding_ttl_versions: int = flag(
+        0,
+        "Tables the automatic swap makes: a row not updated for this many model versions is "
+        "removed from its parameter server (0: never).",
+        bounds=Bounds(low=0),
+    )
+    embedding_max_rows: int = flag(
+        0,
+        "Tables the automatic swap makes: at most this many rows per table on each parameter "
+        "server; the least recently updated rows are removed first (0: no cap).",
+        bounds=Bounds(low=0),
+    )
     wire_dtype: str = flag(
         "float32",
         "What dense gradients and parameters travel as between workers and parameter servers: "

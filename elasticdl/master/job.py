@@ -29,6 +29,7 @@ from elasticdl.launch.api import Backend
 from elasticdl.launch.local import LocalBackend
 from elasticdl.logs import master_log_handler
 from elasticdl.master import controller as c
+from elasticdl.master import embedding_stats
 from elasticdl.master.clocks import WorkerClocks
 from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
 from elasticdl.master.feed import feed
@@ -214,6 +215,7 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
                 stats = self._ps_stats()
                 report.staleness = self._epoch_telemetry(stats)
                 report.note_refusals()  # the gradient guard's (ps/gradient_guard.py)
+                report.embedding_tables = embedding_stats.summarize_tables(stats)
                 report.exactly_once = self._check_exactly_once(stats)
             self._finish(report)
             succeeded = True

@@ -14,6 +14,7 @@ import grpc
 
 from elasticdl.data.sources import make_shards
 from elasticdl.errors import JobFailedError
+from elasticdl.master import embedding_stats
 from elasticdl.master.continuation import continue_command, last_complete_checkpoint
 from elasticdl.master.report import JobReport
 from elasticdl.master.telemetry import summarize
@@ -132,6 +133,7 @@ class JobEnd:
     def _epoch_telemetry(self, stats: list, epoch: int | None = None) -> dict:
         """Log the staleness summary since the last epoch's (or of the whole job, without an epoch)."""
         total = summarize(stats, self.clocks.blocked_seconds)
+        embedding_stats.report(stats, self.tensorboard, epoch)
         if epoch is not None:
             since = total.minus(self._telemetry_mark)
             # One line per epoch only when something happened; the rest is in the job's line.

@@ -97,6 +97,9 @@ class JobReport:
     # Gradients the PS' gradient guard refused (never applied): beyond float32, or far beyond the
     # running norm (--max_gradient_norm_ratio). A model that stopped improving may be why.
     gradients_refused: int = 0
+    # Per embedding table, summed over the PS: rows, bytes, admissions, dropped_gradients,
+    # evictions_ttl, evictions_max_rows (elasticdl/master/embedding_stats.py).
+    embedding_tables: dict = field(default_factory=dict)
 
     def note_refusals(self) -> None:
         """Name the gradient guard's refusals (from ``staleness``), with a warning when there are any."""

@@ -51,6 +51,7 @@ from elasticdl.model.checkpoint_integrity import (
     verify_shard,
     with_checksum,
 )
+from elasticdl.model.embedding.policy import TablePolicy, merged_meta
 from elasticdl.model.embedding.table import TableInfo
 from elasticdl.model.sharding import ps_for_variable
 
@@ -75,6 +76,10 @@ class TableState:
     ids: np.ndarray
     rows: np.ndarray
     slots: dict[str, np.ndarray] = field(default_factory=dict)
+    # A bounded table's resume state (model/embedding/policy.py): each row's last-update
+    # version, and per-table arrays (counters, admission sketch).
+    touched: np.ndarray | None = None
+    meta: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass
@@ -137,12 +142,16 @@ def _arrays(state: ShardState) -> dict[str, np.ndarray]:
     for name, value in state.non_trainable.items():
         arrays[f"non_trainable:{name}"] = value
     for name, table in state.embeddings.items():
-        info = {"dim": table.info.dim, "initializer": table.info.initializer}
+        info = {"dim": table.info.dim, "initializer": table.info.initializer, "policy": table.info.policy.to_dict()}
         arrays[f"embedding_info:{name}"] = np.array(json.dumps(info, sort_keys=True))
         arrays[f"embedding_ids:{name}"] = table.ids
         arrays[f"embedding_rows:{name}"] = table.rows
         for slot_name, slot in table.slots.items():
             arrays[f"embedding_slot:{slot_name}:{name}"] = slot
+        if table.touched is not None and table.info.policy.bounded:
+            arrays[f"embedding_touched:{name}"] = table.touched
+        for key, value in table.meta.items():
+            arrays[f"embedding_meta:{key}:{name}"] = value
     return arrays
 
 
@@ -337,7 +346,13 @@ def _load_cut(cut: Cut, ps_id: int, num_ps: int) -> ShardState:
     records_applied = 0
     for shard_id, file in enumerate(cut.files):
         with open_shard(file) as data:
-            for name, table in _tables_in(data, ps_id, num_ps).items():
+            # A bounded table's counters and sketch: this PS's own, or (re-sharded) the sum of the
+            # old ones, the counters on PS 0 only so that job totals stay right.
+            if cut.num_ps == num_ps:
+                meta = "all" if shard_id == ps_id else ""
+            else:
+                meta = "all" if ps_id == 0 else "sketch"
+            for name, table in _tables_in(data, ps_id, num_ps, meta).items():
                 tables.setdefault(name, []).append(table)
             version = int(data["__version__"])
             step = max(step, int(data["__step__"]))
@@ -366,8 +381,9 @@ def _load_cut(cut: Cut, ps_id: int, num_ps: int) -> ShardState:
                       marks=marks, records_applied=records_applied, term=term, non_trainable=non_trainable)
 
 
-def _tables_in(data, ps_id: int, num_ps: int) -> dict[str, TableState]:
-    """The rows of each table in one shard file that belong to PS ``ps_id`` of ``num_ps``."""
+def _tables_in(data, ps_id: int, num_ps: int, meta: str = "all") -> dict[str, TableState]:
+    """The rows of each table in one shard file that belong to PS ``ps_id`` of ``num_ps``;
+    ``meta``: which per-table arrays to take ("all", "sketch" or "")."""
     found: dict[str, TableState] = {}
     masks: dict[str, np.ndarray] = {}
     for key in data.files:
@@ -377,13 +393,20 @@ def _tables_in(data, ps_id: int, num_ps: int) -> dict[str, TableState]:
             ids = data[f"embedding_ids:{name}"]
             masks[name] = mine = ids % num_ps == ps_id
             found[name] = TableState(
-                TableInfo(name, int(info["dim"]), info["initializer"]), ids[mine], data[f"embedding_rows:{name}"][mine]
+                TableInfo(name, int(info["dim"]), info["initializer"], TablePolicy.from_dict(info.get("policy"), name)),
+                ids[mine], data[f"embedding_rows:{name}"][mine],
             )
     for key in data.files:
         kind, _, rest = key.partition(":")
         if kind == "embedding_slot":
             slot_name, _, name = rest.partition(":")
             found[name].slots[slot_name] = data[key][masks[name]]
+        elif kind == "embedding_touched":
+            found[rest].touched = data[key][masks[rest]]
+        elif kind == "embedding_meta" and meta:
+            meta_name, _, name = rest.partition(":")
+            if meta == "all" or meta_name == meta:
+                found[name].meta[meta_name] = data[key]
     return found
 
 
@@ -396,6 +419,8 @@ def _concatenate(parts: list[TableState]) -> TableState:
         np.concatenate([p.ids for p in parts]),
         np.concatenate([p.rows for p in parts]),
         {s: np.concatenate([p.slots[s] for p in parts]) for s in slot_names},
+        np.concatenate([p.touched for p in parts]) if all(p.touched is not None for p in parts) else None,
+        merged_meta([p.meta for p in parts]),
     )
 
 

@@ -18,6 +18,7 @@ from elasticdl.model.embedding.backends import (
     recording,
     use_embedding_backend,
 )
+from elasticdl.model.embedding.policy import TablePolicy
 from elasticdl.model.embedding.swap import DEFAULT_THRESHOLD_MB, swap_large_embeddings, threshold_bytes
 from elasticdl.model.embedding.table import IndexedRows
 from elasticdl.model.keras_generation import variable_name
@@ -88,12 +89,16 @@ class Trainer:
         model_params: dict[str, Any],
         embedding_swap_threshold_mb: float = DEFAULT_THRESHOLD_MB,
         embedding_source: Any = None,
+        embedding_policy: TablePolicy | None = None,
     ):
+        """``embedding_policy``: the bounds of the tables the swap makes (swap.swap_policy)."""
         self.spec = spec
         self.model_params = model_params
         self.embedding_swap_threshold_mb = embedding_swap_threshold_mb
         self.embeddings = EmbeddingTables(embedding_source)
-        with use_embedding_backend(self.embeddings), swap_large_embeddings(threshold_bytes(embedding_swap_threshold_mb)):
+        with use_embedding_backend(self.embeddings), swap_large_embeddings(
+            threshold_bytes(embedding_swap_threshold_mb), embedding_policy
+        ):
             self.model = spec.build_model(model_params)
         self.variables: dict[str, tf.Variable] = {}  # trainable, by path
         # Non-trainable float variables by path (BatchNorm moving statistics): held by the PS

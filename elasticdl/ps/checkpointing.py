@@ -63,8 +63,8 @@ class ShardCheckpoints:
         """A copy of the shard (under the lock): updates go on while it is written."""
         tables = {}
         for name, table in self.shard.embeddings.items():
-            ids, rows, slots = table.state()  # copies
-            tables[name] = checkpoint.TableState(table.info, ids, rows, slots)
+            ids, rows, slots, touched, meta = table.saved()  # copies
+            tables[name] = checkpoint.TableState(table.info, ids, rows, slots, touched, meta)
         held = self.shard.non_trainable
         return checkpoint.ShardState(
             self.shard.version, self.shard.step,

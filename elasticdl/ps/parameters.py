@@ -56,9 +56,14 @@ class ParameterShard:
                     f"embedding table {info.name!r} has rows of width {held.dim} on the parameter server, "
                     f"the model's layer has {info.dim}: was the model changed since the checkpoint was made?"
                 )
+        for info in infos:
+            held = self.embeddings.get(info.name)
+            if held is not None and held.policy != info.policy:  # the job's settings now (a resumed job)
+                held.set_policy(info.policy)
         added = [info for info in infos if info.name not in self.embeddings]
         for info in added:
             self.embeddings[info.name] = EmbeddingTable(info, self.optimizer)
+            self.embeddings[info.name].version = self.version
         return [info.name for info in added]
 
     def table(self, name: str) -> EmbeddingTable:
@@ -117,7 +122,7 @@ class ParameterShard:
         self.step += 1
         for name, grad in grads.items():
             if isinstance(grad, IndexedRows):
-                self.embeddings[name].apply(grad.deduplicated(), self.step, learning_rate)
+                self.embeddings[name].apply(grad.deduplicated(), self.step, learning_rate, self.version + 1)
                 continue
             if isinstance(grad, NonTrainableChange):
                 self.params[name] += np.asarray(grad.values, dtype=np.float32)
@@ -130,3 +135,5 @@ class ParameterShard:
                 learning_rate,
             )
         self.version += 1
+        for table in self.embeddings.values():  # expiry moves with the version (table.advance)
+            table.advance(self.version)

@@ -18,6 +18,7 @@ import numpy as np
 from elasticdl import fs
 from elasticdl.model import checkpoint
 from elasticdl.model.checkpoint_owner import lineage_floor
+from elasticdl.model.embedding.policy import TableStats
 from elasticdl.model.embedding.table import EmbeddingError, FrozenTable, TableInfo, check_ids
 from elasticdl.model.optimizers import Optimizer, learning_rate_problem
 from elasticdl.ps.checkpointing import ShardCheckpoints
@@ -162,7 +163,8 @@ class ParameterServer(ShardCheckpoints, ShardLeveling, ShardReplication):
             self.shard.slots[name].update(slots)
         self.shard.add_tables([table.info for table in state.embeddings.values()])
         for name, table in state.embeddings.items():
-            self.shard.embeddings[name].load(table.ids, table.rows, table.slots)
+            self.shard.embeddings[name].load(table.ids, table.rows, table.slots, table.touched, table.meta,
+                                             state.version)
         # A fresh strategy: a sync average in progress held gradients of the rolled-back records.
         self.strategy = make_updating_strategy(self.settings)
         self.strategy.telemetry = telemetry
@@ -308,6 +310,11 @@ class ParameterServer(ShardCheckpoints, ShardLeveling, ShardReplication):
         with self._lock:
             ids, rows, _ = self.shard.table(name).state()
             return ids, rows
+
+    def embedding_stats(self) -> list[TableStats]:
+        """Each table's rows and admission/eviction counters (the master's report)."""
+        with self._lock:
+            return [t.stats() for t in self.shard.embeddings.values()]
 
     def embedding_tables(self) -> list[TableInfo]:
         with self._lock:

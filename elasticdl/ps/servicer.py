@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import asdict
 
 import grpc
 import numpy as np
@@ -300,6 +301,10 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
             bulk_port=self.bulk_port,
             bulk_host=self.bulk_host,
             gradients_refused=self._server.guard.refused,
+            embedding_tables=[
+                elasticdl_pb2.EmbeddingTableStats(name=t.name, rows=t.rows, bytes=t.bytes, **asdict(t.counters))
+                for t in self._server.embedding_stats()
+            ],
         )
 
 

@@ -7,7 +7,7 @@ A part of ``PSClient`` (elasticdl/rpc/ps_client.py), in its own module.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -33,6 +33,8 @@ class PSStats:
     records_applied: int = 0  # records whose gradients the shard applied (ps/data_position.py)
     term: int = 0  # the newest leadership term the PS heard of
     gradients_refused: int = 0  # by the PS's gradient guard (ps/gradient_guard.py), never applied
+    # table -> {"rows", "bytes", "admissions", "dropped_gradients", "evictions_ttl", "evictions_max_rows"}
+    embedding_tables: dict = field(default_factory=dict)
 
 
 def stats_of(r) -> PSStats:
@@ -49,6 +51,8 @@ def stats_of(r) -> PSStats:
         records_applied=r.records_applied,
         term=r.term,
         gradients_refused=r.gradients_refused,
+        embedding_tables={t.name: {f.name: getattr(t, f.name) for f in t.DESCRIPTOR.fields if f.name != "name"}
+                          for t in r.embedding_tables},
     )
 
 

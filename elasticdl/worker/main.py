@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None, assigned_at: float | None = None) -> int
     startup.mark("tensorflow")
 
     # Imported after the thread limits: these pull in TensorFlow.
+    from elasticdl.model.embedding.swap import swap_policy
     from elasticdl.model.spec import load_model_spec
     from elasticdl.model.trainer import Trainer
     from elasticdl.rpc.master_client import MasterClient
@@ -145,7 +146,8 @@ def main(argv: list[str] | None = None, assigned_at: float | None = None) -> int
     startup.mark("model zoo")
     ps = PSClient(args.ps_addrs.split(","), wire_dtype=config.training.wire_dtype,
                   tensor_transport=config.training.tensor_transport, replicas=config.elasticity.ps_replicas)
-    trainer = Trainer(spec, config.training.model_params, config.training.embedding_swap_threshold_mb)
+    trainer = Trainer(spec, config.training.model_params, config.training.embedding_swap_threshold_mb,
+                      embedding_policy=swap_policy(config.training))
     startup.mark("model")
     worker = Worker(
         worker_id=args.worker_id,

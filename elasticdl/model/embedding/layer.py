@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from elasticdl.model.embedding.backends import current_backend, current_recorder
+from elasticdl.model.embedding.policy import TablePolicy
 from elasticdl.model.embedding.table import TableInfo, initial_rows
 
 COMBINERS = (None, "sum", "mean", "sqrtn")
@@ -96,6 +97,14 @@ class Embedding(keras.layers.Layer):
             ids (a ``tf.RaggedTensor``, a ``tf.SparseTensor`` or a dense ``[batch, n]``
             tensor of ids) into one row: the output is ``[batch, output_dim]``. An example
             without ids gets a zero row.
+        admit_min_count: on the PS, an id gets a row at its Nth sighting (a training update
+            carrying it); until then it reads the zero row and its gradient is dropped. 1 (the
+            default): at once.
+        admit_probability: else each sighting admits the id with this probability (1: off).
+        ttl_versions: a row not updated for this many model versions is removed (0: never).
+        max_rows: at most this many rows per parameter server; the least recently updated go
+            first (0: no cap). An evicted id that comes back starts as a new row.
+            See docs/embeddings.md, "Bounded tables". Unused outside a job.
 
     Example::
 
@@ -111,9 +120,15 @@ class Embedding(keras.layers.Layer):
         mask_zero: bool = False,
         input_length: int | None = None,
         combiner: str | None = None,
+        admit_min_count: int = 1,
+        admit_probability: float = 1.0,
+        ttl_versions: int = 0,
+        max_rows: int = 0,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        # Refused here (PolicyError is a ValueError naming the argument), not on the PS.
+        self.policy = TablePolicy(admit_min_count, admit_probability, ttl_versions, max_rows)
         if not isinstance(output_dim, int) or isinstance(output_dim, bool) or output_dim <= 0:
             raise ValueError(f"`output_dim` must be a positive integer. Received: output_dim={output_dim!r}")
         if input_dim is not None and (not isinstance(input_dim, int) or isinstance(input_dim, bool) or input_dim <= 0):
@@ -143,7 +158,7 @@ class Embedding(keras.layers.Layer):
         spec = dict(self._initializer)
         if spec["seed"] is None:  # a stable seed per table, so every process agrees on it
             spec["seed"] = zlib.crc32(self.table_name.encode()) & 0x7FFFFFFF
-        return TableInfo(self.table_name, self.output_dim, spec)
+        return TableInfo(self.table_name, self.output_dim, spec, self.policy)
 
     def build(self, input_shape=None):
         self.table_name = f"{self.path}/embeddings"
@@ -208,6 +223,7 @@ class Embedding(keras.layers.Layer):
             mask_zero=self.mask_zero,
             input_length=self.input_length,
             combiner=self.combiner,
+            **self.policy.to_dict(),
         )
         return config
 

@@ -17,6 +17,8 @@ import inspect
 import logging
 from collections.abc import Iterator
 
+from elasticdl.model.embedding.policy import TablePolicy
+
 logger = logging.getLogger(__name__)
 _REPORTED: set[str] = set()  # a process builds the model several times: log each decision once
 
@@ -27,6 +29,16 @@ _MIB = 1024 * 1024
 def threshold_bytes(threshold_mb: float) -> int | None:
     """--embedding_swap_threshold_mb in bytes; None (never swap) when negative."""
     return None if threshold_mb < 0 else int(threshold_mb * _MIB)
+
+
+def swap_policy(training) -> TablePolicy:
+    """The bounds (--embedding_admit_min_count, --embedding_ttl_versions, --embedding_max_rows)
+    of the tables the swap makes, from the job's training settings."""
+    return TablePolicy(
+        admit_min_count=training.embedding_admit_min_count,
+        ttl_versions=training.embedding_ttl_versions,
+        max_rows=training.embedding_max_rows,
+    )
 
 
 def _why_not(bound: dict, kwargs: dict) -> str:
@@ -41,7 +53,7 @@ def _why_not(bound: dict, kwargs: dict) -> str:
     return ""
 
 
-def _swapped(args: tuple, kwargs: dict, threshold: int):
+def _swapped(args: tuple, kwargs: dict, threshold: int, policy: TablePolicy):
     from keras.src.layers.core.embedding import Embedding as KerasEmbedding
 
     from elasticdl.model.embedding.layer import Embedding, initializer_spec
@@ -75,13 +87,15 @@ def _swapped(args: tuple, kwargs: dict, threshold: int):
         embeddings_initializer=initializer,
         mask_zero=bool(bound.get("mask_zero", False)),
         input_length=extra.pop("input_length", None),
+        **policy.to_dict(),
         **extra,
     )
+    bounds = ", ".join(f"{k}={v}" for k, v in policy.to_dict().items())
     _log_once(
         logging.INFO,
         "%s is larger than --embedding_swap_threshold_mb=%g: swapped for elasticdl.layers.Embedding "
-        "%r, its rows live on the parameter servers",
-        described, threshold / _MIB, layer.name,
+        "%r, its rows live on the parameter servers%s",
+        described, threshold / _MIB, layer.name, f" ({bounds})" if bounds else "",
     )
     return layer
 
@@ -94,8 +108,9 @@ def _log_once(level: int, message: str, *args) -> None:
 
 
 @contextlib.contextmanager
-def swap_large_embeddings(threshold: int | None) -> Iterator[None]:
-    """Within the block, Keras Embeddings larger than ``threshold`` bytes are built PS-backed."""
+def swap_large_embeddings(threshold: int | None, policy: TablePolicy | None = None) -> Iterator[None]:
+    """Within the block, Keras Embeddings larger than ``threshold`` bytes are built PS-backed,
+    their tables bounded by ``policy``."""
     from keras.src.layers.core.embedding import Embedding as KerasEmbedding
 
     if threshold is None or "__new__" in KerasEmbedding.__dict__:  # off, or already active
@@ -104,7 +119,7 @@ def swap_large_embeddings(threshold: int | None) -> Iterator[None]:
 
     def __new__(cls, *args, **kwargs):
         if cls is KerasEmbedding:  # not user subclasses: they may rely on the Keras table
-            layer = _swapped(args, kwargs, threshold)
+            layer = _swapped(args, kwargs, threshold, policy or TablePolicy())
             if layer is not None:
                 return layer  # not a KerasEmbedding, so Python does not call __init__ again
         return super(KerasEmbedding, cls).__new__(cls, *args, **kwargs)

@@ -13,26 +13,29 @@ Adam and momentum).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from elasticdl.errors import UserError
+from elasticdl.model.embedding.admission import AdmissionFilter
+from elasticdl.model.embedding.errors import EmbeddingError
+from elasticdl.model.embedding.eviction import RecencyLog
+from elasticdl.model.embedding.hashing import U64, keyed, mix64, unit_interval
+from elasticdl.model.embedding.policy import PolicyError, TableCounters, TablePolicy, TableStats
+from elasticdl.model.embedding.rows import IndexedRows, RowGradientSum, check_ids, check_rows
 from elasticdl.model.optimizers import Optimizer
+
+# Re-exported: the PS, the worker and the tests import them from here.
+__all__ = ["EmbeddingError", "EmbeddingTable", "FrozenTable", "IndexedRows", "RowGradientSum", "TableInfo",
+           "check_ids", "check_rows", "initial_rows"]
 
 # What an initializer spec may hold; the layer (elasticdl.layers.Embedding) normalises any
 # Keras initializer it supports to one of these before the PS sees it.
 DISTRIBUTIONS = ("uniform", "normal", "truncated_normal", "constant")
 _INITIAL_CAPACITY = 1024
-
-
-class EmbeddingError(UserError, ValueError):
-    """Bad embedding input (ids, rows, table name); nothing was changed.
-
-    The gRPC edge answers it with INVALID_ARGUMENT.
-    """
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class TableInfo:
     dim: int
     initializer: dict = field(default_factory=lambda: {"distribution": "uniform", "minval": -0.05,
                                                        "maxval": 0.05, "seed": 0})
+    policy: TablePolicy = TablePolicy()  # admission and eviction (model/embedding/policy.py)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -50,9 +54,14 @@ class TableInfo:
         if not isinstance(self.dim, int) or isinstance(self.dim, bool) or self.dim < 1:
             raise EmbeddingError(f"embedding table {self.name!r}: dim must be a positive int. Received: {self.dim!r}")
         check_initializer(self.initializer, self.name)
+        if not isinstance(self.policy, TablePolicy):
+            raise EmbeddingError(f"embedding table {self.name!r}: policy must be a TablePolicy. Received: {self.policy!r}")
 
     def to_json(self) -> str:
-        return json.dumps(self.initializer, sort_keys=True)
+        """The initializer as JSON, with the policy under "policy" when it bounds anything (the
+        wire's initializer field, so a PS that predates policies reads the same initializer)."""
+        policy = self.policy.to_dict()
+        return json.dumps({**self.initializer, "policy": policy} if policy else self.initializer, sort_keys=True)
 
     @classmethod
     def from_json(cls, name: str, dim: int, initializer_json: str) -> TableInfo:
@@ -60,7 +69,13 @@ class TableInfo:
             initializer = json.loads(initializer_json) if initializer_json else {}
         except (json.JSONDecodeError, RecursionError) as err:  # RecursionError: nested beyond reason
             raise EmbeddingError(f"embedding table {name!r}: initializer is not JSON: {err}") from None
-        return cls(name, int(dim), initializer)
+        if not isinstance(initializer, dict):
+            raise EmbeddingError(f"embedding table {name!r}: initializer must be a JSON object. Received: {initializer!r}")
+        try:
+            policy = TablePolicy.from_dict(initializer.pop("policy", None), name)
+        except PolicyError as err:
+            raise EmbeddingError(str(err)) from None
+        return cls(name, int(dim), initializer, policy)
 
 
 def check_initializer(spec: dict, table: str = "") -> None:
@@ -84,23 +99,11 @@ def check_initializer(spec: dict, table: str = "") -> None:
 
 # ---------------------------------------------------------------- deterministic initial rows
 
-_U64 = np.uint64
-
-
-def _mix(z: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser on a uint64 array (wraps modulo 2**64, as intended)."""
-    z = z + _U64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> _U64(27))) * _U64(0x94D049BB133111EB)
-    return z ^ (z >> _U64(31))
-
-
 def _uniform01(seed: int, ids: np.ndarray, dim: int, stream: int) -> np.ndarray:
     """[len(ids), dim] float64 in [0, 1): a pure function of (seed, stream, id, column)."""
-    key = _mix(np.array([(seed & 0xFFFFFFFF) << 20 | (stream & 0xFFFFF)], dtype=_U64))
-    per_id = _mix(ids.astype(_U64) ^ key)
-    bits = _mix(per_id[:, None] + np.arange(1, dim + 1, dtype=_U64)[None, :] * _U64(0xD1B54A32D192ED03))
-    return (bits >> _U64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    per_id = mix64(ids.astype(U64) ^ keyed(seed, stream))
+    bits = mix64(per_id[:, None] + np.arange(1, dim + 1, dtype=U64)[None, :] * U64(0xD1B54A32D192ED03))
+    return unit_interval(bits)
 
 
 def _standard_normal(seed: int, ids: np.ndarray, dim: int, stream: int) -> np.ndarray:
@@ -131,92 +134,12 @@ def initial_rows(spec: dict, ids: np.ndarray, dim: int) -> np.ndarray:
     return (float(spec["mean"]) + float(spec["stddev"]) * z).astype(np.float32)
 
 
-# ---------------------------------------------------------------- rows and gradients
-
-
-@dataclass
-class IndexedRows:
-    """Rows of one table: ``ids`` int64 [n] and ``values`` float32 [n, dim].
-
-    Gradients travel this way: unique ids, each with the sum of its rows' gradients.
-    """
-
-    ids: np.ndarray
-    values: np.ndarray
-
-    def __len__(self) -> int:
-        return int(self.ids.shape[0])
-
-    def deduplicated(self) -> IndexedRows:
-        """Duplicate ids summed into one row each (ids sorted when there were duplicates)."""
-        unique, inverse = np.unique(self.ids, return_inverse=True)
-        if unique.size == self.ids.size:
-            return self
-        summed = np.zeros((unique.size, self.values.shape[1]), np.float32)
-        np.add.at(summed, inverse, self.values)
-        return IndexedRows(unique, summed)
-
-    def select(self, mask: np.ndarray) -> IndexedRows:
-        return IndexedRows(self.ids[mask], self.values[mask])
-
-
-class RowGradientSum:
-    """Sync mode: the row gradients of several pushes, summed per id when the version is applied."""
-
-    def __init__(self) -> None:
-        self._parts: list[IndexedRows] = []
-
-    def add(self, rows: IndexedRows, scale: float = 1.0) -> None:
-        values = np.asarray(rows.values, np.float32)
-        self._parts.append(IndexedRows(rows.ids, values * np.float32(scale) if scale != 1 else values))
-
-    def mean(self, count: int) -> IndexedRows:
-        """Summed per id, divided by the number of pushes: the same average dense gradients get."""
-        merged = IndexedRows(
-            np.concatenate([p.ids for p in self._parts]),
-            np.concatenate([p.values for p in self._parts]).astype(np.float32),
-        ).deduplicated()  # concatenate made fresh arrays: scaling in place is safe
-        merged.values *= np.float32(1.0 / count)
-        return merged
-
-
-def check_ids(table: str, ids: np.ndarray, ps_id: int = 0, num_ps: int = 1) -> None:
-    """Raise EmbeddingError unless ``ids`` are 1-D int64, non-negative, and held by this PS."""
-    if not isinstance(ids, np.ndarray) or ids.dtype != np.int64:
-        dtype = getattr(ids, "dtype", type(ids).__name__)
-        raise EmbeddingError(f"ids for embedding table {table!r} must be int64. Received dtype {dtype}")
-    if ids.ndim != 1:
-        raise EmbeddingError(f"ids for embedding table {table!r} must be 1-D. Received shape {ids.shape}")
-    if ids.size and ids.min() < 0:
-        raise EmbeddingError(
-            f"ids for embedding table {table!r} must be non-negative. Received {int(ids.min())}"
-        )
-    if num_ps > 1 and ids.size:
-        wrong = ids[ids % num_ps != ps_id]
-        if wrong.size:
-            raise EmbeddingError(
-                f"id {int(wrong[0])} of embedding table {table!r} belongs to PS {int(wrong[0] % num_ps)} "
-                f"(id % {num_ps}), not to PS {ps_id}"
-            )
-
-
-def check_rows(table: str, rows: IndexedRows, dim: int, ps_id: int = 0, num_ps: int = 1) -> None:
-    check_ids(table, rows.ids, ps_id, num_ps)
-    values = rows.values
-    if not isinstance(values, np.ndarray) or values.dtype.kind != "f":
-        raise EmbeddingError(
-            f"rows for embedding table {table!r} must be float. Received dtype {getattr(values, 'dtype', None)}"
-        )
-    if values.shape != (rows.ids.size, dim):
-        raise EmbeddingError(
-            f"rows for embedding table {table!r} must have shape ({rows.ids.size}, {dim}) "
-            f"(one row of width {dim} per id). Received {values.shape}"
-        )
-    if not np.isfinite(values).all():
-        raise EmbeddingError(f"rows for embedding table {table!r} contain NaN or Inf")
-
-
 # ---------------------------------------------------------------- the table
+
+
+# How many log entries one advance() looks at for expired rows: a bound on the work a version
+# adds to a push; rows it did not reach are expired at the next versions, or when looked up.
+EXPIRE_BUDGET = 1 << 16
 
 
 class EmbeddingTable:
@@ -224,20 +147,32 @@ class EmbeddingTable:
 
     Rows sit in one growing float32 block (plus one block per slot); a dict maps an id to
     its row. ``lookup`` copies rows out, ``apply`` gathers rows and slots, runs the
-    optimizer on them and scatters them back.
+    optimizer on them and scatters them back. Under a bounding ``info.policy``, new ids pass
+    an admission filter and rows are evicted by age and by the row cap; an evicted row's place
+    is reused by the next new row (docs/embeddings.md, "Bounded tables").
     """
 
     def __init__(self, info: TableInfo, optimizer: Optimizer | None = None):
         self.info = info
         self.optimizer = optimizer
+        self.version = 0  # the shard's model version, as of the last advance()
+        self.counters = TableCounters()
         self._index: dict[int, int] = {}
-        self._size = 0
-        self._ids = np.empty(_INITIAL_CAPACITY, np.int64)
+        self._size = 0  # positions in use, evicted ones included
+        self._live = 0
+        # Positions of evicted rows, reused first: a stack of the evicted batches (appending one
+        # costs its own size, not the size of all that wait).
+        self._free: list[np.ndarray] = []
+        self._ids = np.empty(_INITIAL_CAPACITY, np.int64)  # -1 at an evicted row
+        self._touched = np.empty(_INITIAL_CAPACITY, np.int64)  # version of each row's last update
         self._rows = np.empty((_INITIAL_CAPACITY, info.dim), np.float32)
         self._slots: dict[str, np.ndarray] = {
             name: np.empty((_INITIAL_CAPACITY, info.dim), np.float32)
             for name in (optimizer.slot_names if optimizer else ())
         }
+        self._admission: AdmissionFilter | None = None
+        self._log: RecencyLog | None = None
+        self.set_policy(info.policy)
 
     @property
     def name(self) -> str:
@@ -247,74 +182,222 @@ class EmbeddingTable:
     def dim(self) -> int:
         return self.info.dim
 
+    @property
+    def policy(self) -> TablePolicy:
+        return self.info.policy
+
     def __len__(self) -> int:
-        return self._size
+        return self._live
 
     @property
     def nbytes(self) -> int:
-        return (1 + len(self._slots)) * self._size * self.dim * 4 + self._size * 8
+        return (1 + len(self._slots)) * self._live * self.dim * 4 + self._live * 16  # + id, last-update version
+
+    def stats(self) -> TableStats:
+        return TableStats(self.name, self._live, self.nbytes, dataclasses.replace(self.counters))
+
+    def set_policy(self, policy: TablePolicy, sketch: dict[str, np.ndarray] | None = None) -> None:
+        """Bound the table by ``policy`` from now on (a job resumed with other settings)."""
+        self.info = dataclasses.replace(self.info, policy=policy)
+        seed = int(self.info.initializer.get("seed", 0))
+        if sketch is None and self._admission is not None:
+            sketch = self._admission.saved()  # sightings counted so far stay counted
+        self._admission = AdmissionFilter(policy, seed, sketch) if policy.filters_admission else None
+        if not policy.evicts:
+            self._log = None
+        elif self._log is None:
+            self._log = RecencyLog()
+            live = self._live_positions()
+            self._log_touch(live[np.argsort(self._touched[live], kind="stable")])
+        self._enforce_cap()
 
     # ------------------------------------------------------------ reads
 
     def lookup(self, ids: np.ndarray, create: bool) -> np.ndarray:
-        """Rows of ``ids`` (a copy). Unknown ids: created when ``create``, else zero rows."""
-        positions = self._positions(ids, create)
-        if create or ids.size == 0 or positions.min() >= 0:
-            return self._rows[positions]
-        out = np.zeros((ids.size, self.dim), np.float32)
-        known = positions >= 0
-        out[known] = self._rows[positions[known]]
+        """Rows of ``ids`` (a copy). Unknown ids: created when ``create`` (and admission does
+        not filter new ids), else zero rows."""
+        positions = self._positions(ids, create and self._admission is None)
+        if ids.size == 0 or positions.min() >= 0:
+            out = self._rows[positions]
+        else:
+            out = np.zeros((ids.size, self.dim), np.float32)
+            known = positions >= 0
+            out[known] = self._rows[positions[known]]
+        self._enforce_cap()
         return out
 
     def state(self) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-        """(ids, rows, slots): copies of everything this table holds, in creation order."""
-        n = self._size
-        return self._ids[:n].copy(), self._rows[:n].copy(), {k: v[:n].copy() for k, v in self._slots.items()}
+        """(ids, rows, slots): copies of the live rows, in creation order (least recently
+        updated first when the table evicts)."""
+        order = self._saved_order()
+        return self._ids[order], self._rows[order], {k: v[order] for k, v in self._slots.items()}
+
+    def saved(self) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray]]:
+        """``state()`` plus what resuming a bounded table needs: each row's last-update version,
+        and the table's counters and admission sketch."""
+        order = self._saved_order()
+        meta: dict[str, np.ndarray] = {}
+        if self.policy.bounded:
+            meta["counters"] = np.array(self.counters.as_list(), np.int64)
+        if self._admission is not None and self._admission.sketch is not None:
+            meta.update(self._admission.saved())
+        ids, rows, slots = self._ids[order], self._rows[order], {k: v[order] for k, v in self._slots.items()}
+        return ids, rows, slots, self._touched[order], meta
 
     def frozen(self) -> FrozenTable:
         return FrozenTable(self.info, dict(self._index), self._rows[: self._size].copy())
 
     # ------------------------------------------------------------ writes
 
-    def apply(self, grads: IndexedRows, step: int, learning_rate: float | None) -> None:
-        """One optimizer step on the rows of ``grads`` (unique ids; unknown ids are created first)."""
+    def apply(self, grads: IndexedRows, step: int, learning_rate: float | None, version: int | None = None) -> None:
+        """One optimizer step on the rows of ``grads`` (unique ids), the update that makes model
+        ``version`` (default: the next). Unknown ids are created first, or, when admission
+        filters, only those it admits: the others' gradient rows are dropped (and counted)."""
         if self.optimizer is None:
             raise RuntimeError(f"embedding table {self.name!r} has no optimizer")
-        positions = self._positions(grads.ids, create=True)
+        version = self.version + 1 if version is None else version
+        ids, values = grads.ids, np.asarray(grads.values, np.float32)
+        # New rows are logged below with this update, not also at their creation.
+        positions = self._positions(ids, create=self._admission is None, fresh_touch=False)
+        if self._admission is not None:
+            missing = np.flatnonzero(positions < 0)
+            if missing.size:
+                admitted = self._admission.admit(ids[missing], step)
+                chosen = missing[admitted]
+                if chosen.size:
+                    positions[chosen] = self._create(ids[chosen], log=False)
+                self.counters.dropped_gradients += int(missing.size - chosen.size)
+                if chosen.size < missing.size:
+                    keep = positions >= 0
+                    ids, values, positions = ids[keep], values[keep], positions[keep]
         rows = self._rows[positions]
         slots = {name: block[positions] for name, block in self._slots.items()}
-        self.optimizer.apply(rows, np.asarray(grads.values, np.float32), slots, step, learning_rate)
+        self.optimizer.apply(rows, values, slots, step, learning_rate)
         self._rows[positions] = rows
         for name, block in self._slots.items():
             block[positions] = slots[name]
+        self._touched[positions] = version
+        self._log_touch(positions)
+        self._enforce_cap()
 
-    def load(self, ids: np.ndarray, rows: np.ndarray, slots: dict[str, np.ndarray]) -> None:
-        """Put checkpointed rows (and the slots the optimizer uses) into the table."""
-        positions = self._positions(np.asarray(ids, np.int64), create=True)
-        self._rows[positions] = rows
+    def advance(self, version: int) -> None:
+        """The shard reached model ``version``: rows older than ``ttl_versions`` are expired
+        (those at the log's front, up to EXPIRE_BUDGET entries per call)."""
+        self.version = version
+        if self._log is not None and self.policy.ttl_versions:
+            popped = self._log.pop(self._ids, self._touched, older_than=version - self.policy.ttl_versions,
+                                   budget=EXPIRE_BUDGET)
+            self._evict(popped.positions, ttl=True)
+
+    def load(self, ids: np.ndarray, rows: np.ndarray, slots: dict[str, np.ndarray],
+             touched: np.ndarray | None = None, meta: dict[str, np.ndarray] | None = None, version: int = 0) -> None:
+        """Put checkpointed rows (and the slots the optimizer uses) into the table; with
+        ``touched`` and ``meta`` (saved()), the bounded table resumes where it was."""
+        self.version = max(self.version, version)
+        ids = np.asarray(ids, np.int64)
+        order = np.arange(ids.size) if touched is None else np.argsort(touched, kind="stable")
+        admissions = self.counters.admissions  # rows coming back are not admitted anew
+        positions = self._positions(ids[order], create=True, fresh_touch=False)
+        self.counters.admissions = admissions
+        self._rows[positions] = rows[order]
         for name, block in self._slots.items():
             if name in slots:
-                block[positions] = slots[name]
+                block[positions] = slots[name][order]
+        self._touched[positions] = self.version if touched is None else touched[order]
+        self._log_touch(positions)
+        meta = meta or {}
+        if "counters" in meta:
+            self.counters = TableCounters.from_list(meta["counters"])
+        if "sketch" in meta:
+            self.set_policy(self.policy, meta)
+        self._enforce_cap()
 
-    def _positions(self, ids: np.ndarray, create: bool) -> np.ndarray:
+    # ------------------------------------------------------------ positions
+
+    def _positions(self, ids: np.ndarray, create: bool, fresh_touch: bool = True) -> np.ndarray:
         keys = ids.tolist()
         get = self._index.get
         positions = np.fromiter((get(k, -1) for k in keys), np.int64, count=len(keys))
+        ttl = self.policy.ttl_versions
+        if ttl and positions.size:
+            # Lazily: a row advance() has not reached yet is expired when it is read.
+            expired = (positions >= 0) & (self._touched[np.maximum(positions, 0)] <= self.version - ttl)
+            if expired.any():
+                self._evict(np.unique(positions[expired]), ttl=True)
+                positions[expired] = -1
         if not create:
             return positions
         missing = positions < 0
         if missing.any():
             new_ids = np.unique(ids[missing])
-            start = self._grow(new_ids.size)
-            self._ids[start:self._size] = new_ids
-            self._rows[start:self._size] = initial_rows(self.info.initializer, new_ids, self.dim)
-            if self._slots:
-                fresh = self.optimizer.create_slots(self._rows[start:self._size])
-                for name, block in self._slots.items():
-                    block[start:self._size] = fresh[name]
-            self._index.update(zip(new_ids.tolist(), range(start, self._size)))
+            self._create(new_ids, log=fresh_touch)
             positions[missing] = [self._index[k] for k in ids[missing].tolist()]
         return positions
+
+    def _create(self, new_ids: np.ndarray, log: bool = True) -> np.ndarray:
+        """Rows for ``new_ids`` (unique, not held), at their initial values; their positions."""
+        reused = self._reuse(new_ids.size)
+        start = self._grow(new_ids.size - reused.size)
+        positions = np.concatenate([reused, np.arange(start, self._size, dtype=np.int64)])
+        self._ids[positions] = new_ids
+        self._rows[positions] = initial_rows(self.info.initializer, new_ids, self.dim)
+        if self._slots:
+            fresh = self.optimizer.create_slots(self._rows[positions])
+            for name, block in self._slots.items():
+                block[positions] = fresh[name]
+        self._index.update(zip(new_ids.tolist(), positions.tolist()))
+        self._live += new_ids.size
+        self.counters.admissions += int(new_ids.size)
+        self._touched[positions] = self.version
+        if log:
+            self._log_touch(positions)
+        return positions
+
+    def _reuse(self, count: int) -> np.ndarray:
+        taken = []
+        while count and self._free:
+            chunk = self._free[-1]
+            if chunk.size <= count:
+                taken.append(self._free.pop())
+                count -= chunk.size
+            else:
+                taken.append(chunk[chunk.size - count:])
+                self._free[-1] = chunk[: chunk.size - count]
+                count = 0
+        return np.concatenate(taken) if taken else np.empty(0, np.int64)
+
+    def _log_touch(self, positions: np.ndarray) -> None:
+        if self._log is not None and positions.size:
+            self._log.append(positions, self._ids[positions], self._touched[positions], self._live,
+                             self._ids, self._touched)
+
+    def _enforce_cap(self) -> None:
+        """Evict the least recently updated rows while the table holds more than max_rows."""
+        cap = self.policy.max_rows
+        if cap and self._live > cap and self._log is not None:
+            self._evict(self._log.pop(self._ids, self._touched, count=self._live - cap).positions, ttl=False)
+
+    def _evict(self, positions: np.ndarray, ttl: bool) -> None:
+        if not positions.size:
+            return
+        index = self._index
+        for key in self._ids[positions].tolist():
+            del index[key]
+        self._ids[positions] = -1
+        self._free.append(positions)
+        self._live -= positions.size
+        if ttl:
+            self.counters.evictions_ttl += int(positions.size)
+        else:
+            self.counters.evictions_max_rows += int(positions.size)
+
+    def _live_positions(self) -> np.ndarray:
+        return np.flatnonzero(self._ids[: self._size] >= 0)
+
+    def _saved_order(self) -> np.ndarray:
+        if self._log is not None:
+            return self._log.live_order(self._ids, self._touched)
+        return self._live_positions()
 
     def _grow(self, extra: int) -> int:
         start = self._size
@@ -322,6 +405,7 @@ class EmbeddingTable:
         if needed > self._ids.shape[0]:
             capacity = max(needed, 2 * self._ids.shape[0])
             self._ids = _resized(self._ids, capacity)
+            self._touched = _resized(self._touched, capacity)
             self._rows = _resized(self._rows, capacity)
             self._slots = {k: _resized(v, capacity) for k, v in self._slots.items()}
         self._size = needed
