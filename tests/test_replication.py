@@ -276,3 +276,30 @@ def test_the_client_routes_each_shard_to_the_ps_that_claims_it_in_the_newest_tab
     told[0] = {"version": 1, "primary": [0, 0]}
     told[1] = {"version": 2, "primary": [1, 1]}
     assert wire.newest_routes([0, 1]) == wire.Routes(2, (1, 1))
+
+
+def test_a_ps_with_replicas_refuses_embedding_tables_naming_the_flag():
+    """Rows a lookup creates on the primary would differ on its backup: refused, not diverged."""
+    import grpc
+
+    from elasticdl.proto import elasticdl_pb2
+    from elasticdl.ps.replica_host import ReplicaHost, ShardRouter
+
+    class Aborted(Exception):
+        pass
+
+    class Context:
+        def invocation_metadata(self):
+            return ()
+
+        def abort(self, code, details):
+            raise Aborted(code, details)
+
+    own = ParameterServer(PSSettings(ps_id=0, num_ps=2), adam())
+    router = ShardRouter(ReplicaHost(own, 1, lambda shard: ParameterServer(PSSettings(ps_id=shard, num_ps=2), adam())))
+    tables = elasticdl_pb2.EmbeddingTableInfos(tables=[elasticdl_pb2.EmbeddingTableInfo(name="t", dim=4)])
+    with pytest.raises(Aborted) as info:
+        router.push_embedding_table_infos(tables, Context())
+    assert info.value.args[0] is grpc.StatusCode.INVALID_ARGUMENT and "without --ps_replicas" in info.value.args[1]
+    assert own.shard.embeddings == {}
+    router.push_embedding_table_infos(elasticdl_pb2.EmbeddingTableInfos(), Context())  # none: as before
