@@ -91,6 +91,11 @@ def master_call(address: str, method: str, args: dict) -> dict:
         channel.close()
 
 
+def replica_addresses(addresses: list[str]) -> list[str]:
+    """Where each PS takes forwards: a server of its own (the master asks the same way)."""
+    return [master_call(address, "routes", {})["replica_address"] for address in addresses]
+
+
 def push(client: PSClient, model: dict, rng, step: int) -> None:
     grads = {n: rng.normal(size=v.shape).astype(np.float32) for n, v in model.items()}
     versions = [s.version for s in client.stats()]
@@ -112,7 +117,7 @@ def test_a_backup_equals_its_primary_bit_for_bit_and_takes_over_when_it_dies(two
     start, addresses, processes, ckpt = two_ps
     routes = wire.Routes.initial(2).to_dict()
     for address in addresses:  # what the master does once every PS serves
-        master_call(address, "configure", {"addresses": addresses, "routes": routes})
+        master_call(address, "configure", {"addresses": replica_addresses(addresses), "routes": routes})
     client = PSClient(addresses, master_credential=trust.master_credential(KEY), replicas=1)
     model = variables()
     assert client.push_model(model) == [True, True]
@@ -157,7 +162,8 @@ def test_a_backup_equals_its_primary_bit_for_bit_and_takes_over_when_it_dies(two
 def test_the_relaunched_ps_catches_up_as_a_backup_and_takes_over_at_a_second_death(two_ps):
     start, addresses, processes, ckpt = two_ps
     for address in addresses:
-        master_call(address, "configure", {"addresses": addresses, "routes": wire.Routes.initial(2).to_dict()})
+        master_call(address, "configure", {"addresses": replica_addresses(addresses),
+                                           "routes": wire.Routes.initial(2).to_dict()})
     client = PSClient(addresses, master_credential=trust.master_credential(KEY), replicas=1)
     model = variables()
     client.push_model(model)
@@ -175,7 +181,8 @@ def test_the_relaunched_ps_catches_up_as_a_backup_and_takes_over_at_a_second_dea
         push(client, model, rng, step)
 
     start(1, "--moved_to", json.dumps({"1": 0}), port=int(addresses[1].rsplit(":", 1)[1]))
-    master_call(addresses[1], "configure", {"addresses": addresses, "routes": routes})
+    for address in addresses:  # the spare's replica server is on a new port: both learn it
+        master_call(address, "configure", {"addresses": replica_addresses(addresses), "routes": routes})
     for shard in (0, 1):  # what AddBackup does: the spare is prepared, each primary sends its snapshot
         master_call(addresses[1], "prepare", {"shard": shard})
         assert master_call(addresses[0], "catch_up", {"shard": shard, "backup": 1, "term": 1})["seq"] > 0

@@ -38,13 +38,18 @@ class ReplicaRecovery:
         finally:
             channel.close()
 
+    def _replica_addresses(self) -> list[str]:
+        """Where each PS takes forwards (a server of its own, on a port of its own)."""
+        return [self._replica_command(ps, "routes", {})["replica_address"] for ps in range(len(self.ps_addresses))]
+
     def _configure_replicas(self) -> None:
         """Every PS serves: each learns its peers' addresses and starts forwarding to its backups."""
         if not self.config.elasticity.ps_replicas:
             return
         routes = wire.Routes.initial(len(self.ps_addresses)).to_dict()
+        addresses = self._replica_addresses()
         for ps in range(len(self.ps_addresses)):
-            self._replica_command(ps, "configure", {"addresses": self.ps_addresses, "routes": routes})
+            self._replica_command(ps, "configure", {"addresses": addresses, "routes": routes})
         roles = self._replica_roles()  # the controller starts from the same table
         self._record_roles(roles.primary, roles.backups)
         logger.info("--ps_replicas %d: each shard's updates are forwarded to its backups on the next %s",
@@ -85,7 +90,7 @@ class ReplicaRecovery:
         for ps in range(len(self.ps_addresses)):
             if ps == decision.dead:
                 continue
-            try:
+            try:  # no forward is sent from now on: the addresses are not used
                 self._replica_command(ps, "configure", {"addresses": self.ps_addresses, "routes": routes,
                                                         "backups": False})
             except grpc.RpcError as err:  # that PS is down too: its own exit relaunches it
@@ -102,7 +107,9 @@ class ReplicaRecovery:
         ``BackupNotAdded`` (asked again at the next Tick: the spare may not serve yet)."""
         routes = {"version": decision.routes_version, "primary": list(decision.primary)}
         try:
-            self._replica_command(decision.ps, "configure", {"addresses": self.ps_addresses, "routes": routes})
+            addresses = self._replica_addresses()  # the spare's replica server is on a new port
+            for ps in sorted({decision.ps, *(decision.primary[s] for s in decision.shards)}):
+                self._replica_command(ps, "configure", {"addresses": addresses, "routes": routes})
             for shard in decision.shards:
                 self._replica_command(decision.ps, "prepare", {"shard": shard})
                 self._replica_command(decision.primary[shard], "catch_up",

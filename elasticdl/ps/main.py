@@ -80,13 +80,15 @@ def main(argv: list[str] | None = None, assigned_at: float | None = None) -> int
     core = ParameterServer(settings, make_optimizer(spec), verifier=verifier)
     core.restore()
     server = make_server(max_workers=SERVER_THREADS, token=token)  # see MAX_WAITING_PULLS
+    replica_server = None
     if config.elasticity.ps_replicas:  # docs/replicas.md
         from elasticdl.ps.replica_host import serve_replicas
         from elasticdl.rpc.trust import master_credential
 
-        servicer = serve_replicas(server, core, config.elasticity.ps_replicas, lambda: make_optimizer(spec), token,
-                                  master_credential(require_job_key(f"parameter server {args.ps_id}")),
-                                  {int(k): int(v) for k, v in json.loads(args.moved_to).items()})
+        servicer, replica_server = serve_replicas(
+            server, core, config.elasticity.ps_replicas, lambda: make_optimizer(spec), token,
+            master_credential(require_job_key(f"parameter server {args.ps_id}")),
+            {int(k): int(v) for k, v in json.loads(args.moved_to).items()})
     else:
         servicer = PServerServicer(core)
         add_service(server, "PServer", servicer)
@@ -132,6 +134,8 @@ def main(argv: list[str] | None = None, assigned_at: float | None = None) -> int
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     stop.wait()
     server.stop(grace=2).wait()
+    if replica_server is not None:
+        replica_server.stop(grace=0)
     if bulk_server is not None:
         bulk_server.stop()
     if registration is not None and not lost:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable
 
@@ -51,6 +52,7 @@ class ReplicaHost:
         for shard, ps in (moved_to or {}).items():
             self.routes = self.routes.moved(shard, ps)
         self.forwarder: GrpcForwarder | None = None
+        self.replica_address = ""  # where this PS takes forwards (serve_replicas)
         self.servicers = {shard: PServerServicer(core) for shard, core in self.cores.items()}
         self._make_backup = make_backup
         self._lock = threading.Lock()
@@ -71,6 +73,8 @@ class ReplicaHost:
         with self._lock:
             if self.forwarder is None:
                 self.forwarder = GrpcForwarder(addresses, token, credential)
+            else:  # a relaunched peer takes forwards on a new port
+                self.forwarder.set_addresses(addresses)
             self.routes = routes
             for shard in self.cores:
                 core = self.cores[shard]
@@ -289,14 +293,17 @@ class ReplicaService:
         return b""
 
     def routes(self, payload: bytes, context) -> bytes:
-        return json.dumps(self._host.routes.to_dict()).encode()
+        """The routes this PS holds, and where it takes forwards (its replica server)."""
+        return json.dumps({**self._host.routes.to_dict(), "replica_address": self._host.replica_address}).encode()
 
 
 def serve_replicas(server: grpc.Server, own: ParameterServer, replicas: int, make_optimizer: Callable[[], object],
-                   token: str | None, credential: str, moved_to: dict[int, int]) -> PServerServicer:
-    """Add the routed PServer service and the PSReplica service to ``server``; returns the own
-    shard's servicer (the raw-TCP transport serves that shard only)."""
-    from elasticdl.rpc.channel import add_service
+                   token: str | None, credential: str, moved_to: dict[int, int]) -> tuple[PServerServicer, grpc.Server]:
+    """Add the routed PServer service and the PSReplica service to ``server``, and serve the
+    forwards on a server of their own; returns the own shard's servicer (the raw-TCP transport
+    serves that shard only) and that replica server (started; the caller stops it)."""
+    from elasticdl.ps.server import SERVER_THREADS
+    from elasticdl.rpc.channel import POD_IP_ENV, add_service, bind_role, make_server
 
     def make_backup(shard: int) -> ParameterServer:
         settings = dataclasses.replace(own.settings, ps_id=shard, checkpoint_dir="", checkpoint_dir_for_init="",
@@ -305,7 +312,14 @@ def serve_replicas(server: grpc.Server, own: ParameterServer, replicas: int, mak
 
     host = ReplicaHost(own, replicas, make_backup, moved_to)
     add_service(server, "PServer", ShardRouter(host))
-    server.add_generic_rpc_handlers((ReplicaService(host, token, credential).handler(),))
-    logger.info("--ps_replicas %d: PS %d holds shard %d's primary and the backups of shards %s", replicas,
-                host.ps_id, host.ps_id, sorted(host.appliers))
-    return host.servicers[host.ps_id]
+    service = ReplicaService(host, token, credential)
+    server.add_generic_rpc_handlers((service.handler(),))
+    # Forwards wait on the other PS, whose pushes wait on forwards to this one: served from the
+    # same pool, many workers pushing to both could take every thread of each (all waiting).
+    replica_server = make_server(max_workers=SERVER_THREADS, token=token)
+    replica_server.add_generic_rpc_handlers((service.handler(),))
+    host.replica_address = f"{os.environ.get(POD_IP_ENV, '') or '127.0.0.1'}:{bind_role(replica_server, 0)}"
+    replica_server.start()
+    logger.info("--ps_replicas %d: PS %d holds shard %d's primary and the backups of shards %s (forwards on %s)",
+                replicas, host.ps_id, host.ps_id, sorted(host.appliers), host.replica_address)
+    return host.servicers[host.ps_id], replica_server

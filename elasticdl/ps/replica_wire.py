@@ -83,8 +83,18 @@ class GrpcForwarder:
     does not reach its PS, or that the backup could not take, is a ConnectionError."""
 
     def __init__(self, addresses: list[str], token: str | None, master_credential: str):
+        self._token = token
+        self._addresses = list(addresses)
         self._channels = [make_channel(a, token) for a in addresses]
         self._credential = master_credential  # a PS holds the job key: replicate is the master's side's
+
+    def set_addresses(self, addresses: list[str]) -> None:
+        """Peers' replica servers, again (a relaunched one listens on a new port)."""
+        for ps, address in enumerate(addresses):
+            if address != self._addresses[ps]:
+                old, self._channels[ps] = self._channels[ps], make_channel(address, self._token)
+                self._addresses[ps] = address
+                old.close()
 
     def forward(self, backup_ps: int, entry: Entry) -> None:
         header, payload = encode_entry(entry)
