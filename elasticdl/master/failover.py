@@ -86,14 +86,9 @@ class ReplicaRoles:
         led = tuple(s for s, p in enumerate(self.primary) if p == dead)
         plan = plan_failover(FailoverFacts(dead, led, tuple(tuple(b) for b in self.backups)))
         self._lost_at[dead] = now
-        self.routes_version += 1
         if plan is None:  # a shard has no live replica: every PS goes back to the cut
-            self.primary = list(range(len(self.primary)))
-            self.backups = [[] for _ in self.primary]
-            self._spares.clear()
-            self._readd.clear()
-            return PromoteBackup(dead, (), tuple(() for _ in self.primary), tuple(self.primary), self.routes_version,
-                                 fallback=True)
+            return self._fall_back(dead)
+        self.routes_version += 1
         for shard, ps in plan.promotions:
             self.primary[shard] = ps
             # The new primary numbers its updates afresh, and another backup may lack the last one
@@ -107,6 +102,17 @@ class ReplicaRoles:
         self._readd.pop(dead, None)
         return PromoteBackup(dead, plan.promotions, tuple(tuple(b) for b in self.backups), tuple(self.primary),
                              self.routes_version)
+
+    def _fall_back(self, dead: int) -> PromoteBackup:
+        """Every shard back on its own PS, with no backup: the survivors roll back to the cut, and
+        their backups would not."""
+        self.primary = list(range(len(self.primary)))
+        self.backups = [[] for _ in self.primary]
+        self.routes_version += 1
+        self._spares.clear()
+        self._readd.clear()
+        return PromoteBackup(dead, (), tuple(() for _ in self.primary), tuple(self.primary), self.routes_version,
+                             fallback=True)
 
     def ps_exited(self, exit_: ProcessExit, now: float) -> list[Decision]:
         """The controller's decisions for a PS's exit: promotions (the relaunch waits for their
@@ -141,12 +147,7 @@ class ReplicaRoles:
         if isinstance(event, PromotionFailed):
             logger.error("promoting the backups of PS %d's shards failed (%s): the job goes back to the "
                          "checkpoint cut", event.dead, event.reason)
-            self.primary = list(range(len(self.primary)))
-            self.backups = [[] for _ in self.primary]
-            self.routes_version += 1
-            self._spares.clear()
-            return [PromoteBackup(event.dead, (), tuple(() for _ in self.primary), tuple(self.primary),
-                                  self.routes_version, fallback=True), RelaunchPS(exit_)]
+            return [self._fall_back(event.dead), RelaunchPS(exit_)]
         self.promoted(event, now)
         self._spares.add(event.dead)
         return [RelaunchPS(exit_, moved_to=self.moved_to())]  # nothing rolled back
