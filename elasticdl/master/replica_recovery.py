@@ -18,6 +18,7 @@ from elasticdl.master.failover import ReplicaRoles
 from elasticdl.rpc import replica_commands as wire
 from elasticdl.rpc import trust
 from elasticdl.rpc.channel import make_channel
+from elasticdl.rpc.ps_commands import COMMAND_TIMEOUT_SECONDS
 from elasticdl.store import StateStoreError
 
 logger = logging.getLogger(__name__)
@@ -34,7 +35,10 @@ class ReplicaRecovery:
         channel = make_channel(self.ps_addresses[ps], self._token)
         try:
             credential = trust.master_credential(self.backend.job_key())
-            return wire.command(channel, method, args, [(trust.MASTER_CREDENTIAL_HEADER, credential)])
+            # As the master's other PS commands: a PS that does not answer in time is down (the
+            # job's loop waits meanwhile), and its exit or the next Tick deals with it.
+            return wire.command(channel, method, args, [(trust.MASTER_CREDENTIAL_HEADER, credential)],
+                                timeout=COMMAND_TIMEOUT_SECONDS)
         finally:
             channel.close()
 
