@@ -303,3 +303,23 @@ def test_a_ps_with_replicas_refuses_embedding_tables_naming_the_flag():
     assert info.value.args[0] is grpc.StatusCode.INVALID_ARGUMENT and "without --ps_replicas" in info.value.args[1]
     assert own.shard.embeddings == {}
     router.push_embedding_table_infos(elasticdl_pb2.EmbeddingTableInfos(), Context())  # none: as before
+
+
+def test_a_client_follows_the_claims_after_a_fallback_even_from_an_older_table():
+    """After a failover (routes version 1: shard 1 on PS 0) both PS died and came back from the
+    cut claiming their own shards at version 0. The client must follow them (it ignored the
+    table as older and kept sending shard 1 to PS 0, which answered "moved" forever)."""
+    import grpc
+
+    from elasticdl.rpc import replica_commands as wire
+    from elasticdl.rpc.ps_client import PSClient
+
+    client = PSClient.__new__(PSClient)  # no server: only the routing state is exercised
+    client._channels = [grpc.insecure_channel("127.0.0.1:1"), grpc.insecure_channel("127.0.0.1:2")]
+    client._stubs, client._pull_bytes, client._bulk = [None, None], [None, None], [None, None]
+    client._raw_responses, client.routes = frozenset(), wire.Routes.initial(2)
+    assert client.reroute(wire.Routes(1, (0, 0))) == [1]
+    assert client.reroute(wire.Routes(0, (0, 1))) == [1]
+    assert client.routes.primary == (0, 1)
+    for channel in client._channels:
+        channel.close()
