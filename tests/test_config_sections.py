@@ -35,7 +35,7 @@ NON_DEFAULT = {
     "grads_to_wait": 2, "use_async": True, "staleness_bound": 3, "get_model_steps": 2, "push_steps": 4,
     "overlap_communication": True,
     "sync_version_tolerance": 1, "lr_staleness_modulation": True, "max_gradient_norm_ratio": 50.0,
-    "num_workers": 4, "max_workers": 8, "num_ps": 2, "worker_pod_priority": "0.5", "relaunch_on_worker_failure": 1,
+    "num_workers": 4, "max_workers": 8, "num_ps": 2, "ps_replicas": 1, "worker_pod_priority": "0.5", "relaunch_on_worker_failure": 1,
     "task_timeout": 30.0, "max_task_retries": 1, "etcd_endpoints": "etcd-0:2379,etcd-1:2379",
     "checkpoint_dir": "/ckpt", "checkpoint_steps": 5, "keep_checkpoint_max": 0, "checkpoint_dir_for_init": "/init",
     "output": "/out", "prediction_outputs": "/preds", "tensorboard_log_dir": "/tb",
@@ -63,8 +63,8 @@ def test_every_flag_is_in_exactly_one_section():
     assert all(FLAGS[name].section == where[0] for name, where in seen.items())
     # the flags of the flat JobConfig, none lost or added; + --max_bad_records; + 8 model_zoo_functions; + --push_steps;
     # + --wire_dtype, --tensor_transport; + --overlap_communication; + --max_gradient_norm_ratio
-    # + --stream_idle_secs, --stream_start
-    assert len(FLAGS) == 77
+    # + --stream_idle_secs, --stream_start; + --ps_replicas
+    assert len(FLAGS) == 78
 
 
 def test_jobconfig_holds_only_the_sections():

@@ -37,6 +37,8 @@ OUTSIDE_THE_TREE = {
     "elasticdl.rpc.bulk.PushMaybeApplied",
     # A request the master's job loop did not take in time; the worker gets UNAVAILABLE and retries.
     "elasticdl.master.requests.LoopBusy",
+    # A primary that cannot snapshot its shard now; the master asks again at a later Tick.
+    "elasticdl.ps.replica_snapshot.SnapshotRefused",
 }
 # ElasticDLErrors on neither branch: families whose subclasses are on both. Only their
 # subclasses are raised (checked below); exit_status maps the family itself to 1.

@@ -181,7 +181,7 @@ class JobConfig:
             )
         if self.evaluation.evaluation_steps and not data.validation_data:
             raise ConfigError("--evaluation_steps needs --validation_data: what should be evaluated?")
-        problem = self.elasticity.workers_problem(self.elasticity.num_workers)
+        problem = self.elasticity.workers_problem(self.elasticity.num_workers) or self.elasticity.replicas_problem()
         if problem:
             raise ConfigError(problem)
         if self.job.backend not in BACKENDS:

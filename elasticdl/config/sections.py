@@ -318,6 +318,12 @@ class ElasticitySection:
         bounds=AT_LEAST_1,
     )
     num_ps: int = flag(1, "Number of parameter servers.", aliases=("--num_ps_pods",), bounds=AT_LEAST_1)
+    ps_replicas: int = flag(
+        0,
+        "Backups of each PS shard, kept up to date on the next PS (0-2, below --num_ps): a PS death "
+        "promotes a backup instead of rolling back to a checkpoint (docs/replicas.md).",
+        bounds=Bounds(low=0, high=2), commands=("train",),
+    )
     worker_pod_priority: float = structured(
         "high",
         "Worker priority: high, low, or a fraction f (ceil(f*n) workers high, the rest low). "
@@ -345,6 +351,16 @@ class ElasticitySection:
         parse_endpoints, ",".join,
         commands=("train",),
     )
+
+    def replicas_problem(self) -> str:
+        """Why --ps_replicas cannot work with --num_ps ('' when it can): checked at submit."""
+        if self.ps_replicas >= self.num_ps > 0 and self.ps_replicas:
+            return (
+                f"--ps_replicas {self.ps_replicas} needs more parameter servers than replicas (each shard's "
+                f"backups run on other PS): give --num_ps {self.ps_replicas + 1} or more, or a smaller "
+                f"--ps_replicas. Received: --num_ps {self.num_ps}"
+            )
+        return ""
 
     def workers_problem(self, num_workers: int) -> str:
         """Why the job may not have ``num_workers`` workers ('' when it may): at submit time

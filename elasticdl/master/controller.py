@@ -29,6 +29,9 @@ from elasticdl.master.evaluation_rounds import EvaluationRounds
 from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
 from elasticdl.master.events import *  # noqa: F403  (the vocabulary: ``c.Tick``, ``c.EndEpoch``, ...)
 from elasticdl.master.events import (
+    BackupAdded,
+    BackupNotAdded,
+    BackupPromoted,
     Decision,
     EndEpoch,
     EpochEndDeferred,
@@ -45,6 +48,7 @@ from elasticdl.master.events import (
     LiveWorkersNotTold,
     OpenEpoch,
     Phase,
+    PromotionFailed,
     PSRelaunched,
     PSRollback,
     PSSilent,
@@ -66,6 +70,7 @@ from elasticdl.master.events import (
     VersionsNotLeveled,
     describe_exit,
 )
+from elasticdl.master.failover import ReplicaRoles
 from elasticdl.master.instance_manager import GiveUp, InstanceManager, Launch, Stop
 from elasticdl.master.leveling import Leveling
 
@@ -107,6 +112,7 @@ class Controller:
         keeps_ledger: bool = True,
         max_bad_records: int = 0,
         wait_for_epoch_callbacks: bool = False,
+        replica_roles: ReplicaRoles | None = None,
     ):
         self.command = command
         self.dispatcher = dispatcher
@@ -131,6 +137,7 @@ class Controller:
         self.model_version = 0
         self.ps_relaunches = 0
         self.rollbacks: list[PSRollback] = []
+        self.replicas = replica_roles  # --ps_replicas: a PS death promotes backups (master/failover.py)
         self.stop_reason = ""
         self.epoch_done = -1  # the last training epoch whose end was handled
         self._opened = self.tasks.epoch if self.tasks is not None else 0  # the last epoch whose tasks were opened
@@ -245,6 +252,8 @@ class Controller:
                 self.leveling.tick()
                 if self.rounds is not None:
                     self.rounds.tick()
+                if self.replicas is not None:
+                    return self.replicas.due()  # spares to catch up as backups
             case PSSilent(indices=indices):
                 return self._on_ps_silent(indices)
             case SnapshotTaken() | SnapshotFailed() if self.rounds is not None:
@@ -258,6 +267,8 @@ class Controller:
                 return self._on_version(version)
             case VersionsNotLeveled():
                 self.leveling.refused()
+            case BackupPromoted() | PromotionFailed() | BackupAdded() | BackupNotAdded() if self.replicas is not None:
+                return self.replicas.answered(event, self._clock())
             case PSRelaunched(index=index, restored_version=restored, retrained=retrained, missing=missing):
                 self.rollbacks.append(PSRollback(index, self.model_version, restored, retrained, missing))
         return []
@@ -297,7 +308,8 @@ class Controller:
             return [Fail(describe_exit(exit_, "died"))]
         self._live_workers_told = -1  # the new PS knows nothing yet
         self.leveling.ps_relaunched()
-        return [RelaunchPS(exit_)] + (self.rounds.ps_died() if self.rounds is not None else [])
+        relaunch = [RelaunchPS(exit_)] if self.replicas is None else self.replicas.ps_exited(exit_, self._clock())
+        return relaunch + (self.rounds.ps_died() if self.rounds is not None else [])
 
     def _on_version(self, version: int) -> list[Decision]:
         # Monotone: worker reports and PS polls arrive out of order; a PS restored from a

@@ -18,6 +18,10 @@ from elasticdl.master.evaluation_service import EvaluationResult
 from elasticdl.master.instance_manager import Launch, Stop
 
 __all__ = [
+    "AddBackup",
+    "BackupAdded",
+    "BackupNotAdded",
+    "BackupPromoted",
     "Decision",
     "DropSnapshot",
     "EndEpoch",
@@ -37,6 +41,8 @@ __all__ = [
     "PSRelaunched",
     "PSRollback",
     "PSSilent",
+    "PromoteBackup",
+    "PromotionFailed",
     "Phase",
     "RecordEvaluation",
     "RelaunchPS",
@@ -200,10 +206,76 @@ class PSRelaunched:
     missing: int = 0  # no checkpoint: records whose updates may be missing on the PS's shard
 
 
+# --ps_replicas (docs/replicas.md; decided in elasticdl/master/failover.py)
+
+
+@dataclass(frozen=True)
+class PromoteBackup:
+    """Decision: PS ``dead`` died. Each ``(shard, ps)`` of ``promotions``: that PS's backup of the
+    shard becomes its primary (under the master's term, which the PS checks); ``backups``: every
+    shard's live backups after (the primaries stop forwarding to the dead PS); ``primary``: the
+    routing table after (shard -> PS), ``routes_version`` its version (workers take the newest).
+    No promotions: a fallback to the cut, the backup lists emptied first."""
+
+    dead: int
+    promotions: tuple[tuple[int, int], ...]
+    backups: tuple[tuple[int, ...], ...]
+    primary: tuple[int, ...]
+    routes_version: int
+    fallback: bool = False  # a shard lost every replica: every PS back on its own shard, no backups
+
+
+@dataclass(frozen=True)
+class AddBackup:
+    """Decision: PS ``ps`` (relaunched as a spare) becomes a backup of ``shards``: it learns its
+    peers, each shard's primary sends it a snapshot and forwards every later update to it."""
+
+    ps: int
+    shards: tuple[int, ...]
+    primary: tuple[int, ...]  # the routing table (shard -> PS)
+    routes_version: int
+
+
+@dataclass(frozen=True)
+class BackupAdded:
+    """Event: the answer to ``AddBackup``: PS ``ps`` caught up on ``shards``."""
+
+    ps: int
+    shards: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BackupNotAdded:
+    """Event: ``AddBackup`` failed (the spare not serving yet, a sync average in progress): asked
+    again at the next ``Tick``."""
+
+    ps: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class BackupPromoted:
+    """Event: the answer to ``PromoteBackup``; ``versions``: each promoted shard's model version."""
+
+    dead: int
+    promotions: tuple[tuple[int, int], ...]
+    versions: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class PromotionFailed:
+    """Event: a PS refused or did not answer a promotion (another one died too, or a newer
+    master took over): the job falls back to the cut (``RelaunchPS``)."""
+
+    dead: int
+    reason: str
+
+
 Event = (
     Tick | RoleExited | TaskReported | VersionReported | ScaleRequested | StopRequested | StoreLost
     | EpochEnded | EpochEndDeferred | LiveWorkersNotTold | PSRelaunched | EpochEndFired | HandoutsFenced
     | SnapshotTaken | SnapshotFailed | PSSilent | VersionsLeveled | VersionsNotLeveled
+    | BackupPromoted | PromotionFailed | BackupAdded | BackupNotAdded  # --ps_replicas (master/failover.py)
 )
 
 
@@ -213,9 +285,12 @@ Event = (
 
 @dataclass(frozen=True)
 class RelaunchPS:
-    """Start the PS that exited again, on its address (from the latest checkpoint, if any)."""
+    """Start the PS that exited again, on its address (from the latest checkpoint, if any).
+    ``moved_to``: (shard, PS) of the shards whose backup was promoted (--ps_replicas): the PS
+    comes back as a spare serving none of them, and nothing is rolled back."""
 
     exit: ProcessExit
+    moved_to: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -344,6 +419,7 @@ class Fail:
 Decision = (
     Launch | Stop | RelaunchPS | ReplacePS | ReplaceWorker | FenceHandouts | TellLiveWorkers | LevelVersions | EndEpoch | FireEpochBegin | FireEpochEnd | VersionChanged
     | RecordEvaluation | TakeSnapshot | DropSnapshot | SaveLedger | Finish | Fail | OpenEpoch
+    | PromoteBackup | AddBackup  # --ps_replicas (elasticdl/master/failover.py)
 )
 
 

@@ -40,6 +40,7 @@ from elasticdl.master.job_state import JobState, job_fingerprint
 from elasticdl.master.preflight import CheckedJob
 from elasticdl.master.progress import TrainingProgress
 from elasticdl.master.recovery import Recovery
+from elasticdl.master.replica_recovery import ReplicaRecovery
 from elasticdl.master.report import CheckpointFailures, JobReport
 from elasticdl.master.request_desk import RequestDesk
 from elasticdl.master.requests import RequestLine
@@ -74,7 +75,7 @@ def prewarm(backend: Backend, config: JobConfig) -> None:
     backend.prewarm("worker", config.elasticity.num_workers, known)
 
 
-class Job(JobSetup, Recovery, JobEnd):
+class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
     """One ElasticDL job on a backend; ``run()`` returns its JobReport."""
 
     def __init__(
@@ -332,8 +333,12 @@ class Job(JobSetup, Recovery, JobEnd):
                 self.backend.request_stop("ps", index, grace=0.0)  # its exit relaunches it
             case c.ReplaceWorker(index=index):
                 self.backend.request_stop("worker", index, grace=0.0)  # a frozen process takes no SIGTERM
-            case c.RelaunchPS(exit=exit_):
-                return [self._relaunch_ps(exit_)]
+            case c.RelaunchPS(exit=exit_, moved_to=moved_to):
+                return self._relaunch_spare(exit_, moved_to) if moved_to else [self._relaunch_ps(exit_)]
+            case c.PromoteBackup():
+                return self._promote_backups(decision)
+            case c.AddBackup():
+                return self._add_backup(decision)
             case c.TellLiveWorkers(count=count):
                 try:
                     self._ps.set_live_workers(count)

@@ -72,6 +72,8 @@ class JobEnd:
                 report.phases = [str(p) for p in self.controller.phases]
                 report.add_instances(self.instances, self.controller.ps_relaunches, self.controller.replaced)
                 report.ps_rollbacks = [r.to_dict() for r in self.controller.rollbacks]
+                if self.controller.replicas is not None:
+                    report.ps_failovers = [r.to_dict() for r in self.controller.replicas.records]
                 report.records_possibly_missing = self.records_possibly_missing + sum(
                     r.records_possibly_missing for r in self.controller.rollbacks)
             report.state_store = "etcd" if cfg.elasticity.etcd_endpoints else "memory"

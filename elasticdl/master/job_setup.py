@@ -87,7 +87,9 @@ class JobSetup:
             f" ({cfg.consistency.description})" if self.command == "train" else "",
         )
         self._ps = PSClient(self.ps_addresses, token=self._token,  # the master's commands need its credential
-                            master_credential=trust.master_credential(self.backend.job_key()))
+                            master_credential=trust.master_credential(self.backend.job_key()),
+                            replicas=cfg.elasticity.ps_replicas)
+        self._configure_replicas()  # --ps_replicas: each PS forwards to its backups from now on
         self._ps.term = self.state.term
         self._probe = PSProbe(self._ps, VERSION_POLL_SECONDS, time.monotonic, on_stats=self._note_stats)
         self._model.stop_training = False  # Keras callbacks set it to end training
@@ -104,7 +106,7 @@ class JobSetup:
             self.command, self.dispatcher, self.instances, self.clocks, clock=time.monotonic,
             sync_mode=not cfg.consistency.use_async, evaluation_steps=cfg.evaluation.evaluation_steps,
             keeps_ledger=self.state.keeps_ledger, max_bad_records=cfg.data.max_bad_records,
-            wait_for_epoch_callbacks=_stops_early(user_callbacks),
+            wait_for_epoch_callbacks=_stops_early(user_callbacks), replica_roles=self._replica_roles(),
         )
         if self.controller.wait_for_epoch_callbacks and self.evaluation is not None:
             logger.info("an EarlyStopping callback is present: each epoch starts once the callbacks saw "

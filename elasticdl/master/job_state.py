@@ -140,6 +140,11 @@ class JobState:
         self.lost = why
         self._on_lost(why)
 
+    def record_shard_roles(self, primary: list[int], backups: list[list[int]]) -> None:
+        """--ps_replicas: every shard's primary and backups, in the store (docs/replicas.md)."""
+        for shard, ps in enumerate(primary):
+            self._store.put_shard_roles(shard, {**{b: "backup" for b in backups[shard]}, ps: "primary"}, self.term)
+
     def publish_master(self, address: str) -> None:
         if self._store is not None:
             self._store.publish_address("master", 0, address)

@@ -33,8 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
-    "CutFound", "KeepLedger", "PSLossFacts", "Plan", "RefillEmpty", "RestoreCut", "ResumeFacts", "StartOver",
-    "plan_ps_loss", "plan_resume", "possibly_missing", "records_between_pulls",
+    "CutFound", "FailoverFacts", "KeepLedger", "PSLossFacts", "Plan", "Promote", "RefillEmpty", "RestoreCut",
+    "ResumeFacts", "StartOver", "plan_failover", "plan_ps_loss", "plan_resume", "possibly_missing",
+    "records_between_pulls",
 ]
 
 
@@ -120,6 +121,35 @@ def plan_ps_loss(facts: PSLossFacts) -> Plan:
         if cut.verified and len(cut.records_applied) == facts.num_ps:
             return RestoreCut(facts.dead, cut, survivors)
     return StartOver(facts.dead, tuple(range(facts.num_ps)), (0,) * facts.num_ps)
+
+
+@dataclass(frozen=True)
+class FailoverFacts:
+    """--ps_replicas: what the roles say when PS ``dead`` died (elasticdl/master/failover.py)."""
+
+    dead: int
+    led: tuple[int, ...]  # the shards whose primary ran on it
+    backups: tuple[tuple[int, ...], ...]  # shard -> its live, caught-up backups, in promotion order
+
+
+@dataclass(frozen=True)
+class Promote:
+    """Each (shard, PS): that backup becomes the shard's primary. Nothing is rolled back."""
+
+    promotions: tuple[tuple[int, int], ...]
+
+
+def plan_failover(facts: FailoverFacts) -> Promote | None:
+    """Promotion is preferred to any cut: each shard the dead PS led goes to its first live
+    backup (docs/replicas.md). None when one of them has no live backup (both replicas lost):
+    then ``plan_ps_loss``, today's cut, for the whole job."""
+    promotions = []
+    for shard in facts.led:
+        live = [ps for ps in facts.backups[shard] if ps != facts.dead]
+        if not live:
+            return None
+        promotions.append((shard, live[0]))
+    return Promote(tuple(promotions))
 
 
 def plan_resume(facts: ResumeFacts) -> RestoreCut | StartOver | KeepLedger:

@@ -69,6 +69,9 @@ class JobReport:
     # Each PS that came back older than the model it held: its updates after to_version are
     # lost (to_version None: it restarted empty and took a worker's copy of its variables).
     ps_rollbacks: list[dict] = field(default_factory=list)
+    # --ps_replicas: each shard whose primary's PS died and whose backup took over (shard, old and
+    # new primary, pause in seconds, version): nothing rolled back (docs/replicas.md).
+    ps_failovers: list[dict] = field(default_factory=list)
     # Per epoch, records trained again by cause ("rollback", "master restart", "worker died",
     # "task failed", "timeout"): updates that were lost and trained again, never applied twice.
     records_retrained: list[dict] = field(default_factory=list)

@@ -46,4 +46,6 @@ class ShardLeveling:
                         self.shard.version, version)
             self.shard.version = version
             self._version_changed.notify_all()
-            return version
+            entry = self._replicate_locked("level", version, term)
+        self._deliver(entry)
+        return version

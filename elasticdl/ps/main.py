@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None, assigned_at: float | None = None) -> int
     parser.add_argument("--term", type=int, default=0, help="the master's leadership term (a fencing token)")
     parser.add_argument("--fence", type=int, default=0,
                         help="refuse pushes of task hand-outs below this (a relaunch after a rollback)")
+    parser.add_argument("--moved_to", default="{}",
+                        help='--ps_replicas: JSON {"shard": ps} of shards whose primary moved (a relaunch after a promotion)')
     args = parser.parse_args(argv)
     try:  # first: a PS without the job's token would serve anyone who reaches its port
         token = require_token(f"parameter server {args.ps_id}")
@@ -78,8 +80,18 @@ def main(argv: list[str] | None = None, assigned_at: float | None = None) -> int
     core = ParameterServer(settings, make_optimizer(spec), verifier=verifier)
     core.restore()
     server = make_server(max_workers=SERVER_THREADS, token=token)  # see MAX_WAITING_PULLS
-    servicer = PServerServicer(core)
-    add_service(server, "PServer", servicer)
+    replica_server = None
+    if config.elasticity.ps_replicas:  # docs/replicas.md
+        from elasticdl.ps.replica_host import serve_replicas
+        from elasticdl.rpc.trust import master_credential
+
+        servicer, replica_server = serve_replicas(
+            server, core, config.elasticity.ps_replicas, lambda: make_optimizer(spec), token,
+            master_credential(require_job_key(f"parameter server {args.ps_id}")),
+            {int(k): int(v) for k, v in json.loads(args.moved_to).items()})
+    else:
+        servicer = PServerServicer(core)
+        add_service(server, "PServer", servicer)
     port = bind_role(server, args.port)
     server.start()
     bulk_server = None
@@ -122,6 +134,8 @@ def main(argv: list[str] | None = None, assigned_at: float | None = None) -> int
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     stop.wait()
     server.stop(grace=2).wait()
+    if replica_server is not None:
+        replica_server.stop(grace=0)
     if bulk_server is not None:
         bulk_server.stop()
     if registration is not None and not lost:

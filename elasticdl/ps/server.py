@@ -27,6 +27,7 @@ from elasticdl.ps.gradient_guard import DEFAULT_MAX_NORM_RATIO, GradientGuard
 from elasticdl.ps.leveling import ShardLeveling
 from elasticdl.ps.parameters import GradientError, ParameterShard
 from elasticdl.ps.push_checks import check_push
+from elasticdl.ps.replication import ShardReplication
 from elasticdl.ps.strategies import (
     AverageUpdatingStrategy,
     DirectUpdatingStrategy,
@@ -96,7 +97,7 @@ def make_updating_strategy(settings: PSSettings) -> GradientUpdatingStrategy:
     )
 
 
-class ParameterServer(ShardCheckpoints, ShardLeveling):
+class ParameterServer(ShardCheckpoints, ShardLeveling, ShardReplication):
     def __init__(
         self,
         settings: PSSettings,
@@ -209,7 +210,10 @@ class ParameterServer(ShardCheckpoints, ShardLeveling):
         self.check_term(term)
         with self._lock:
             self.position.fence(handouts)
-            return {task_id: self.position.accepted_mark(task_id) for task_id in task_ids}
+            marks = {task_id: self.position.accepted_mark(task_id) for task_id in task_ids}
+            entry = self._replicate_locked("fence", handouts, task_ids, term)
+        self._deliver(entry)
+        return marks
 
     def check_term(self, term: int) -> None:
         """StaleTermError for a command of an older term; a newer one is adopted."""
@@ -243,10 +247,14 @@ class ParameterServer(ShardCheckpoints, ShardLeveling):
         non-trainable state (changed by pushed changes, not by gradients)."""
         with self._lock:
             accepted = self.shard.initialize(params, version, non_trainable)
+            entry = None
             if accepted:
                 logger.info("initialized with %d variables (%d non-trainable) at version %d", len(params),
                             len(self.shard.non_trainable), version)
-            return accepted, self.shard.version
+                entry = self._replicate_locked("model", params, version, non_trainable)
+            answer = accepted, self.shard.version
+        self._deliver(entry)
+        return answer
 
     def take_snapshot(self, snapshot_id: int) -> int:
         """Freeze a copy of the parameters for an evaluation; returns its version.
@@ -330,6 +338,8 @@ class ParameterServer(ShardCheckpoints, ShardLeveling):
         self.check_term(term)
         with self._lock:
             before, self._learning_rate = self._learning_rate, learning_rate
+            entry = self._replicate_locked("learning_rate", learning_rate, term)
+        self._deliver(entry)
         logger.info(
             "learning rate set to %s by the master (was %s)",
             _rate(learning_rate), _rate(before),
@@ -378,7 +388,7 @@ class ParameterServer(ShardCheckpoints, ShardLeveling):
         ``params`` are the live parameters when this push made a new version, else None.
         ``batch``: where the gradient's records are (a training task's push), and ``worker_id``
         the worker that names it (its ticket must be for that worker)."""
-        due = None
+        due = entry = None
         with self._lock:
             try:
                 if self.shard.initialized:  # an empty one holds nothing to check against (below)
@@ -417,7 +427,9 @@ class ParameterServer(ShardCheckpoints, ShardLeveling):
                     result, due = self._push_locked(grads, version, learning_rate, batch)
                     if result.accepted:
                         self.guard.passed()
+                        entry = self._replicate_locked("push", grads, version, learning_rate, batch, worker_id)
             reply = result if encode is None else encode(result, self.shard.params if result.applied else None)
+        self._deliver(entry)  # answered once every backup took it (docs/replicas.md)
         self._write_due_checkpoint(due)  # off the lock; never fails the push, which was applied
         return reply
 
@@ -456,6 +468,9 @@ class ParameterServer(ShardCheckpoints, ShardLeveling):
                 )
             if self.shard.version != before_version:
                 due = self._on_new_version()
+            entry = (self._replicate_locked("live_workers", count)
+                     if (self.strategy.grads_to_wait, self.shard.version) != (before_wait, before_version) else None)
+        self._deliver(entry)
         self._write_due_checkpoint(due)
 
     def stats(self) -> tuple[int, UpdateTelemetry, int]:

@@ -25,6 +25,7 @@ from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.rpc.channel import ServiceStub, make_channel, wait_for_channel
 from elasticdl.rpc.ps_commands import MasterCommands, PSStats  # noqa: F401 (PSStats re-exported)
 from elasticdl.rpc.push_outcome import PushOutcome
+from elasticdl.rpc.replica_commands import Routes, ShardRoutes
 from elasticdl.rpc.trust import MASTER_CREDENTIAL_HEADER
 
 logger = logging.getLogger(__name__)
@@ -77,10 +78,11 @@ class PushAnswer:
 
 
 
-class PSClient(MasterCommands):
+class PSClient(MasterCommands, ShardRoutes):
     def __init__(
         self, addresses: list[str], connect_timeout: float = 60.0, token: str | None = None,
         wire_dtype: str = "float32", tensor_transport: str = "grpc", master_credential: str = "",
+        replicas: int = 0,
     ):
         """``token``: the job's (default: the one in ``$ELASTICDL_TOKEN_FILE``). ``wire_dtype``
         (--wire_dtype): what dense float32 gradients and parameters travel as; the PS keeps
@@ -89,7 +91,8 @@ class PSClient(MasterCommands):
         ``tensor_transport`` (--tensor_transport): "tcp" sends the streamed pulls and pushes
         (parts above STREAM_ABOVE_BYTES) as raw frames (elasticdl/rpc/bulk.py) to each PS that
         serves them; "grpc", or a PS without such a port, streams them over gRPC.
-        ``master_credential``: the master's (elasticdl/rpc/trust.py), which its commands need."""
+        ``master_credential``: the master's (elasticdl/rpc/trust.py), which its commands need.
+        ``replicas`` (--ps_replicas): calls follow each shard's primary (``reroute``)."""
         problem = tensor_codec.wire_dtype_problem(wire_dtype)
         if problem:
             raise ValueError(f"--{problem}")
@@ -109,7 +112,10 @@ class PSClient(MasterCommands):
         for channel, address in zip(self._channels, addresses):
             wait_for_channel(channel, address, connect_timeout)
         # Streamed pulls answer in bytes: their tensors are read as views, not copied twice.
+        self._raw_responses = _RAW_RESPONSES
         self._stubs = [ServiceStub(c, "PServer", raw_responses=_RAW_RESPONSES) for c in self._channels]
+        # --ps_replicas: shard i's calls go to its primary's PS (elasticdl/rpc/replica_commands.py).
+        self.routes = Routes.initial(len(addresses)) if replicas else None
         # Bytes of each PS's last pull of the whole model (None: not known yet, so it streams).
         self._pull_bytes: list[int | None] = [None] * len(addresses)
         self._pool: ThreadPoolExecutor | None = None  # made when a call goes to several PS
@@ -376,6 +382,8 @@ class PSClient(MasterCommands):
             last = [call() for call in calls[-1:]]
             return [future.result() for future in futures] + last
         except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.UNAVAILABLE:
+                self.refresh_routes()  # --ps_replicas: the retry goes to the shard's new primary
             raise _translate(err) from None
 
     # ------------------------------------------------------------ embedding tables

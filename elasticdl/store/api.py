@@ -428,6 +428,27 @@ class StateStore(abc.ABC):
     def master_address(self) -> str | None:
         return self.addresses("master").get(0)
 
+    # ------------------------------------------------------------ shard replicas (docs/replicas.md)
+
+    def put_shard_roles(self, shard: int, roles: dict[int, str], term: int) -> None:
+        """--ps_replicas: shard ``shard``'s replicas (PS -> "primary" or "backup") as the master of
+        leadership ``term`` set them, under ``shards/<shard>/replicas``."""
+        key = f"{self.prefix}/shards/{int(shard)}/replicas"
+        value = json.dumps({"term": term, "replicas": {str(ps): role for ps, role in sorted(roles.items())}})
+        self._call(f"write {key}", self._put, key, value.encode(), None)
+
+    def shard_roles(self) -> dict[int, dict]:
+        """Each shard's stored roles: {shard: {"term": t, "replicas": {ps: role}}}."""
+        directory = f"{self.prefix}/shards/"
+        found = self._call(f"list {directory}", self._get_dir, directory)
+        out = {}
+        for key, value in found.items():
+            shard, _, rest = key[len(directory):].partition("/")
+            if shard.isdigit() and rest == "replicas":
+                data = json.loads(value)
+                out[int(shard)] = {"term": data["term"], "replicas": {int(p): r for p, r in data["replicas"].items()}}
+        return dict(sorted(out.items()))
+
     # ------------------------------------------------------------ life
 
     def close(self) -> None:

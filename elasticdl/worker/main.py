@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None, assigned_at: float | None = None) -> int
                            config.model_zoo_functions.names())
     startup.mark("model zoo")
     ps = PSClient(args.ps_addrs.split(","), wire_dtype=config.training.wire_dtype,
-                  tensor_transport=config.training.tensor_transport)
+                  tensor_transport=config.training.tensor_transport, replicas=config.elasticity.ps_replicas)
     trainer = Trainer(spec, config.training.model_params, config.training.embedding_swap_threshold_mb,
                       embedding_policy=swap_policy(config.training))
     startup.mark("model")

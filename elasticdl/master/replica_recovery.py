@@ -1,0 +1,144 @@
+"""The job carrying out the replica decisions (``--ps_replicas``, docs/replicas.md): the PS told
+their peers once all serve, backups promoted under the master's term, the dead PS relaunched as
+a spare that serves none of its old shards.
+
+A part of the job's executor (``Job`` in elasticdl/master/job.py), in its own module; what to do
+is decided by the controller (elasticdl/master/failover.py, pure).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import grpc
+
+from elasticdl.master import controller as c
+from elasticdl.master.failover import ReplicaRoles
+from elasticdl.rpc import replica_commands as wire
+from elasticdl.rpc import trust
+from elasticdl.rpc.channel import make_channel
+from elasticdl.rpc.ps_commands import COMMAND_TIMEOUT_SECONDS
+from elasticdl.store import StateStoreError
+
+logger = logging.getLogger(__name__)
+
+
+class ReplicaRecovery:
+    """The replica side of ``Job`` (its attributes are the job's)."""
+
+    def _replica_roles(self) -> ReplicaRoles | None:
+        replicas = self.config.elasticity.ps_replicas
+        return ReplicaRoles.initial(self.config.elasticity.num_ps, replicas) if replicas else None
+
+    def _replica_command(self, ps: int, method: str, args: dict) -> dict:
+        channel = make_channel(self.ps_addresses[ps], self._token)
+        try:
+            credential = trust.master_credential(self.backend.job_key())
+            # As the master's other PS commands: a PS that does not answer in time is down (the
+            # job's loop waits meanwhile), and its exit or the next Tick deals with it.
+            return wire.command(channel, method, args, [(trust.MASTER_CREDENTIAL_HEADER, credential)],
+                                timeout=COMMAND_TIMEOUT_SECONDS)
+        finally:
+            channel.close()
+
+    def _replica_addresses(self) -> list[str]:
+        """Where each PS takes forwards (a server of its own, on a port of its own)."""
+        return [self._replica_command(ps, "routes", {})["replica_address"] for ps in range(len(self.ps_addresses))]
+
+    def _configure_replicas(self) -> None:
+        """Every PS serves: each learns its peers' addresses and starts forwarding to its backups."""
+        if not self.config.elasticity.ps_replicas:
+            return
+        routes = wire.Routes.initial(len(self.ps_addresses)).to_dict()
+        addresses = self._replica_addresses()
+        for ps in range(len(self.ps_addresses)):
+            self._replica_command(ps, "configure", {"addresses": addresses, "routes": routes})
+        roles = self._replica_roles()  # the controller starts from the same table
+        self._record_roles(roles.primary, roles.backups)
+        logger.info("--ps_replicas %d: each shard's updates are forwarded to its backups on the next %s",
+                    self.config.elasticity.ps_replicas,
+                    "PS" if self.config.elasticity.ps_replicas == 1 else f"{self.config.elasticity.ps_replicas} PS")
+
+    def _promote_backups(self, decision: c.PromoteBackup) -> list:
+        """Promote each backup (the PS checks the master's term), then tell every live primary its
+        backups now, and route the master's own calls to the new primaries."""
+        routes = {"version": decision.routes_version, "primary": list(decision.primary)}
+        if decision.fallback:
+            return self._fall_back(decision, routes)
+        versions = []
+        try:
+            for shard, ps in decision.promotions:
+                answer = self._replica_command(ps, "promote", {"shard": shard, "term": self.state.term,
+                                                               "routes": routes})
+                versions.append(int(answer["version"]))
+            for shard, backups in enumerate(decision.backups):
+                primary = decision.primary[shard]
+                if primary != decision.dead:
+                    self._replica_command(primary, "set_backups", {"shard": shard, "backups": list(backups),
+                                                                   "term": self.state.term})
+        except grpc.RpcError as err:
+            return [c.PromotionFailed(decision.dead, f"{err.code().name}: {err.details()}")]
+        self._record_roles(list(decision.primary), [list(b) for b in decision.backups])
+        if not decision.promotions:
+            return []  # a spare or a backup died: the backup lists were only updated
+        self._ps.reroute(wire.Routes.from_dict(routes))
+        for (shard, ps), version in zip(decision.promotions, versions):
+            logger.warning("ps-%d died: shard %d goes on from its backup on PS %d at version %d, nothing rolled "
+                           "back (--ps_replicas)", decision.dead, shard, ps, version)
+        return [c.BackupPromoted(decision.dead, decision.promotions, tuple(versions))]
+
+    def _fall_back(self, decision: c.PromoteBackup, routes: dict) -> list:
+        """A shard lost every replica: every live PS serves its own shard again, forwarding to
+        no backup, before the cut's relaunch rolls the job back (as without replicas)."""
+        for ps in range(len(self.ps_addresses)):
+            if ps == decision.dead:
+                continue
+            try:  # no forward is sent from now on: the addresses are not used
+                self._replica_command(ps, "configure", {"addresses": self.ps_addresses, "routes": routes,
+                                                        "backups": False})
+            except grpc.RpcError as err:  # that PS is down too: its own exit relaunches it
+                logger.warning("PS %d could not be told to forward to no backup: %s", ps, err.details())
+        self._ps.reroute(wire.Routes.from_dict(routes))
+        self._record_roles(list(decision.primary), [[] for _ in decision.primary])
+        logger.error("ps-%d died and a shard it held has no live replica left: the job goes back to the "
+                     "checkpoint cut, without backups from now on (--ps_replicas)", decision.dead)
+        return []
+
+    def _add_backup(self, decision: c.AddBackup) -> list:
+        """The spare learns its peers and the routes; each shard's primary sends it a snapshot and
+        forwards every later update to it (a catch-up). Answered by ``BackupAdded``, or
+        ``BackupNotAdded`` (asked again at the next Tick: the spare may not serve yet)."""
+        routes = {"version": decision.routes_version, "primary": list(decision.primary)}
+        try:
+            addresses = self._replica_addresses()  # the spare's replica server is on a new port
+            for ps in sorted({decision.ps, *(decision.primary[s] for s in decision.shards)}):
+                self._replica_command(ps, "configure", {"addresses": addresses, "routes": routes})
+            for shard in decision.shards:
+                self._replica_command(decision.ps, "prepare", {"shard": shard})
+                self._replica_command(decision.primary[shard], "catch_up",
+                                      {"shard": shard, "backup": decision.ps, "term": self.state.term})
+        except grpc.RpcError as err:
+            return [c.BackupNotAdded(decision.ps, f"{err.code().name}: {err.details()}")]
+        table = self.controller.replicas
+        self._record_roles(list(decision.primary), [
+            [*table.backups[s], decision.ps] if s in decision.shards else list(table.backups[s])
+            for s in range(len(decision.primary))])
+        logger.info("PS %d caught up and backs up shards %s again (--ps_replicas)", decision.ps, list(decision.shards))
+        return [c.BackupAdded(decision.ps, decision.shards)]
+
+    def _record_roles(self, primary: list[int], backups: list[list[int]]) -> None:
+        """The roles in the state store (memory, or etcd): informational so far, a failure to
+        write them is logged and the job goes on (a resumed master does not read them yet)."""
+        try:
+            self.state.record_shard_roles(primary, backups)
+        except StateStoreError as err:
+            logger.warning("could not record the shards' replica roles in the state store: %s", err)
+
+    def _relaunch_spare(self, exit_, moved_to: tuple[tuple[int, int], ...]) -> list:
+        """The dead PS comes back on its address serving none of the shards it led (their
+        primaries moved): a worker that still asks it is told where they went."""
+        logger.info("%s; relaunching it on port %s as a spare (its shards moved: %s)",
+                    c.describe_exit(exit_, "died"), self._ps_port(exit_.index), dict(moved_to))
+        self._start_ps(exit_.index, "--moved_to", json.dumps({str(s): p for s, p in moved_to}))
+        return []
