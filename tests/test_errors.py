@@ -39,6 +39,8 @@ OUTSIDE_THE_TREE = {
     "elasticdl.master.requests.LoopBusy",
     # A primary that cannot snapshot its shard now; the master asks again at a later Tick.
     "elasticdl.ps.replica_snapshot.SnapshotRefused",
+    # A backup taken off a shard while a forward was on its way; the primary drops it from the forward.
+    "elasticdl.ps.replication.BackupGone",
 }
 # ElasticDLErrors on neither branch: families whose subclasses are on both. Only their
 # subclasses are raised (checked below); exit_status maps the family itself to 1.
