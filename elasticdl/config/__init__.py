@@ -15,6 +15,7 @@ the package itself (the import-linter contracts in pyproject.toml).
 
 from __future__ import annotations
 
+from elasticdl.config.consistency import ConsistencySection
 from elasticdl.config.errors import ConfigError
 from elasticdl.config.fields import COMMANDS
 from elasticdl.config.job_config import BACKENDS, FLAGS, SECTIONS, Flag, JobConfig
@@ -24,7 +25,6 @@ from elasticdl.config.sections import (
     TENSOR_TRANSPORTS,
     WIRE_DTYPES,
     CheckpointSection,
-    ConsistencySection,
     DataSection,
     ElasticitySection,
     EvaluationSection,

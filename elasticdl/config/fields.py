@@ -55,6 +55,9 @@ class Bounds:
         return high is None or value <= high
 
 
+AT_LEAST_1 = Bounds(low=1)  # counts: workers, epochs, batch sizes ...
+
+
 def _number(value: float, kind: type) -> str:
     return str(int(value)) if kind is int or float(value).is_integer() else repr(value)
 

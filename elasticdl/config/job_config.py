@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elasticdl import fs
+from elasticdl.config.consistency import ConsistencySection
 from elasticdl.config.errors import ConfigError
 from elasticdl.config.fields import COMMANDS, Bounds, check_value
 from elasticdl.config.kubernetes import OptionError, validate_kubernetes_flags
@@ -28,7 +29,6 @@ from elasticdl.config.sections import (
     TENSOR_TRANSPORTS,
     WIRE_DTYPES,
     CheckpointSection,
-    ConsistencySection,
     DataSection,
     ElasticitySection,
     EvaluationSection,
