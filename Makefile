@@ -28,10 +28,12 @@ demo: $(STAMP) data/digits/train
 	    --checkpoint_dir out/digits-checkpoints --output out/digits-model \
 	    --job_name digits-demo
 
+# Two test processes (pytest-xdist), one file at a time each: the end-to-end jobs wait on their
+# processes about half the time, so two files side by side fill the 2 cores CI has.
 test: $(STAMP)
 	$(VENV)/bin/lint-imports  # the one-way dependencies of pyproject.toml
 	$(VENV)/bin/bandit -q -r elasticdl benchmarks model_zoo -x elasticdl/proto -ll  # security lint: a medium or high finding fails (a justified one: `# nosec` under its reason)
-	$(PY) -m pytest -q --durations=25 -m 'not bench' tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25 -m 'not bench' tests
 
 # The benchmark suite end to end at tiny sizes (about 2 minutes): outside `make test`'s 15-minute
 # budget, as `make bench` is; .ci/run runs it after `make test`.

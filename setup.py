@@ -31,7 +31,7 @@ setup(
         "keras2": ["tf-keras>=2.18"],
         # s3fs and moto's S3 server: the object-storage tests (tests/s3_fixture.py) and the parquet_s3 benchmark.
         # tf-keras: the original-style model zoo's tests (tests/test_original_zoo.py).
-        "dev": ["pytest>=8", "pytest-timeout", "hypothesis", "ruff", "scikit-learn", "grpcio-tools>=1.70",
+        "dev": ["pytest>=8", "pytest-timeout", "pytest-xdist>=3.5", "hypothesis", "ruff", "scikit-learn", "grpcio-tools>=1.70",
                 "s3fs>=2024.2", "moto[server]>=5", "tf-keras>=2.18",
                 "kubernetes-validate", "matplotlib", "import-linter>=2.16",
                 "bandit>=1.8",

@@ -15,6 +15,7 @@ from tensorflow.python.feature_column import feature_column_v2 as fc_lib
 
 from elasticdl.model.embedding import layer as keras3_layer
 from elasticdl.model.embedding.backends import current_backend
+from elasticdl.model.embedding.policy import TablePolicy
 
 _Keras3Embedding = keras3_layer.Embedding
 
@@ -39,9 +40,14 @@ class Embedding(tf_keras.layers.Layer):
     _rows = _Keras3Embedding._rows
 
     def __init__(self, output_dim: int, input_dim: int | None = None, embeddings_initializer="uniform",
-                 mask_zero: bool = False, input_length: int | None = None, combiner: str | None = None, **kwargs):
+                 mask_zero: bool = False, input_length: int | None = None, combiner: str | None = None,
+                 admit_min_count: int = 1, admit_probability: float = 1.0, ttl_versions: int = 0, max_rows: int = 0,
+                 **kwargs):
         super().__init__(**kwargs)
         import keras
+
+        # The table's bounds on the PS, as the Keras 3 layer takes them (table_info reads them).
+        self.policy = TablePolicy(admit_min_count, admit_probability, ttl_versions, max_rows)
 
         if not isinstance(output_dim, int) or isinstance(output_dim, bool) or output_dim <= 0:
             raise ValueError(f"`output_dim` must be a positive integer. Received: output_dim={output_dim!r}")
@@ -95,7 +101,7 @@ class Embedding(tf_keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(output_dim=self.output_dim, input_dim=self.input_dim, mask_zero=self.mask_zero,
-                      input_length=self.input_length, combiner=self.combiner)
+                      input_length=self.input_length, combiner=self.combiner, **self.policy.to_dict())
         return config
 
 
