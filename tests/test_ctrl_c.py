@@ -56,6 +56,21 @@ def test_the_continue_command_repeats_the_jobs_flags_from_the_checkpoint_for_the
     assert continue_command(config, "ck/version-2400", epochs_done=10) == ""
 
 
+@pytest.fixture(autouse=True)
+def python_sigint_handler():
+    """Python's own SIGINT handler, as a command started from a terminal has it: a suite run in
+    the background (or under nohup) starts with SIGINT ignored, which CtrlC leaves alone."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_command_started_with_sigint_ignored_keeps_it_ignored():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with CtrlC("elasticdl train"):
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
 def test_the_first_ctrl_c_says_so_at_once_naming_the_checkpoint(tmp_path, capsys):
     checkpoint = write_cut(tmp_path, 2400, [0], 1)
     with pytest.raises(KeyboardInterrupt), CtrlC("elasticdl train", str(tmp_path)) as ctrl_c:

@@ -36,7 +36,9 @@ class CtrlC:
         self._previous = None
 
     def __enter__(self) -> CtrlC:
-        if self.enabled and threading.current_thread() is threading.main_thread():
+        # A command started with SIGINT ignored (nohup, a background job of a shell) keeps it so.
+        if self.enabled and threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
             self._previous = signal.signal(signal.SIGINT, self._handle)
         return self
 

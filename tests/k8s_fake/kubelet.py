@@ -29,11 +29,17 @@ from dataclasses import dataclass, field
 NODE = "fake-node"
 
 
+try:
+    # Loaded here, not in the forked child: a dlopen between fork and exec may take a lock another
+    # thread of the test process held at the fork (gRPC's, librdkafka's) and crash the pod (exit 139).
+    _PRCTL = ctypes.CDLL("libc.so.6").prctl
+except OSError:
+    _PRCTL = None
+
+
 def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 @dataclass
