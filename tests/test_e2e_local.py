@@ -185,19 +185,19 @@ def _alive(pids: list[int]) -> list[int]:
     return alive
 
 
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _start_long_job(digits, tmp_path, **flags) -> tuple[subprocess.Popen, list[int]]:
-    job = subprocess.Popen(
-        [sys.executable, "-m", "elasticdl", *train_args(digits, "digits.digits_functional.custom_model",
-                                                        num_workers=2, num_ps=1, num_epochs=1000, **flags)],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        # Ctrl-C as a terminal delivers it: a suite started in the background (`make test &`)
-        # hands its children SIGINT ignored, and the job would never see the test's SIGINT.
-        preexec_fn=_default_sigint,
-    )
+    # Ctrl-C as a terminal delivers it: a suite started in the background (`make test &`) holds
+    # SIGINT ignored, which a child inherits; a handled signal is reset to its default at exec.
+    # (Not a preexec_fn: Python code between fork and exec crashes beside librdkafka's threads.)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        job = subprocess.Popen(
+            [sys.executable, "-m", "elasticdl", *train_args(digits, "digits.digits_functional.custom_model",
+                                                            num_workers=2, num_ps=1, num_epochs=1000, **flags)],
+            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
     deadline = time.monotonic() + 120
     started: list = []
     while time.monotonic() < deadline and len(started) < 3:  # the backend writes <role>-<i>.pid

@@ -15,7 +15,6 @@ An image named in ``unpullable`` never starts: ErrImagePull, then ImagePullBackO
 from __future__ import annotations
 
 import base64
-import ctypes
 import json
 import os
 import shutil
@@ -27,19 +26,6 @@ import time
 from dataclasses import dataclass, field
 
 NODE = "fake-node"
-
-
-try:
-    # Loaded here, not in the forked child: a dlopen between fork and exec may take a lock another
-    # thread of the test process held at the fork (gRPC's, librdkafka's) and crash the pod (exit 139).
-    _PRCTL = ctypes.CDLL("libc.so.6").prctl
-except OSError:
-    _PRCTL = None
-
-
-def _die_with_parent() -> None:
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 @dataclass
@@ -209,7 +195,9 @@ class SimulatedKubelet:
             container.popen = subprocess.Popen(
                 argv, env=env, cwd=c_spec.get("workingDir") or container.workdir, stdin=subprocess.DEVNULL,
                 stdout=container.log, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_die_with_parent,
+                # No preexec_fn (it once set PR_SET_PDEATHSIG): Python code between fork and exec, in
+                # a test process where librdkafka's threads run (the Kafka tests), crashed every pod
+                # with SIGSEGV (exit 139). The cluster's teardown kills the pods it started.
             )
         except OSError as err:
             container.log.write(f"exec failed: {err}\n".encode())
