@@ -70,7 +70,7 @@ class KafkaBroker:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
                 return
             except OSError:
-                time.sleep(0.02)
+                time.sleep(0.02)  # polls another process (the broker) until it listens: a wait, no race
         self.stop()
         raise RuntimeError(f"tansu did not listen within {timeout:.0f}s:\n{self.log_tail()}")
 

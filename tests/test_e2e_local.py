@@ -236,7 +236,7 @@ def test_ctrl_c_is_acknowledged_at_once_and_everything_stops_within_2s(digits, t
     job, children = _start_long_job(digits, tmp_path, checkpoint_dir=checkpoints, checkpoint_steps=20)
     while not list(checkpoints.glob("version-*/ps-0-of-1*.npz")):  # a complete cut of the 1 PS
         assert job.poll() is None, job.stderr.read()
-        time.sleep(0.05)
+        time.sleep(0.05)  # polls another process's files for its first cut: a wait, no race
     lines: list[tuple[float, str]] = []
     acknowledged = threading.Event()
 

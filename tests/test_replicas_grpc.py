@@ -69,7 +69,7 @@ def two_ps(tmp_path):
         while not ready.exists():
             assert processes[ps_id].poll() is None, (tmp_path / f"ps-{ps_id}-{len(logs) - 1}.log").read_text()
             assert time.monotonic() < deadline, "the PS did not start"
-            time.sleep(0.05)
+            time.sleep(0.05)  # polls the PS process for its ready file, under a deadline: no race
         return f"127.0.0.1:{ready.read_text()}"
 
     addresses = [start(0), start(1)]
