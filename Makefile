@@ -36,7 +36,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25 -m 'not bench' tests
 
 # The benchmark suite end to end at tiny sizes (about 2 minutes): outside `make test`'s 15-minute
-# budget, as `make bench` is; .ci/run runs it after `make test`.
+# budget, as `make bench` is.
 bench-smoke: $(STAMP)
 	$(PY) -m pytest -q -m bench tests/test_benchmarks_smoke.py
 
