@@ -132,11 +132,16 @@ class EtcdProcess:
             self.popen.wait()
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return "".join(f.readlines()[-lines:])
-        except OSError:
-            return ""
+        return tail_of(self.log_path, lines)
+
+
+def tail_of(path: str, lines: int = 20) -> str:
+    """The last ``lines`` of a server's log ('' when it cannot be read): for a failure message."""
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
 
 
 def _etcd(tmp_dir: str) -> Iterator[EtcdProcess]:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable, Iterator
 
 import pytest
-from etcd_fixture import _free_port, _in_ci
+from etcd_fixture import _free_port, _in_ci, tail_of
 
 START_TIMEOUT = 20.0
 
@@ -104,11 +104,7 @@ class KafkaBroker:
         return count
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return "".join(f.readlines()[-lines:])
-        except OSError:
-            return ""
+        return tail_of(self.log_path, lines)
 
 
 @pytest.fixture

@@ -80,10 +80,8 @@ def test_a_ps_sigkilled_mid_job_ends_at_the_fault_free_version(digits, tmp_path)
     _check_lineages(tmp_path)
 
 
-def test_a_master_sigkilled_and_restarted_with_etcd_ends_at_the_fault_free_version(
-        digits, tmp_path, etcd_process):  # noqa: F811
-    job = "chaos-master"
-    command = _command(digits, tmp_path, job, etcd_endpoints=etcd_process.endpoint)
+def _kill_the_master_in_epoch_2(command: list[str], tmp_path, job: str) -> None:
+    """Start the job and SIGKILL its master once epoch 2 started and a complete cut is on disk."""
     first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for(lambda: "epoch 2 of 3 starts" in _master_log(tmp_path, job) and _complete_cut(tmp_path, STEPS),
@@ -93,6 +91,13 @@ def test_a_master_sigkilled_and_restarted_with_etcd_ends_at_the_fault_free_versi
     finally:
         if first.poll() is None:
             first.kill()
+
+
+def test_a_master_sigkilled_and_restarted_with_etcd_ends_at_the_fault_free_version(
+        digits, tmp_path, etcd_process):  # noqa: F811
+    job = "chaos-master"
+    command = _command(digits, tmp_path, job, etcd_endpoints=etcd_process.endpoint)
+    _kill_the_master_in_epoch_2(command, tmp_path, job)
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     report = report_of(result)
     assert report["resumed"]
@@ -158,15 +163,7 @@ def test_a_master_resumed_with_every_cut_damaged_trains_every_record_again(digit
     possibly missing and in no model; the recovery policy now starts over from the start."""
     job = "chaos-master-start-over"
     command = _command(digits, tmp_path, job, etcd_endpoints=etcd_process.endpoint)
-    first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_for(lambda: "epoch 2 of 3 starts" in _master_log(tmp_path, job) and _complete_cut(tmp_path, STEPS),
-                  180, "epoch 2 and a complete cut")
-        first.kill()  # the master dies hard; its PS and worker die with it
-        first.wait(10)
-    finally:
-        if first.poll() is None:
-            first.kill()
+    _kill_the_master_in_epoch_2(command, tmp_path, job)
     shards = glob.glob(str(tmp_path / "ckpt" / "version-*" / "ps-*.npz"))
     assert shards
     for shard in shards:
