@@ -29,7 +29,6 @@ from elasticdl.launch.api import Backend
 from elasticdl.launch.local import LocalBackend
 from elasticdl.logs import master_log_handler
 from elasticdl.master import controller as c
-from elasticdl.master import embedding_stats
 from elasticdl.master.clocks import WorkerClocks
 from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
 from elasticdl.master.feed import feed
@@ -223,14 +222,7 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
                 self._rewind_to_restored_cut()
             self._step = "training" if self.command == "train" else self.command
             self._loop()
-            if self.command == "train":
-                stats = self._ps_stats()
-                report.staleness = self._epoch_telemetry(stats)
-                report.note_refusals()  # the gradient guard's (ps/gradient_guard.py)
-                report.embedding_tables = embedding_stats.summarize_tables(stats)
-                report.exactly_once = self._check_exactly_once(stats)
-                if self.stream is not None:
-                    report.stream = self.stream.summary(self.main_tasks)
+            self._despite_ps_losses(lambda: self._take_the_model(report))
             self._finish(report)
             succeeded = True
         except BaseException as err:

@@ -123,7 +123,8 @@ class SimMaster:
                         world.oracle.shards[ps_id].maybe_missing = False
         self.controller = c.Controller("train", self.dispatcher, self.instances, self.clocks,
                                        sync_mode=not world.mode.use_async, keeps_ledger=True, clock=world.clock,
-                                       evaluation_steps=world.evaluation_steps)
+                                       evaluation_steps=world.evaluation_steps,
+                                       saves_checkpoints=bool(world.checkpoint_dir))
         for decision in self.controller.start():
             self.carry_out(decision)
 
