@@ -9,6 +9,9 @@ Each is the behaviour of the code before its fix, patched in for the duration of
   same feed, forever: the master never polled the exit that brings the PS back (issue 25).
 - ``no-leveling``: a sync job's shards were never leveled to one version once training was
   over (LevelVersions): after faults they ended at different versions (issue 25).
+- ``backup-twice`` (``--mode replicas``): a backup applied a forwarded update again when it came
+  twice (a retransmission, or the primary's retry of a forward whose answer was lost): the
+  backup's shard drifted from its primary's (issue 26).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Iterator
 
 from elasticdl.master import controller as c
 from elasticdl.master.leveling import Leveling
+from elasticdl.ps.replication import BackupApplier, apply_entry
 from elasticdl.worker.consistency import ConsistencyPolicy
 
 
@@ -78,7 +82,25 @@ def _no_leveling() -> Iterator[None]:
         Leveling.due = saved
 
 
-PLANTS = {"async-reconnect": _async_reconnect, "tell-livelock": _tell_livelock, "no-leveling": _no_leveling}
+@contextlib.contextmanager
+def _backup_twice() -> Iterator[None]:
+    saved = BackupApplier.receive
+
+    def receive(self, entry) -> None:
+        if entry.seq <= self.applied and not self.closed:  # the check it forgot: "a second copy: nothing"
+            apply_entry(self.core, entry)
+            return
+        saved(self, entry)
+
+    BackupApplier.receive = receive
+    try:
+        yield
+    finally:
+        BackupApplier.receive = saved
+
+
+PLANTS = {"async-reconnect": _async_reconnect, "tell-livelock": _tell_livelock, "no-leveling": _no_leveling,
+          "backup-twice": _backup_twice}
 
 
 def planted(name: str | None):

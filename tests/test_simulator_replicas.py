@@ -1,0 +1,81 @@
+"""The simulator with shard replicas (``--mode replicas``, issue 26): the real ReplicaHost,
+PrimaryLog and BackupApplier on each simulated PS, the real controller's PromoteBackup and
+AddBackup, and the invariants that a backup equals its primary at every update, a promoted
+backup holds every acknowledged update, and one PS death rolls nothing back."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from elasticdl.ps.replication import PrimaryLog
+from elasticdl.sim.planted import planted
+from elasticdl.sim.world import World
+
+# Seeds replayed by the tests below (their fault schedules in the ids).
+RESUMED_WITH_A_CUT = (120, 218)  # a master restart: every PS from the cut, each backup too
+PLANTED_BACKUP_TWICE = 50  # a forward taken twice by a backup (duplicated on the network)
+ONE_DEATH = 2  # one PS killed: its shard promoted, the dead PS back as a spare and caught up
+
+
+@pytest.fixture(autouse=True)
+def quiet():
+    logging.disable(logging.CRITICAL)
+    yield
+    logging.disable(logging.NOTSET)
+
+
+def run(seed: int, faults: bool = True) -> World:
+    world = World(seed, "replicas", faults=faults)
+    world.run()
+    return world
+
+
+def test_without_faults_replicas_end_with_every_record_applied_once_and_backups_equal():
+    for seed in range(8):
+        world = run(seed, faults=False)
+        assert world.result.violations == [] and world.result.outcome == "finished", (seed, world.result.violations)
+        assert world.mode.ps_replicas >= 1 and world.replica_ledger.acked  # updates were forwarded and taken
+
+
+@pytest.mark.parametrize("seed", RESUMED_WITH_A_CUT)
+def test_a_resumed_job_restores_each_backup_from_the_cut_as_its_primary(seed):
+    """Before the fix (elasticdl/ps/replica_host.py backup_core), a backup started empty while its
+    primary loaded the cut: the first forwarded push failed on it, forever."""
+    world = run(seed)
+    assert any("master" in fault for fault in world.result.faults)
+    assert world.result.violations == [] and world.result.outcome == "finished", world.result.violations
+
+
+def test_one_ps_death_promotes_its_shards_backup_and_rolls_nothing_back():
+    world = run(ONE_DEATH)
+    assert world.nemesis.ps_kills == 1 and world.masters_started == 1, world.result.faults
+    assert world.result.violations == [], world.result.violations
+    roles = world.master.controller.replicas
+    assert roles.records and world.rollbacks == 0
+    dead = roles.records[0].old_primary
+    assert any(dead in backups for backups in roles.backups)  # relaunched, it caught up as a backup
+
+
+def test_the_no_rollback_invariant_finds_a_ps_death_that_goes_back_to_the_cut(monkeypatch):
+    """With no backup promoted (the recovery policy planted to fall back), the same seed's one
+    PS death goes back to the cut, and the invariant says so."""
+    monkeypatch.setattr("elasticdl.master.failover.plan_failover", lambda facts: None)
+    world = run(ONE_DEATH)
+    assert any("went back to a checkpoint or started over" in v for v in world.result.violations)
+
+
+def test_finds_a_backup_that_applies_a_forwarded_update_twice_planted_back():
+    with planted("backup-twice"):
+        world = run(PLANTED_BACKUP_TWICE)
+    assert any("differs from what its primary held" in v for v in world.result.violations), world.result.violations
+    assert run(PLANTED_BACKUP_TWICE).result.violations == []  # the real applier takes a second copy once
+
+
+def test_finds_a_promoted_backup_that_lacks_an_acknowledged_update(monkeypatch):
+    """A primary that answers without forwarding (its backups listed, never sent a thing): the
+    backup promoted at the death holds none of what the workers saw acknowledged."""
+    monkeypatch.setattr(PrimaryLog, "deliver", lambda self, entry: None)
+    world = run(ONE_DEATH)
+    assert any("its primary had acknowledged update" in v for v in world.result.violations), world.result.violations
