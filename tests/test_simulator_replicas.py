@@ -5,31 +5,24 @@ backup holds every acknowledged update, and one PS death rolls nothing back."""
 
 from __future__ import annotations
 
-import logging
+import functools
 
 import pytest
 
 from elasticdl.ps.replication import PrimaryLog
 from elasticdl.sim.planted import planted
-from elasticdl.sim.world import World
+from tests.sim_support import quiet  # noqa: F401  the fixture
+from tests.sim_support import run as run_world
 
 # Seeds replayed by the tests below (their fault schedules in the ids).
-RESUMED_WITH_A_CUT = (120, 218)  # a master restart: every PS from the cut, each backup too
-PLANTED_BACKUP_TWICE = 50  # a forward taken twice by a backup (duplicated on the network)
-ONE_DEATH = 2  # one PS killed: its shard promoted, the dead PS back as a spare and caught up
+RESUMED_WITH_A_CUT = (59, 273)  # a master restart: every PS from the cut, each backup too
+PLANTED_BACKUP_TWICE = 58  # a forward taken twice by a backup (duplicated on the network)
+ONE_DEATH = 17  # one PS killed: its shard promoted, the dead PS back as a spare and caught up
 
 
-@pytest.fixture(autouse=True)
-def quiet():
-    logging.disable(logging.CRITICAL)
-    yield
-    logging.disable(logging.NOTSET)
+pytestmark = pytest.mark.usefixtures("quiet")
 
-
-def run(seed: int, faults: bool = True) -> World:
-    world = World(seed, "replicas", faults=faults)
-    world.run()
-    return world
+run = functools.partial(run_world, family="replicas")
 
 
 def test_without_faults_replicas_end_with_every_record_applied_once_and_backups_equal():

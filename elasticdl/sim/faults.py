@@ -27,6 +27,8 @@ class Nemesis:
             # PS deaths more often (a primary, a backup, or a shard's both replicas), and the
             # network's faults: forwards lost, retried, duplicated and reordered.
             self.kinds = KINDS + ("kill-ps",) * 3 + ("kill-ps-pair",) + ("network",) * 3
+        if world.mode.stream:  # the broker away: the source waits it out, its time is not idle time
+            self.kinds = KINDS + ("cut-broker",) * 2
         self._frozen_until: dict[int, float] = {}  # id of a frozen role -> when its last freeze ends
 
     def _freeze_for(self, role, seconds: float, thaw) -> None:
@@ -78,6 +80,11 @@ class Nemesis:
             ps_id = rng.randrange(mode.num_ps)
             self._inject_at(0.0, "kill-ps", ps_id)
             self._inject_at(rng.uniform(0.0, 0.5), "kill-ps", (ps_id + 1) % mode.num_ps)
+        elif kind == "cut-broker" and world.topic is not None:
+            seconds = rng.uniform(0.2, 3.0)
+            world.topic.available = False
+            world.scheduler.at(seconds, self._restore_broker)
+            self._note(f"cut the broker off for {seconds:.2f}s")
         elif kind == "freeze-worker" and world.workers:
             index = rng.choice(sorted(world.workers))
             process = world.workers[index][1]
@@ -148,6 +155,9 @@ class Nemesis:
         else:
             self.world.network.thawed("master")
             process.thaw()
+
+    def _restore_broker(self) -> None:
+        self.world.topic.available = True
 
     def _restore_store(self) -> None:
         self.world.store_backend.available, self.world.store_cut = True, False

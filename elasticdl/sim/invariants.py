@@ -29,6 +29,8 @@ def at_the_end(world) -> None:
     if done != expected:
         world.violation(f"the ledger counts {done} records done, the job has {expected}")
     replicas_held(world)
+    if world.topic is not None:
+        stream_consumed(world)
 
 
 def replicas_held(world) -> None:
@@ -43,3 +45,12 @@ def replicas_held(world) -> None:
     retrained = sum(e.retrained.get(cause, 0) for e in world.master.tasks.epochs for cause in ("rollback", "start over"))
     if retrained:
         world.violation(f"one PS died with --ps_replicas {mode.ps_replicas}, and {retrained} records were trained again")
+
+
+def stream_consumed(world) -> None:
+    """A stream job consumed every record that arrived (each partition cut to its end), once."""
+    topic, cut = world.topic, world.master.tasks.offsets()
+    for partition in topic.partition_ids():
+        produced, consumed = topic.end(partition), cut.get(topic.address.partition_path(partition), 0)
+        if consumed != produced:
+            world.violation(f"partition {partition} holds {produced} records, the job consumed {consumed}")

@@ -27,12 +27,16 @@ from elasticdl.master.cut_recovery import (
 from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
 from elasticdl.master.feed import FeedLivelock, feed
 from elasticdl.master.instance_manager import InstanceManager, Launch, Stop
+from elasticdl.master.stream_source import POLL_SECS as STREAM_POLL_SECONDS
+from elasticdl.master.stream_source import KafkaStreamSource
+from elasticdl.master.stream_tasks import StreamTaskManager
 from elasticdl.master.task_manager import Task, TaskManager
 from elasticdl.model import checkpoint
 from elasticdl.sim.leader import SimLeadership
 from elasticdl.sim.master_replicas import SimReplicaRecovery
 from elasticdl.sim.model import eval_metrics
 from elasticdl.sim.scheduler import Sleep
+from elasticdl.sim.stream import IDLE_SECONDS
 from elasticdl.sim.transport import Unavailable
 from elasticdl.store.errors import StateStoreError
 from elasticdl.store.memory import MemoryStateStore
@@ -59,9 +63,13 @@ class SimMaster(SimReplicaRecovery):
         mode = world.mode
         shards = [Shard(world.data.path, s, min(s + RECORDS_PER_TASK, world.records))
                   for s in range(0, world.records, RECORDS_PER_TASK)]
-        self.tasks = TaskManager(shards, num_epochs=world.epochs, task_timeout=TASK_TIMEOUT, max_task_retries=3,
-                                 seed=world.seed, clock=world.clock, gate_epochs=True,
-                                 fences_pushes=True)
+        if world.topic is not None:  # master/stream_source.py stream_ledger: tasks come as records arrive
+            self.tasks = StreamTaskManager(task_timeout=TASK_TIMEOUT, max_task_retries=3, seed=world.seed,
+                                           clock=world.clock, gate_epochs=True, fences_pushes=True)
+        else:
+            self.tasks = TaskManager(shards, num_epochs=world.epochs, task_timeout=TASK_TIMEOUT, max_task_retries=3,
+                                     seed=world.seed, clock=world.clock, gate_epochs=True, fences_pushes=True)
+        self.source: KafkaStreamSource | None = None  # the stream's, opened once the ledger is back
         self.instances = InstanceManager(mode.num_workers)
         self.evaluation = None
         if world.validation is not None:
@@ -105,6 +113,10 @@ class SimMaster(SimReplicaRecovery):
                 self.tasks.restore(snapshot)
                 self.resumed = True
         self.tasks.start_term(self.term)
+        if world.topic is not None:  # open_stream: from the ledger's offsets (earliest for a new job)
+            self.source = KafkaStreamSource(world.topic, world.topic.partition_ids(), RECORDS_PER_TASK, IDLE_SECONDS,
+                                            clock=world.clock)
+            self.source.open(self.tasks.offsets(), watch=False)
         world.network.endpoints["master"] = self  # it serves once it leads and its ledger is back
         # Job._restore_latest_checkpoint and _rewind_to_restored_cut, on the shared cut_recovery.
         cut = latest_cut(world.checkpoint_dir) if self.resumed else None
@@ -134,7 +146,7 @@ class SimMaster(SimReplicaRecovery):
 
     def run(self):
         yield from self.open()
-        last_version_poll = -1.0
+        last_version_poll = last_stream_poll = -1.0
         while self.controller.outcome is None:
             yield Sleep(POLL_SECONDS)
             if self.leadership is not None and not self.leadership.keep_alive():
@@ -155,6 +167,11 @@ class SimMaster(SimReplicaRecovery):
                 last_version_poll = now
             if self.unsaved:
                 self._save_ledger()
+            if self.source is not None:  # the source's thread, then Job._run_loop's feed
+                if now - last_stream_poll >= STREAM_POLL_SECONDS:
+                    self.source.poll_once()
+                    last_stream_poll = now
+                self.source.feed(self.tasks)
             events.append(c.Tick())
             for event in events:
                 try:

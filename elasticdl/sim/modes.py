@@ -41,6 +41,8 @@ class Mode:
             raise ValueError(f"--mode must be one of {', '.join(ALL_FAMILIES)}. Received: {family!r}")
         if family == "replicas":
             return cls._replicas(rng)
+        if family == "stream":
+            return cls._stream(rng)
         base = dict(family=family, num_ps=rng.randint(1, 3), num_workers=rng.randint(1, 3),
                     store=rng.choice(("memory", "etcd")), checkpoints=rng.random() < 0.85)
         asynchronous = dict(use_async=True, get_model_steps=rng.choice((1, 1, 2)))
@@ -64,10 +66,28 @@ class Mode:
         variant = rng.choice(("sync", "sync-n", "async", "ssp"))
         base = dict(family="replicas", num_ps=num_ps, num_workers=rng.randint(1, 3), ps_replicas=replicas,
                     store=rng.choice(("memory", "etcd")), checkpoints=rng.random() < 0.85)
-        extra = {
-            "sync": {},
-            "sync-n": dict(grads_to_wait=rng.randint(2, 3), num_workers=rng.randint(2, 3)),
-            "async": dict(use_async=True, get_model_steps=rng.choice((1, 2))),
-            "ssp": dict(use_async=True, staleness_bound=rng.randint(1, 3)),
-        }[variant]
-        return cls(**{**base, **extra})
+        return cls(**{**base, **_consistency(rng, variant)})
+
+    @classmethod
+    def _stream(cls, rng: random.Random) -> Mode:
+        """A stream source (Kafka-like partitions) in sync, sync-n, async, SSP or --push_steps."""
+        variant = rng.choice(("sync", "sync-n", "async", "ssp", "push-steps"))
+        base = dict(family="stream", stream=True, num_ps=rng.randint(1, 3), num_workers=rng.randint(1, 3),
+                    store=rng.choice(("memory", "etcd")), checkpoints=rng.random() < 0.85)
+        return cls(**{**base, **_consistency(rng, variant)})
+
+
+def _consistency(rng: random.Random, variant: str) -> dict:
+    """The consistency flags of a variant of the extra families (drawn only for that variant)."""
+    if variant == "sync-n":
+        return dict(grads_to_wait=rng.randint(2, 3), num_workers=rng.randint(2, 3))
+    if variant == "sync":
+        return {}
+    flags: dict = dict(use_async=True)
+    if variant == "async":
+        flags["get_model_steps"] = rng.choice((1, 2))
+    elif variant == "ssp":
+        flags["staleness_bound"] = rng.randint(1, 3)
+    elif variant == "push-steps":
+        flags["push_steps"] = rng.randint(2, 3)
+    return flags

@@ -12,6 +12,9 @@ Each is the behaviour of the code before its fix, patched in for the duration of
 - ``backup-twice`` (``--mode replicas``): a backup applied a forwarded update again when it came
   twice (a retransmission, or the primary's retry of a forward whose answer was lost): the
   backup's shard drifted from its primary's (issue 26).
+- ``trust-watermark`` (``--mode stream``): the stream source took a partition's high watermark
+  for its end and never read past it, so the records a broker left out of its watermark (Tansu
+  0.6) were never trained (issue 27).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Iterator
 
 from elasticdl.master import controller as c
 from elasticdl.master.leveling import Leveling
+from elasticdl.master.stream_source import KafkaStreamSource
 from elasticdl.ps.replication import BackupApplier, apply_entry
 from elasticdl.worker.consistency import ConsistencyPolicy
 
@@ -99,8 +103,27 @@ def _backup_twice() -> Iterator[None]:
         BackupApplier.receive = saved
 
 
+@contextlib.contextmanager
+def _trust_watermark() -> Iterator[None]:
+    saved = KafkaStreamSource.poll_once
+
+    def poll_once(self) -> None:
+        probe = self.topic.probe
+        self.topic.probe = lambda starts, limit, wait=0.0: dict(starts)  # nothing found past the watermark
+        try:
+            saved(self)
+        finally:
+            self.topic.probe = probe
+
+    KafkaStreamSource.poll_once = poll_once
+    try:
+        yield
+    finally:
+        KafkaStreamSource.poll_once = saved
+
+
 PLANTS = {"async-reconnect": _async_reconnect, "tell-livelock": _tell_livelock, "no-leveling": _no_leveling,
-          "backup-twice": _backup_twice}
+          "backup-twice": _backup_twice, "trust-watermark": _trust_watermark}
 
 
 def planted(name: str | None):

@@ -73,7 +73,7 @@ class Accumulated:
 
 class SimWorker:
     def __init__(self, index: int, mode: Mode, data: Dataset, names: list[str],
-                 validation: Dataset | None = None) -> None:
+                 validation: Dataset | None = None, topic=None) -> None:
         self.index = index
         self.mode = mode
         self.data = data
@@ -96,6 +96,7 @@ class SimWorker:
         self.now = lambda: 0.0  # set by the world: the simulated clock
         self.probed_at = 0.0  # the last look for an empty PS while waiting for a task (from the start)
         self.routes = Routes.initial(mode.num_ps) if mode.ps_replicas else None  # --ps_replicas
+        self.topic = topic  # --mode stream: a task's offsets are records of a partition
 
     # ------------------------------------------------------------ the task loop
 
@@ -134,6 +135,8 @@ class SimWorker:
             while done < end - start:
                 indices = list(range(start + done, min(end, start + done + MINIBATCH)))
                 position = BatchPosition(order.task_id, order.handout, start + done + len(indices), len(indices))
+                if self.topic is not None:  # offsets of a partition: the job's records they hold
+                    indices = self.topic.records_at(order.shard.path, indices)
                 keys = [(order.epoch, i) for i in indices]
                 yield from self.train_batch(indices, position, keys)
                 done += len(indices)

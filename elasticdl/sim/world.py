@@ -22,6 +22,7 @@ from elasticdl.sim.oracle import Oracle
 from elasticdl.sim.ps import SimPS, settings_for
 from elasticdl.sim.replicas import ReplicaLedger
 from elasticdl.sim.scheduler import Process, Scheduler
+from elasticdl.sim.stream import SimTopic
 from elasticdl.sim.transport import Network
 from elasticdl.sim.worker import SimWorker
 from elasticdl.store.errors import RetryPolicy
@@ -56,12 +57,17 @@ class World:
         self.epochs = self.rng.randint(1, 3)
         self.names = variable_names(self.mode.num_ps)
         self.data = Dataset.generate(self.rng, self.records, len(self.names))
+        self.topic: SimTopic | None = None  # --mode stream: the broker the records arrive in
+        if self.mode.stream:  # no epochs: every record once, as it arrives
+            self.records, self.epochs = self.rng.choice((12, 20, 28)), 1
+            self.data = Dataset.generate(self.rng, self.records, len(self.names))
+            self.topic = SimTopic.generate(self.clock, self.rng, self.records)
         # Evaluation from a generator of its own (derived from the seed): the schedules of seeds
         # without it stay as they were before evaluation was simulated.
         evaluation = random.Random(f"{seed}-evaluation")
         self.validation: Dataset | None = None
         self.val_records, self.evaluation_steps = 0, 0
-        if evaluation.random() < EVALUATION_SHARE:
+        if evaluation.random() < EVALUATION_SHARE and not self.mode.stream:
             self.val_records = evaluation.choice((4, 6))
             self.evaluation_steps = evaluation.choice((0, 3))
             self.validation = Dataset.generate(evaluation, self.val_records, len(self.names))
@@ -223,7 +229,7 @@ class World:
         self.exits.append(ProcessExit("ps", ps_id, -9, ""))
 
     def start_worker(self, index: int) -> None:
-        worker = SimWorker(index, self.mode, self.data, self.names, self.validation)
+        worker = SimWorker(index, self.mode, self.data, self.names, self.validation, self.topic)
         worker.now, worker.send = self.clock, self.network.send
 
         def exited(returncode: int, tail: str) -> None:

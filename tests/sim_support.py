@@ -1,0 +1,23 @@
+"""What the simulator's test files share: a world run to its end, the real code's logs off."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from elasticdl.sim.world import World
+
+
+@pytest.fixture
+def quiet():
+    logging.disable(logging.CRITICAL)  # the real code logs every fault it rides out
+    yield
+    logging.disable(logging.NOTSET)
+
+
+def run(seed: int, family: str, faults: bool = True) -> World:
+    """Seed ``seed`` of mode family ``family``, run to its end (``world.result`` holds the run)."""
+    world = World(seed, family, faults=faults)
+    world.run()
+    return world
