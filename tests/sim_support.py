@@ -21,3 +21,13 @@ def run(seed: int, family: str, faults: bool = True) -> World:
     world = World(seed, family, faults=faults)
     world.run()
     return world
+
+
+def clean_runs_without_faults(family: str, seeds: int = 8) -> list[World]:
+    """Seeds 0..seeds-1 of ``family`` without faults, each asserted to end with no violation."""
+    worlds = []
+    for seed in range(seeds):
+        world = run(seed, family, faults=False)
+        assert world.result.violations == [] and world.result.outcome == "finished", (seed, world.result.violations)
+        worlds.append(world)
+    return worlds

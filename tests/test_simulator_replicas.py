@@ -11,7 +11,7 @@ import pytest
 
 from elasticdl.ps.replication import PrimaryLog
 from elasticdl.sim.planted import planted
-from tests.sim_support import quiet  # noqa: F401  the fixture
+from tests.sim_support import clean_runs_without_faults, quiet  # noqa: F401  the fixture
 from tests.sim_support import run as run_world
 
 # Seeds replayed by the tests below (their fault schedules in the ids).
@@ -26,9 +26,7 @@ run = functools.partial(run_world, family="replicas")
 
 
 def test_without_faults_replicas_end_with_every_record_applied_once_and_backups_equal():
-    for seed in range(8):
-        world = run(seed, faults=False)
-        assert world.result.violations == [] and world.result.outcome == "finished", (seed, world.result.violations)
+    for world in clean_runs_without_faults("replicas"):
         assert world.mode.ps_replicas >= 1 and world.replica_ledger.acked  # updates were forwarded and taken
 
 

@@ -10,7 +10,7 @@ import functools
 import pytest
 
 from elasticdl.sim.planted import planted
-from tests.sim_support import quiet  # noqa: F401  the fixture
+from tests.sim_support import clean_runs_without_faults, quiet  # noqa: F401  the fixture
 from tests.sim_support import run as run_world
 
 BROKER_CUT = 0  # the broker away for 0.42 s mid-stream; partition 0's watermark 3 records short
@@ -23,9 +23,7 @@ run = functools.partial(run_world, family="stream")
 
 
 def test_without_faults_a_stream_job_applies_every_record_that_arrived_once_and_ends_idle():
-    for seed in range(8):
-        world = run(seed, faults=False)
-        assert world.result.violations == [] and world.result.outcome == "finished", (seed, world.result.violations)
+    for world in clean_runs_without_faults("stream"):
         assert world.master.tasks.close_reason.startswith("no new record")
         cut = world.master.tasks.offsets()
         assert sum(cut.values()) == world.records  # every record cut into a task
