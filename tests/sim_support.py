@@ -23,7 +23,7 @@ def run(seed: int, family: str, faults: bool = True) -> World:
     return world
 
 
-def clean_runs_without_faults(family: str, seeds: int = 8) -> list[World]:
+def clean_runs_without_faults(family: str, seeds: int = 5) -> list[World]:
     """Seeds 0..seeds-1 of ``family`` without faults, each asserted to end with no violation."""
     worlds = []
     for seed in range(seeds):

@@ -21,7 +21,15 @@ from elasticdl.model.checkpoint import ShardState, save_shard
 from tests.chaos.checks import Verdict, check, final_cut
 from tests.chaos.job import Events
 from tests.chaos.modes import DIGITS, MODES, Plan, mode_named, version_bounds
-from tests.chaos.nemesis import REPLICA_MODES, Settings, any_mode, replay_command, replica_problems, run_seed, summary
+from tests.chaos.nemesis import (
+    REPLICA_MODES,
+    Settings,
+    any_mode,
+    replay_command,
+    replica_problems,
+    run_seed,
+    summary,
+)
 from tests.chaos.proxy import HealableProxy
 from tests.chaos.runner import Nemesis, Outcome, StallWatch, damage_newest_cut
 from tests.chaos.schedule import Fault, plan_for, schedule_for
