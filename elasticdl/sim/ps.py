@@ -54,16 +54,18 @@ class SimPS:
         self.core = ParameterServer(settings, _optimizer())
         self.host: ReplicaHost | None = None
         self.shards: dict[int, SimShard] = {ps_id: SimShard(self, ps_id, self.core)}
-        if replicas:  # ps/replica_host.py serve_replicas, with the simulated forwarder
-            self.host = ReplicaHost(self.core, replicas, lambda shard: backup_core(self.core, shard, _optimizer()),
-                                    dict(moved_to))
-            self.host.forwarder = SimForwarder(self)
+        self._replicas, self._moved_to = replicas, dict(moved_to)
 
     def start(self) -> None:
-        """Load the checkpoint it was started with (raises CheckpointError when it cannot)."""
+        """Load the checkpoint it was started with (raises CheckpointError when it cannot), then,
+        with replicas, its backup cores (ps/main.py: serve_replicas after the restore)."""
         self.core.restore()
         if self.core.settings.checkpoint_dir_for_init:
             self.oracle.restored(self.ps_id, self.core.shard.version)
+        if self._replicas:  # with the simulated forwarder in place of gRPC's
+            self.host = ReplicaHost(self.core, self._replicas,
+                                    lambda shard: backup_core(self.core, shard, _optimizer()), self._moved_to)
+            self.host.forwarder = SimForwarder(self)
         self.alive = True
 
     def led(self) -> list[int]:
