@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 
-from elasticdl.sim.modes import ALL_FAMILIES
+from elasticdl.sim.modes import ALL_FAMILIES, FAMILIES
 from elasticdl.sim.planted import PLANTS, planted
 from elasticdl.sim.world import RunResult, World
 
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  also: {extra}")
             print(f"  replay: {replay_command(result, args.mode, args.plant)}")
     if args.by_mode:
-        for family in ALL_FAMILIES:
+        for family in (f for f in ALL_FAMILIES if f in FAMILIES or f in families):  # extra ones if run
             seeds, family_faults, family_violations = families.get(family, [0, 0, 0])
             print(f"  {family}: {seeds} seeds, {family_faults} faults, {family_violations} invariant violations")
     print(f"{args.seeds} seeds, {faults} faults, {violations} invariant violations")
