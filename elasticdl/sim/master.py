@@ -281,7 +281,10 @@ class SimMaster(SimReplicaRecovery):
             try:
                 self.shard_servers()[ps_id].roll_back(cut.path, self.term, fence)
             except (Unavailable, checkpoint.CheckpointError, ValueError, OSError):
-                pass  # another PS is down too: its own relaunch restores the same cut
+                # Job._restore_cut: dead too, or a spare not serving yet: it starts again from the cut.
+                world.ps[ps_id].alive = False  # a planned stop, not a death: no exit
+                world.network.killed(f"ps-{ps_id}")
+                world.start_ps(ps_id, restore_from=cut.path, fence=fence)
         rewound = rewind_ledger(self.tasks, plan.marks, plan.held, cut.path, "rollback")
         return c.PSRelaunched(exit_.index, cut.version, retrained=rewound.retrained, missing=rewound.possibly_missing)
 
