@@ -184,6 +184,7 @@ def run_elasticdl(spec_json: dict) -> dict:
             num_minibatches_per_task=spec_json["warmup_batches"],
             num_workers=nw, num_ps=spec_json.get("num_ps", 1),
             use_async=spec_json.get("use_async", False),
+            **({"grads_to_wait": spec_json["grads_to_wait"]} if "grads_to_wait" in spec_json else {}),
             push_steps=spec_json.get("push_steps", 1),
             wire_dtype=spec_json.get("wire_dtype", "float32"),
             tensor_transport=spec_json.get("tensor_transport", "grpc"),

@@ -202,3 +202,30 @@ def test_ratios_and_targets_from_paired_runs():
         "error: see errors", "kill_worker error: see errors", "scale_up error: see errors",
         "kill_ps error: see errors",
     }
+
+
+def test_the_default_sync_jobs_are_held_to_5_percent_of_pushes_rejected_as_stale():
+    """Issue 29: a row of % pushes rejected as stale for the 2-worker sync jobs, and a target
+    (<= 5%) for the default's on digits and DeepFM; the former default's row is information."""
+    from benchmarks.runner import build_rows, render_table
+
+    def runs(*rates):
+        return [{"examples_per_s": 100.0, "ttfg_s": 1.0, "staleness": {"rejected_stale_rate": r}} for r in rates]
+
+    results = {"training": {"runs": {
+        "digits": {"elasticdl_2w1ps_sync": runs(0.01, 0.002, 0.08),
+                   "elasticdl_2w1ps_sync_gtw1": runs(0.34, 0.30, 0.40)},
+        "deepfm_1m_ids": {"elasticdl_2w1ps_sync": [None, *runs(0.06, 0.07)]},
+        "dense5m": {"elasticdl_2w1ps_sync": runs(0.5)},  # no target for the dense model
+    }}}
+    rows, targets = build_rows(results)
+    stale = {(r["model"], r["competitor"]): r for r in rows if r["metric"] == "% pushes rejected as stale"}
+    assert stale[("digits", "elasticdl_2w1ps_sync")]["median"] == pytest.approx(1.0)
+    assert stale[("digits", "elasticdl_2w1ps_sync_gtw1")]["median"] == pytest.approx(34.0)
+    assert stale[("deepfm_1m_ids", "elasticdl_2w1ps_sync")]["runs"][0] is None
+    assert {t["target"]: t["result"] for t in targets} == {
+        "training digits: elasticdl_2w1ps_sync rejected as stale": "PASS",
+        "training deepfm_1m_ids: elasticdl_2w1ps_sync rejected as stale": "MISS",  # 6.5%
+    }
+    table = render_table(rows, targets)
+    assert "| training deepfm_1m_ids: elasticdl_2w1ps_sync rejected as stale | 6.5% | <= 5.0% | MISS |" in table

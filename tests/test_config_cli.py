@@ -158,11 +158,10 @@ INVALID = [
     ({"model_params": "hidden_units"}, "--model_params must look like"),
     ({"data_reader_params": "=1"}, "--data_reader_params must look like"),
     *[({name: 0}, f"--{name} must be at least 1")
-      for name in ("minibatch_size", "num_epochs", "num_workers", "num_ps", "grads_to_wait",
-                   "num_minibatches_per_task")],
+      for name in ("minibatch_size", "num_epochs", "num_workers", "num_ps", "num_minibatches_per_task")],
     *[({name: -1}, f"--{name} must be 0 or more")
       for name in ("records_per_task", "checkpoint_steps", "keep_checkpoint_max",
-                   "max_task_retries", "num_threads_per_process")],
+                   "max_task_retries", "num_threads_per_process", "grads_to_wait")],
 ]
 
 

@@ -210,7 +210,7 @@ def test_telemetry_summary_per_epoch():
         ({"use_async": True, "grads_to_wait": 2}, ["--grads_to_wait=2", "--use_async"]),
         ({"use_async": True, "sync_version_tolerance": 1}, ["--sync_version_tolerance=1", "--use_async"]),
         ({"lr_staleness_modulation": True}, ["--lr_staleness_modulation", "--sync_version_tolerance"]),
-        ({"grads_to_wait": 0}, ["--grads_to_wait"]),
+        ({"grads_to_wait": -1}, ["--grads_to_wait"]),
         ({"use_async": True, "staleness_bound": -1}, ["--staleness_bound"]),
     ],
 )

@@ -68,7 +68,7 @@ VALIDATION_RULES: tuple[tuple[str, tuple[dict, ...]], ...] = (
     ("`--wire_dtype` is not float32, bfloat16 or float16", ({"wire_dtype": "int8"}, {"wire_dtype": "bf16"})),
     ("`--tensor_transport` is not grpc or tcp", ({"tensor_transport": "zmq"},)),
     (
-        "`--use_async` is combined with `--grads_to_wait` other than 1 or with `--sync_version_tolerance`",
+        "`--use_async` is combined with `--grads_to_wait` above 1 or with `--sync_version_tolerance`",
         ({"use_async": True, "grads_to_wait": 2}, {"use_async": True, "sync_version_tolerance": 1}),
     ),
     (

@@ -18,10 +18,11 @@ class ConsistencySection:
     TITLE: ClassVar[str] = "Consistency"
 
     grads_to_wait: int = flag(
-        1,
-        "Sync mode: gradients gathered (and averaged) per model version.",
+        0,
+        "Sync mode: gradients gathered (and averaged) per model version; 0: one from each worker "
+        "holding a training task, following the workers as they come and go (no gradient is "
+        "computed on a version the others moved past).",
         commands=("train",),
-        bounds=AT_LEAST_1,
     )
     use_async: bool = flag(
         False, "Apply each gradient as it arrives, without version checks.", commands=("train",)
@@ -75,7 +76,8 @@ class ConsistencySection:
     def description(self) -> str:
         if not self.use_async:
             tolerance = f", version tolerance {self.sync_version_tolerance}" if self.sync_version_tolerance else ""
-            return f"sync SGD, grads_to_wait={self.grads_to_wait}{tolerance}"
+            per_version = self.grads_to_wait or "one per worker holding a task"
+            return f"sync SGD, grads_to_wait={per_version}{tolerance}"
         pull = f", pull every {self.get_model_steps} steps" if self.get_model_steps > 1 else ""
         push = f", push every {self.push_steps} steps" if self.push_steps > 1 else ""
         overlap = ", communication overlapped with compute" if self.overlap_communication else ""
@@ -83,11 +85,29 @@ class ConsistencySection:
             return f"stale-synchronous parallel, staleness bound {self.staleness_bound}" + push + overlap
         return "async SGD" + pull + push + overlap
 
+    @property
+    def stale_remedy(self) -> str:
+        """Why pushes are refused as stale in this mode and the flag that changes it: the
+        consistency lines of the telemetry end with it when any were (master/telemetry.py)."""
+        if self.use_async:
+            return ("async refuses only gradients computed on a model more than 10,000 versions ahead of "
+                    "the PS (it came back from an older checkpoint); no flag changes that")
+        if self.grads_to_wait:
+            return (f"--grads_to_wait={self.grads_to_wait} closes a version before every worker's gradient is "
+                    "in and refuses the rest: --grads_to_wait 0 (the default) waits for one per worker "
+                    "holding a task, or --sync_version_tolerance 1 takes gradients one version old")
+        if self.sync_version_tolerance:
+            return (f"gradients more than --sync_version_tolerance={self.sync_version_tolerance} versions old "
+                    "are refused: raise it")
+        return ("with one gradient per worker, a refusal follows a worker that came or went mid-version: "
+                "--sync_version_tolerance 1 takes gradients one version old")
+
     def validate(self) -> None:
         """The combinations that cannot work (each flag's own range: JobConfig.validate)."""
         if self.use_async:
             conflicts = [
-                f"--grads_to_wait={self.grads_to_wait}" if self.grads_to_wait != 1 else "",
+                # 1 too: an async PS applies every gradient as its own version (and 1 was the default).
+                f"--grads_to_wait={self.grads_to_wait}" if self.grads_to_wait > 1 else "",
                 f"--sync_version_tolerance={self.sync_version_tolerance}" if self.sync_version_tolerance else "",
             ]
             conflicts = [c for c in conflicts if c]

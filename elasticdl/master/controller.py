@@ -412,7 +412,7 @@ class Controller(PSLosses):
             self._saved_seq = self.tasks.seq
             decisions.append(SaveLedger())
         if self.sync_mode:
-            count = len(self.dispatcher.active_workers())
+            count = len(self.tasks.active_workers())  # training: an evaluating worker pushes nothing
             if count >= self._live_workers_told:
                 self._fewer_live_since = None  # a dip that ended does not count towards the next one
             # 0 is told once training is over, at once, before the final model is read: with
@@ -422,7 +422,9 @@ class Controller(PSLosses):
             if count == 0 and self.tasks.finished:
                 settled = self._live_workers_told != 0  # also after a tell that found a PS away (-1)
             else:
-                settled = count > 0 and self._settled(count)
+                # Fewer at once when no task is left to hand out: the idle worker is not between two
+                # tasks, and a version waiting for its gradient would hold the others for nothing.
+                settled = count > 0 and (self._settled(count) or not self.tasks.counts()[0])
             if settled and count != self._live_workers_told and not self._tell_held:
                 self._live_workers_told = count
                 decisions.append(TellLiveWorkers(count))

@@ -142,10 +142,11 @@ class JobEnd:
             since = total.minus(self._telemetry_mark)
             # One line per epoch only when something happened; the rest is in the job's line.
             level = logging.INFO if since.noteworthy else logging.DEBUG
-            logger.log(level, "epoch %d consistency: %s", epoch + 1, since.describe())
+            logger.log(level, "epoch %d consistency: %s", epoch + 1, since.describe(self.config.consistency.stale_remedy))
             self._telemetry_mark = total
         else:
-            logger.info("job consistency (%s): %s", self.config.consistency.description, total.describe())
+            logger.info("job consistency (%s): %s", self.config.consistency.description,
+                        total.describe(self.config.consistency.stale_remedy))
         return total.to_dict()
 
     def _despite_ps_losses(self, call) -> None:

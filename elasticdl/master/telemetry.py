@@ -12,6 +12,10 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
+# Pushes refused as stale above this share of all pushes make an epoch's line worth an INFO
+# line: each was a batch's gradients computed for nothing (issue 29's target: 5%).
+STALE_WASTE_WORTH_A_LINE = 0.05
+
 
 @dataclass
 class StalenessSummary:
@@ -40,12 +44,12 @@ class StalenessSummary:
 
     @property
     def noteworthy(self) -> bool:
-        """Worth a line of its own at an epoch end: pushes refused as invalid, most pushes
-        rejected as stale, or workers held back by the staleness bound for a second or more.
-        (Some stale rejections are sync SGD's normal price; an epoch without any of these is
-        only in the job's summary.)"""
-        return bool(self.pushes_rejected_invalid or self.gradients_refused or self.rejected_rate > 0.5
-                    or self.blocked_seconds >= 1.0)
+        """Worth a line of its own at an epoch end: pushes refused as invalid, more than 5% of
+        the pushes rejected as stale (wasted computations), or workers held back by the
+        staleness bound for a second or more. (An epoch without any of these is only in the
+        job's summary.)"""
+        return bool(self.pushes_rejected_invalid or self.gradients_refused
+                    or self.rejected_rate > STALE_WASTE_WORTH_A_LINE or self.blocked_seconds >= 1.0)
 
     def minus(self, earlier: StalenessSummary) -> StalenessSummary:
         """The counts since ``earlier`` (counters only grow)."""
@@ -74,9 +78,15 @@ class StalenessSummary:
             "gradients_refused": self.gradients_refused,
         }
 
-    def describe(self) -> str:
+    def describe(self, stale_remedy: str = "") -> str:
+        """The counts in a line; ``stale_remedy`` (ConsistencySection.stale_remedy) ends it when
+        pushes were refused as stale: why, in this mode, and the flag that changes it."""
         hist = " ".join(f"{k}:{v}" for k, v in sorted(self.staleness.items())) or "-"
         blocked = f"; workers blocked by the bound {self.blocked_seconds:.2f}s" if self.blocked_seconds else ""
+        if self.pushes_rejected_stale:
+            blocked += (f"; the {self.pushes_rejected_stale} stale pushes are batches computed for nothing and "
+                        f"computed again ({self.rejected_rate:.1%} of the gradient computations wasted)"
+                        + (f": {stale_remedy}" if stale_remedy else ""))
         if self.gradients_refused:  # the model may have stopped improving because of them
             blocked += (f"; {self.gradients_refused} gradients refused by the gradient guard (never applied: "
                         "see the PS logs; --max_gradient_norm_ratio)")

@@ -47,7 +47,7 @@ class Mode:
                     store=rng.choice(("memory", "etcd")), checkpoints=rng.random() < 0.85)
         asynchronous = dict(use_async=True, get_model_steps=rng.choice((1, 1, 2)))
         extra = {
-            "sync": {},
+            "sync": dict(grads_to_wait=0),  # the default: one gradient per worker holding a task
             "sync-n": dict(grads_to_wait=rng.randint(2, 3), num_workers=rng.randint(2, 3)),
             "async": asynchronous,
             "ssp": {**asynchronous, "staleness_bound": rng.randint(1, 3)},
