@@ -31,8 +31,8 @@ class IndexedRows:
         """Duplicate ids summed into one row each (ids sorted when there were duplicates).
 
         Workers send unique ids, so the common case is only the check: one sort of the ids.
-        Duplicates are summed by segment (a stable argsort, then ``np.add.reduceat``), in the
-        order they came, not by ``np.add.at`` (an unbuffered scatter, element by element).
+        Duplicates are summed by segment (a stable argsort, then ``np.add.reduceat``), not by
+        ``np.add.at`` (an unbuffered scatter, element by element).
         """
         ids = self.ids
         if ids.size < 2:
