@@ -37,6 +37,7 @@ MAX_LOAD = 0.5
 REBUILT_LOAD = 0.35
 WINDOW = 8
 MIN_SLOTS = 1 << 11
+REBUILD_CHUNK = 1 << 16  # slots re-inserted at a time
 MAX_POSITIONS = (1 << 31) - 1  # slots are int32
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing
 _STEPS = np.arange(WINDOW, dtype=np.intp)
@@ -185,9 +186,14 @@ class IdIndex:
     def _rebuild(self, live: int) -> None:
         """New slots for ``live`` ids at a load of at most REBUILT_LOAD; tombstones dropped."""
         count = max(MIN_SLOTS, 1 << int(np.ceil(np.log2(live / REBUILT_LOAD))))
-        held = self._slots[self._slots >= 0]
+        old = self._slots
         self._slots = _empty_slots(count)
         self._shift = np.uint64(64 - (count.bit_length() - 1))
         self._tombstones = 0
-        if held.size:
-            self._insert(self.ids[held], held)
+        # By chunks: temporaries the size of the whole index would stay in a PS's heap for good
+        # (its malloc keeps freed memory, launch/api.py), some 40 bytes per row.
+        for start in range(0, old.size, REBUILD_CHUNK):
+            part = old[start:start + REBUILD_CHUNK]
+            held = part[part >= 0]
+            if held.size:
+                self._insert(self.ids[held], held)
