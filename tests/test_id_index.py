@@ -7,7 +7,7 @@ import pytest
 
 from elasticdl.model.embedding import id_index as id_index_module
 from elasticdl.model.embedding.id_index import MAX_LOAD, TOMBSTONE, IdIndex
-from elasticdl.model.embedding.memory import MAPPED_BYTES, allocate, grown
+from elasticdl.model.embedding.memory import MAPPED_BYTES, MappedArray, allocate
 
 
 class Model:
@@ -131,11 +131,24 @@ def test_churn_rebuilds_are_amortized(monkeypatch):
     model.check(np.arange(0, 120_000, 37, dtype=np.int64))
 
 
-def test_large_arrays_are_mapped_and_keep_their_rows_when_grown():
+def test_large_arrays_are_mapped():
     small = allocate((10,), np.int64)
     large = allocate((MAPPED_BYTES // 8,), np.int64)
     assert small.base is None and large.base is not None  # mapped: freed to the kernel when dropped
-    large[:5] = np.arange(5)
-    bigger = grown(large, large.size * 2, 5)
-    np.testing.assert_array_equal(bigger[:5], np.arange(5))
-    assert bigger.shape == (large.size * 2,)
+
+
+def test_a_mapped_array_grows_in_place_and_copies_only_when_a_view_is_alive():
+    store = MappedArray(1000, (3,), np.float32)
+    rows = store.array()
+    rows[:] = np.arange(3000, dtype=np.float32).reshape(1000, 3)
+    rows = None
+    grown = store.resized(5000)  # mremap: no view alive
+    np.testing.assert_array_equal(grown[:1000].ravel(), np.arange(3000))
+    grown[4990:] = 7  # the new rows are writable
+    store.prefault(1000, 5000)
+    kept = grown[:10]  # a live view: the mapping cannot move, so the rows are copied
+    grown = None
+    again = store.resized(20_000)
+    np.testing.assert_array_equal(again[:1000].ravel(), np.arange(3000))
+    assert (again[4990:5000] == 7).all() and again.shape == (20_000, 3)
+    np.testing.assert_array_equal(kept.ravel(), np.arange(30))  # the old view still reads its rows

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from elasticdl.model.embedding.memory import allocate, grown
+from elasticdl.model.embedding.memory import MappedArray, allocate
 
 EMPTY = -1
 TOMBSTONE = -2
@@ -53,7 +53,8 @@ class IdIndex:
     """ids <-> positions of one table. ``find``, ``add`` and ``remove`` take batches."""
 
     def __init__(self, capacity: int) -> None:
-        self.ids = allocate((capacity,), np.int64)  # the id at each position; -1: free
+        self._ids_map: MappedArray | None = MappedArray(capacity, (), np.int64)
+        self.ids = self._ids_map.array()  # the id at each position; -1: free
         self._end = 0  # positions at or past it were never used (``ids`` unwritten there)
         self._slots = _empty_slots(MIN_SLOTS)
         self._shift = np.uint64(64 - (MIN_SLOTS.bit_length() - 1))
@@ -85,12 +86,14 @@ class IdIndex:
         """Room for positions up to ``capacity`` (the table's block grew)."""
         if capacity > MAX_POSITIONS:
             raise OverflowError(f"an embedding table holds at most {MAX_POSITIONS} rows per PS")
-        self.ids = grown(self.ids, capacity, self._end)
+        self.ids = None  # no view may be alive while the mapping moves
+        self.ids = self._ids_map.resized(capacity)
 
     def copy(self) -> IdIndex:
         """An independent copy (an evaluation snapshot's)."""
         out = IdIndex.__new__(IdIndex)
         out.ids = self.ids[: max(self._end, 2)].copy()  # >= 2: find reads ids[-1] and ids[-2] (masked)
+        out._ids_map = None  # a copy is read, never grown
         out._end, out._slots, out._shift = self._end, self._slots.copy(), self._shift
         out._live, out._tombstones = self._live, self._tombstones
         return out
@@ -108,8 +111,11 @@ class IdIndex:
             return
         if self._live + self._tombstones + keys.size > MAX_LOAD * self._slots.size:
             self._rebuild(self._live + keys.size)
+        end = int(positions.max()) + 1
+        if end > self._end and self._ids_map is not None:
+            self._ids_map.prefault(self._end, end)
         self.ids[positions] = keys
-        self._end = max(self._end, int(positions.max()) + 1)
+        self._end = max(self._end, end)
         self._insert(keys, positions.astype(np.int32))
         self._live += keys.size
 

@@ -24,7 +24,7 @@ from elasticdl.model.embedding.errors import EmbeddingError
 from elasticdl.model.embedding.eviction import RecencyLog
 from elasticdl.model.embedding.id_index import IdIndex
 from elasticdl.model.embedding.initializers import DISTRIBUTIONS, check_initializer, initial_rows
-from elasticdl.model.embedding.memory import allocate, grown
+from elasticdl.model.embedding.memory import MappedArray
 from elasticdl.model.embedding.policy import PolicyError, TableCounters, TablePolicy, TableStats
 from elasticdl.model.embedding.rows import IndexedRows, RowGradientSum, check_ids, check_rows
 from elasticdl.model.optimizers import Optimizer
@@ -114,8 +114,11 @@ class EmbeddingTable:
         # Positions of evicted rows, reused first: a stack of the evicted batches (appending one
         # costs its own size, not the size of all that wait).
         self._free: list[np.ndarray] = []
-        self._touched = allocate((_INITIAL_CAPACITY,), np.int64)  # version of each row's last update
-        self._rows = allocate((_INITIAL_CAPACITY, dim * (1 + len(self._slot_names))), np.float32)
+        # Each in its own mapping, grown in place (model/embedding/memory.py).
+        self._touched_map = MappedArray(_INITIAL_CAPACITY, (), np.int64)
+        self._touched = self._touched_map.array()  # version of each row's last update
+        self._rows_map = MappedArray(_INITIAL_CAPACITY, (dim * (1 + len(self._slot_names)),), np.float32)
+        self._rows = self._rows_map.array()
         self._admission: AdmissionFilter | None = None
         self._log: RecencyLog | None = None
         self.set_policy(info.policy)
@@ -353,8 +356,11 @@ class EmbeddingTable:
             except OverflowError as err:
                 raise EmbeddingError(f"embedding table {self.name!r}: {err}; bound it with max_rows "
                                      "(--embedding_max_rows) or spread it over more PS (--num_ps)") from None
-            self._touched = grown(self._touched, capacity, start)
-            self._rows = grown(self._rows, capacity, start)
+            self._touched = self._rows = None  # no view may be alive while the mappings move
+            self._touched = self._touched_map.resized(capacity)
+            self._rows = self._rows_map.resized(capacity)
+        self._touched_map.prefault(start, needed)
+        self._rows_map.prefault(start, needed)
         self._size = needed
         return start
 
