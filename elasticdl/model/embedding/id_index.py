@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from elasticdl.model.embedding.memory import MappedArray, allocate
+from elasticdl.model.embedding.memory import MappedArray
 
 EMPTY = -1
 TOMBSTONE = -2
@@ -44,7 +44,9 @@ _STEPS = np.arange(WINDOW, dtype=np.intp)
 
 
 def _empty_slots(count: int) -> np.ndarray:
-    slots = allocate((count,), np.int32)
+    mapped = MappedArray(count, (), np.int32)
+    mapped.prefault(0, count)  # every page is written now: fault them in at once
+    slots = mapped.array()
     slots.fill(EMPTY)
     return slots
 

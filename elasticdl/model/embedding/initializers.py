@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from elasticdl.model.embedding.errors import EmbeddingError
-from elasticdl.model.embedding.hashing import U64, keyed, mix64, unit_interval
+from elasticdl.model.embedding.hashing import U64, keyed, mix64
 
 # What an initializer spec may hold; the layer (elasticdl.layers.Embedding) normalises any
 # Keras initializer it supports to one of these before the PS sees it.
@@ -42,8 +42,19 @@ def check_initializer(spec: dict, table: str = "") -> None:
 def _uniform01(seed: int, ids: np.ndarray, dim: int, stream: int) -> np.ndarray:
     """[len(ids), dim] float64 in [0, 1): a pure function of (seed, stream, id, column)."""
     per_id = mix64(ids.astype(U64) ^ keyed(seed, stream))
-    bits = mix64(per_id[:, None] + np.arange(1, dim + 1, dtype=U64)[None, :] * U64(0xD1B54A32D192ED03))
-    return unit_interval(bits)
+    bits = per_id[:, None] + np.arange(1, dim + 1, dtype=U64)[None, :] * U64(0xD1B54A32D192ED03)
+    # mix64 (hashing.py) in place: the block is a batch's ids x the width, its temporaries the cost.
+    bits += U64(0x9E3779B97F4A7C15)
+    shifted = bits >> U64(30)
+    bits ^= shifted
+    bits *= U64(0xBF58476D1CE4E5B9)
+    np.right_shift(bits, U64(27), out=shifted)
+    bits ^= shifted
+    bits *= U64(0x94D049BB133111EB)
+    np.right_shift(bits, U64(31), out=shifted)
+    bits ^= shifted
+    np.right_shift(bits, U64(11), out=bits)  # unit_interval: the top 53 bits
+    return bits.astype(np.float64) * (1.0 / (1 << 53))
 
 
 def _standard_normal(seed: int, ids: np.ndarray, dim: int, stream: int) -> np.ndarray:

@@ -283,7 +283,7 @@ class EmbeddingTable:
         missing = np.flatnonzero(positions < 0)
         if missing.size:
             # New rows in id order (one sort); an id twice in the batch gets one row.
-            order = np.argsort(ids[missing], kind="stable")
+            order = np.argsort(ids[missing])
             missing = missing[order]
             new_ids = ids[missing]
             first = np.concatenate(([True], new_ids[1:] != new_ids[:-1]))
@@ -300,7 +300,9 @@ class EmbeddingTable:
         fresh = np.empty((new_ids.size, self._rows.shape[1]), np.float32)
         fresh[:, : self.dim] = initial_rows(self.info.initializer, new_ids, self.dim)
         fresh[:, self.dim:] = self._fresh_slots
-        self._rows[positions] = fresh
+        # Reused positions by index, new ones as one slice (a copy, not a scatter).
+        self._rows[reused] = fresh[: reused.size]
+        self._rows[start:self._size] = fresh[reused.size:]
         self.counters.admissions += int(new_ids.size)
         self._touched[positions] = self.version
         if log:
