@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from elasticdl.model.embedding.table import EmbeddingTable, IndexedRows, TableInfo
+from elasticdl.model.embedding.table import EmbeddingError, EmbeddingTable, IndexedRows, TableInfo
 from elasticdl.model.optimizers import OptimizerSpec, make_optimizer
 
 INIT = {"distribution": "uniform", "minval": -0.05, "maxval": 0.05, "seed": 3}
@@ -75,3 +75,34 @@ def test_a_snapshot_keeps_its_rows_while_the_table_changes():
     table.lookup(np.arange(10, 5000, dtype=np.int64), create=True)  # grows the block and the index
     np.testing.assert_array_equal(frozen.lookup(ids), before)
     np.testing.assert_array_equal(frozen.lookup(np.array([4000], np.int64)), np.zeros((1, 4)))
+
+
+def test_a_table_past_what_the_index_addresses_is_refused_naming_the_flags(monkeypatch):
+    from elasticdl.model.embedding import id_index
+
+    monkeypatch.setattr(id_index, "MAX_POSITIONS", 3000)  # really 2**31 - 1: int32 slots
+    table = EmbeddingTable(TableInfo("t", 4, INIT), optimizer())
+    table.lookup(np.arange(2048, dtype=np.int64), create=True)
+    with pytest.raises(EmbeddingError, match="--embedding_max_rows.*--num_ps"):
+        table.lookup(np.arange(2048, 4096, dtype=np.int64), create=True)
+    assert len(table) == 2048  # the refused batch made no row
+
+
+def test_a_ps_holding_a_table_grows_by_its_rows_not_by_their_outgrown_copies():
+    """A PS keeps freed heap memory (launch/api.py's ROLE_ENV): a table that grew through the heap
+    kept every outgrown copy of its arrays resident, 1.9x its rows (the dict-based table)."""
+    import json
+    import subprocess
+    import sys
+
+    from benchmarks.common import REPO, child_env
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.embedding_memory", "--rss", json.dumps({"rows": 300_000, "batch": 8192})],
+        env=child_env(), cwd=REPO, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RSS_RESULT ")]
+    assert lines, proc.stderr[-3000:]
+    result = json.loads(lines[0][len("RSS_RESULT "):])
+    assert result["physical_bytes_per_row"] == 16 * 4 * 3 + 8
+    assert result["rss_bytes_per_row"] <= 1.3 * result["physical_bytes_per_row"], result
