@@ -428,7 +428,10 @@ def build_rows(results: dict) -> tuple[list[dict], list[dict]]:
                          "ratio": grpc_ratio, "ratio_to": "ps_core"})
             core_create = median([r["create"] for r in runs["core"]])
             rows.append({**common, "competitor": "ps_core", "median": median(core), "runs": core,
-                         "create_ids_per_s": core_create, "ratio": None, "ratio_to": ""})
+                         "create_ids_per_s": core_create, "ratio": None, "ratio_to": "",
+                         # per second of the core's own CPU: its speed on a machine others load too
+                         "held_per_cpu_s": median([r.get("held_per_cpu_s") for r in runs["core"]]),
+                         "create_per_cpu_s": median([r.get("create_per_cpu_s") for r in runs["core"]])})
             targets.append(_target(f"embedding {size}: ps_core held ids", median(core),
                                    TARGETS["embedding_held_ids_per_s"], unit="ids/s"))
             targets.append(_target(f"embedding {size}: ps_core new ids", core_create,
@@ -528,6 +531,9 @@ def render_table(rows: list[dict], targets: list[dict]) -> str:
                 extra = f" (pull {_fmt(r['pull_mb_per_s'])}, push {_fmt(r['push_mb_per_s'])})"
             if r.get("create_ids_per_s") is not None:
                 extra = f" (create {_fmt(r['create_ids_per_s'])})"
+            if r.get("held_per_cpu_s") is not None:
+                extra = (f" (create {_fmt(r['create_ids_per_s'])}; per CPU second: held "
+                         f"{_fmt(r['held_per_cpu_s'])}, create {_fmt(r['create_per_cpu_s'])})")
             digits = 2 if r["case"] == "elastic_recovery" else 1  # seconds: two decimals
             cells = [r["case"], r["model"], r["competitor"], r["metric"], _fmt(r["median"], digits) + extra,
                      " ".join(_fmt(v, digits) for v in r["runs"]), _fmt(r.get("ttfg_s")), ratio, vs_fit]

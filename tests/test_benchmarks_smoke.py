@@ -211,3 +211,19 @@ def test_ratios_and_targets_from_paired_runs():
         "error: see errors", "kill_worker error: see errors", "scale_up error: see errors",
         "kill_ps error: see errors",
     }
+
+
+def test_the_core_rows_show_rates_per_cpu_second():
+    """A loaded machine slows the core's wall clock; its rate per CPU second shows its own speed."""
+    from benchmarks.runner import build_rows, render_table
+
+    rows, targets = build_rows({"embedding": {"runs": {"1M": {
+        "grpc": [{"create": 1.0, "held": 2.0}],
+        "core": [{"create": 3.0, "held": 4.0, "create_per_cpu_s": 30.0, "held_per_cpu_s": 40.0}],
+    }}}})
+    table = render_table(rows, targets)
+    assert "| embedding | 1M ids | ps_core | ids/s per PS | 4.0 (create 3.0; per CPU second: held 40.0, create 30.0) |" in table
+    assert {t["target"]: t["result"] for t in targets} == {
+        "embedding 1M: ps_core held ids": "MISS", "embedding 1M: ps_core new ids": "MISS",
+        "embedding 1M: elasticdl_ps / ps_core": "MISS",  # 0.5x
+    }
