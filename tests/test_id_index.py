@@ -7,7 +7,7 @@ import pytest
 
 from elasticdl.model.embedding import id_index as id_index_module
 from elasticdl.model.embedding.id_index import MAX_LOAD, TOMBSTONE, IdIndex
-from elasticdl.model.embedding.memory import MAPPED_BYTES, MappedArray, allocate
+from elasticdl.model.embedding.memory import MappedArray
 
 
 class Model:
@@ -129,12 +129,6 @@ def test_churn_rebuilds_are_amortized(monkeypatch):
     slots = model.index._slots.size
     assert len(rebuilds) - before <= 99_500 // int((MAX_LOAD - id_index_module.REBUILT_LOAD) * slots) + 1
     model.check(np.arange(0, 120_000, 37, dtype=np.int64))
-
-
-def test_large_arrays_are_mapped():
-    small = allocate((10,), np.int64)
-    large = allocate((MAPPED_BYTES // 8,), np.int64)
-    assert small.base is None and large.base is not None  # mapped: freed to the kernel when dropped
 
 
 def test_a_mapped_array_grows_in_place_and_copies_only_when_a_view_is_alive():

@@ -10,7 +10,7 @@ arrays here live in anonymous mappings instead:
   block costs what it holds;
 - ``prefault`` faults in the range about to be written in one call (MADV_POPULATE_WRITE): one
   page fault per 4 KiB, taken one by one, was a fifth of the time spent creating rows;
-- ``allocate`` maps any large array, so it goes back to the kernel when dropped.
+- a dropped array's mapping goes back to the kernel at once.
 """
 
 from __future__ import annotations
@@ -19,21 +19,10 @@ import mmap
 
 import numpy as np
 
-# Below this an array comes from the heap as usual: a mapping costs a system call and a page.
-MAPPED_BYTES = 1 << 20
 # Private: a shared anonymous mapping is a shmem file that mremap does not grow (SIGBUS past
 # its first size).
 _FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
 _POPULATE_WRITE = 23  # MADV_POPULATE_WRITE (Linux 5.14); older kernels refuse it: then pages fault as usual
-
-
-def allocate(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """An uninitialised array (zero pages when mapped; write before reading either way)."""
-    dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if nbytes < MAPPED_BYTES:
-        return np.empty(shape, dtype)
-    return np.frombuffer(mmap.mmap(-1, nbytes, flags=_FLAGS), dtype).reshape(shape)
 
 
 class MappedArray:
