@@ -114,6 +114,7 @@ class EmbeddingTable:
         # Positions of evicted rows, reused first: a stack of the evicted batches (appending one
         # costs its own size, not the size of all that wait).
         self._free: list[np.ndarray] = []
+        self._free_count = 0
         # Each in its own mapping, grown in place (model/embedding/memory.py).
         self._touched_map = MappedArray(_INITIAL_CAPACITY, (), np.int64)
         self._touched = self._touched_map.array()  # version of each row's last update
@@ -293,8 +294,8 @@ class EmbeddingTable:
 
     def _create(self, new_ids: np.ndarray, log: bool = True) -> np.ndarray:
         """Rows for ``new_ids`` (unique, not held), at their initial values; their positions."""
-        reused = self._reuse(new_ids.size)
-        start = self._grow(new_ids.size - reused.size)
+        start = self._grow(new_ids.size - min(new_ids.size, self._free_count))  # may refuse: nothing taken yet
+        reused = self._reuse(new_ids.size - (self._size - start))
         positions = np.concatenate([reused, np.arange(start, self._size, dtype=np.int64)])
         self._index.add(new_ids, positions)
         fresh = np.empty((new_ids.size, self._rows.shape[1]), np.float32)
@@ -310,6 +311,7 @@ class EmbeddingTable:
         return positions
 
     def _reuse(self, count: int) -> np.ndarray:
+        self._free_count -= count
         taken = []
         while count and self._free:
             chunk = self._free[-1]
@@ -338,6 +340,7 @@ class EmbeddingTable:
             return
         self._index.remove(positions)
         self._free.append(positions)
+        self._free_count += positions.size
         if ttl:
             self.counters.evictions_ttl += int(positions.size)
         else:
