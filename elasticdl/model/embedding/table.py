@@ -173,11 +173,11 @@ class EmbeddingTable:
         not filter new ids), else zero rows."""
         positions = self._positions(ids, create and self._admission is None)
         if ids.size == 0 or positions.min() >= 0:
-            out = self._rows[positions, : self.dim]
+            out = self._gather(positions, self.dim)
         else:
             out = np.zeros((ids.size, self.dim), np.float32)
             known = positions >= 0
-            out[known] = self._rows[positions[known], : self.dim]
+            out[known] = self._gather(positions[known], self.dim)
         self._enforce_cap()
         return out
 
@@ -196,7 +196,7 @@ class EmbeddingTable:
             meta["counters"] = np.array(self.counters.as_list(), np.int64)
         if self._admission is not None and self._admission.sketch is not None:
             meta.update(self._admission.saved())
-        block = self._rows[order]
+        block = self._gather(order, self._rows.shape[1])
         slots = {name: np.ascontiguousarray(block[:, cols]) for name, cols in self._slot_columns.items()}
         return self._ids[order], np.ascontiguousarray(block[:, : self.dim]), slots, self._touched[order], meta
 
@@ -228,10 +228,10 @@ class EmbeddingTable:
                     ids, values, positions = ids[keep], values[keep], positions[keep]
         # One gather and one scatter of rows and slots together; the optimizer updates the
         # gathered block through column views of it.
-        block = self._rows[positions]
+        block = self._gather(positions, self._rows.shape[1])
         slots = {name: block[:, cols] for name, cols in self._slot_columns.items()}
         self.optimizer.apply(block[:, : self.dim], values, slots, step, learning_rate)
-        self._rows[positions] = block
+        self._scatter(positions, block)
         self._touched[positions] = version
         self._log_touch(positions)
         self._enforce_cap()
@@ -302,13 +302,30 @@ class EmbeddingTable:
         fresh[:, : self.dim] = initial_rows(self.info.initializer, new_ids, self.dim)
         fresh[:, self.dim:] = self._fresh_slots
         # Reused positions by index, new ones as one slice (a copy, not a scatter).
-        self._rows[reused] = fresh[: reused.size]
+        self._scatter(reused, fresh[: reused.size])
         self._rows[start:self._size] = fresh[reused.size:]
         self.counters.admissions += int(new_ids.size)
         self._touched[positions] = self.version
         if log:
             self._log_touch(positions)
         return positions
+
+    # Rows move as opaque items of ``width`` floats: NumPy gathers and scatters a 1-D array of
+    # items one copy per row, 2 to 3 times faster than the same rows as 2-D float arrays (0.35
+    # against 0.86 ms to gather 8,192 rows of Adam's 48 floats from a million, measured).
+
+    def _items(self, width: int) -> np.ndarray:
+        """The first ``width`` floats of every row, one item each (a view: drop it before a grow)."""
+        return self._rows[:, :width].view(np.dtype((np.void, 4 * width)))[:, 0]
+
+    def _gather(self, positions: np.ndarray, width: int) -> np.ndarray:
+        """float32 [len(positions), width]: the first ``width`` floats of those rows (a copy)."""
+        return self._items(width)[positions].view(np.float32).reshape(positions.size, width)
+
+    def _scatter(self, positions: np.ndarray, block: np.ndarray) -> None:
+        """Write ``block`` (float32 [len(positions), row width], C order) into those rows."""
+        items = self._items(block.shape[1])
+        items[positions] = np.ascontiguousarray(block).view(items.dtype)[:, 0]
 
     def _reuse(self, count: int) -> np.ndarray:
         self._free_count -= count
