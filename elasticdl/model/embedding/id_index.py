@@ -143,9 +143,9 @@ class IdIndex:
         """The slot holding each key's position, -1 where the key is not held."""
         slots, ids = self._slots, self.ids
         home = self._home(keys)
-        held = slots[home]
+        held = np.take(slots, home)  # np.take: a plain gather, a little faster than slots[home]
         # ids[held] reads ids[-1] or ids[-2] at an empty slot or a tombstone: masked by held >= 0.
-        hit = (held >= 0) & (ids[held] == keys)
+        hit = (held >= 0) & (np.take(ids, held) == keys)
         out = np.where(hit, home, -1)
         rest = np.flatnonzero(~hit & (held != EMPTY))
         mask = slots.size - 1
