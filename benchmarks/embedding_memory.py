@@ -30,6 +30,12 @@ pushing one gradient row per id (so the PS creates each row and updates it); ``h
 then looks up and updates batches of unique ids drawn uniformly from the full table for a
 few seconds. The same two phases run on the PS core in this process (no gRPC): the
 ceiling of the PS's own code. Figures are ids per second per PS.
+
+**Bytes per row** (the suite's ``embedding`` case, ``memory_tables``). A fresh process with a
+PS's environment (its malloc settings) makes a PS core, creates every row of a table (Adam,
+rows of 16 floats) as the create phase does, and reads its resident memory (VmRSS) before and
+after: the growth over the rows is the bytes a row costs, against its physical size, 16 x 4 x
+(1 + 2 slots) + 8 (the id) = 200 bytes.
 """
 
 from __future__ import annotations
@@ -207,23 +213,31 @@ def measure_memory(spec: dict, workdir: str) -> list[dict]:
 # ---------------------------------------------------------------- PS row throughput
 
 
-def _throughput(lookup, push, batch: int, seconds: float, new_ids: bool, rng, held: int = 200_000) -> float:
+def _throughput(lookup, push, batch: int, seconds: float, new_ids: bool, rng, held: int = 200_000,
+                cpu: dict | None = None) -> float:
     """ids per second: each round one lookup (get-or-create) and one update of ``batch`` ids.
 
     ``new_ids``: ids no table holds yet (from 10M up); otherwise unique ids drawn from the
-    ``held`` ids 0 .. held-1, which the caller created beforehand.
+    ``held`` ids 0 .. held-1, which the caller created beforehand (32 batches drawn before the
+    clock starts, then taken in turn: drawing them is the client's work, not the PS's).
+    ``cpu``: gets ``"ids_per_cpu_s"``, the rate per second of this process's CPU time.
     """
-    done, started = 0, time.perf_counter()
+    pool = [np.unique(rng.integers(0, held, batch, dtype=np.int64)) for _ in range(0 if new_ids else 32)]
+    grads = np.full((batch, DIM), 1e-3, np.float32)
+    done, rounds, started, cpu_started = 0, 0, time.perf_counter(), time.process_time()
     next_new = 10_000_000
     while time.perf_counter() - started < seconds or done == 0:
         if new_ids:
             ids = np.arange(next_new, next_new + batch, dtype=np.int64)
             next_new += batch
         else:
-            ids = np.unique(rng.integers(0, held, batch, dtype=np.int64))
-        rows = lookup(ids)
-        push(ids, np.full_like(rows, 1e-3))
+            ids = pool[rounds % len(pool)]
+        lookup(ids)
+        push(ids, grads[: ids.size])
         done += ids.size
+        rounds += 1
+    if cpu is not None:
+        cpu["ids_per_cpu_s"] = done / max(time.process_time() - cpu_started, 1e-9)
     return done / (time.perf_counter() - started)
 
 
@@ -273,15 +287,19 @@ def measure_throughput(spec: dict, workdir: str) -> dict:
 # ---------------------------------------------------------------- per table size (the suite)
 
 
-def _create_all(lookup, push, vocabulary: int, batch: int, rng) -> float:
-    """ids per second creating (and updating once) every row of a table of ``vocabulary`` ids."""
+def _create_all(lookup, push, vocabulary: int, batch: int, rng, cpu: dict | None = None) -> float:
+    """ids per second creating (and updating once) every row of a table of ``vocabulary`` ids
+    (``cpu``: as for _throughput)."""
     # Shuffled, as a worker meets ids: the PS must not see conveniently sorted batches.
     order = rng.permutation(vocabulary).astype(np.int64)
-    started = time.perf_counter()
+    grads = np.full((batch, DIM), 1e-3, np.float32)
+    started, cpu_started = time.perf_counter(), time.process_time()
     for start in range(0, vocabulary, batch):
         ids = order[start:start + batch]
-        rows = lookup(ids)
-        push(ids, np.full_like(rows, 1e-3))
+        lookup(ids)
+        push(ids, grads[: ids.size])
+    if cpu is not None:
+        cpu["ids_per_cpu_s"] = vocabulary / max(time.process_time() - cpu_started, 1e-9)
     return vocabulary / (time.perf_counter() - started)
 
 
@@ -327,16 +345,68 @@ def _table_rates_core(vocabulary: int, spec: dict, rng) -> dict[str, float]:
     def push(ids, grads):
         core.push_gradients({info.name: IndexedRows(ids, grads)}, core.shard.version, None)
 
-    create = _create_all(lookup, push, vocabulary, spec["batch"], rng)
-    held = _throughput(lookup, push, spec["batch"], spec["seconds"], False, rng, held=vocabulary)
-    return {"create": create, "held": held}
+    create_cpu: dict[str, float] = {}
+    held_cpu: dict[str, float] = {}
+    create = _create_all(lookup, push, vocabulary, spec["batch"], rng, create_cpu)
+    held = _throughput(lookup, push, spec["batch"], spec["seconds"], False, rng, held=vocabulary, cpu=held_cpu)
+    # Per second of this process's CPU: the core's own speed, whatever else the machine runs.
+    return {"create": create, "held": held, "create_per_cpu_s": create_cpu["ids_per_cpu_s"],
+            "held_per_cpu_s": held_cpu["ids_per_cpu_s"]}
+
+
+def rss_per_row(spec: dict) -> dict[str, float]:
+    """In this (fresh) process: the resident bytes each row of a ``spec["rows"]``-row table costs."""
+    import gc
+
+    from elasticdl.model.embedding.table import IndexedRows, TableInfo
+    from elasticdl.model.optimizers import OptimizerSpec, make_optimizer
+    from elasticdl.ps.server import ParameterServer, PSSettings
+
+    info = TableInfo("bench/embeddings", DIM, {"distribution": "uniform", "minval": -0.05, "maxval": 0.05, "seed": 1})
+    optimizer = make_optimizer(OptimizerSpec.from_json_dict(ADAM))
+    core = ParameterServer(PSSettings(use_async=True), optimizer)
+    core.push_model({})
+    core.push_embedding_table_infos([info])
+    rows, batch = spec["rows"], spec["batch"]
+    order = np.random.default_rng(0).permutation(rows + batch).astype(np.int64)
+
+    def create(ids):
+        grads = np.full_like(core.lookup_embeddings(info.name, ids, True), 1e-3)
+        core.push_gradients({info.name: IndexedRows(ids, grads)}, core.shard.version, None)
+
+    # One batch first: the allocator's pool for a batch's temporaries is not counted as rows.
+    create(order[rows:])
+    gc.collect()
+    before = _memory_kb()["VmRSS"]
+    for start in range(0, rows, batch):
+        create(order[start:start + batch])
+    gc.collect()
+    after = _memory_kb()["VmRSS"]
+    table = core.shard.embeddings[info.name]
+    return {"rss_bytes_per_row": (after - before) * 1024 / rows, "nbytes_per_row": table.nbytes / len(table),
+            "rss_mb": after / 1024,
+            "physical_bytes_per_row": DIM * 4 * (1 + len(optimizer.slot_names)) + 8}
+
+
+def _rss_child(rows: int, batch: int, workdir: str) -> dict[str, float]:
+    log = os.path.join(workdir, "logs", f"rss-{rows}.log")
+    with open(log, "w") as err:
+        proc = subprocess.run(
+            [sys.executable, "-m", "benchmarks.embedding_memory", "--rss", json.dumps({"rows": rows, "batch": batch})],
+            env=child_env(), stdout=subprocess.PIPE, stderr=err, text=True, timeout=1800, stdin=subprocess.DEVNULL,
+        )
+    for line in proc.stdout.splitlines():
+        if line.startswith("RSS_RESULT "):
+            return json.loads(line[len("RSS_RESULT "):])
+    raise RuntimeError(f"the bytes-per-row child failed (exit {proc.returncode}); see {log}")
 
 
 def run_tables(spec: dict) -> dict:
     """{label: {"grpc": [{"create", "held"} per repetition], "core": [...]}} for each table size.
 
     ``spec``: ``tables`` ([label, ids] pairs), ``batch`` (ids per round), ``seconds`` (of
-    the held phase), ``reps``, ``workdir``. A fresh PS process per table and repetition.
+    the held phase), ``reps``, ``workdir``, ``memory_tables`` ([label, rows] pairs: bytes per
+    row, under "memory"). A fresh PS process per table and repetition.
     """
     from elasticdl.launch.local import LocalBackend
 
@@ -344,6 +414,7 @@ def run_tables(spec: dict) -> dict:
     os.makedirs(os.path.join(workdir, "logs"), exist_ok=True)
     os.environ.update(child_env())
     out: dict[str, dict[str, list[dict[str, float]]]] = {label: {"grpc": [], "core": []} for label, _ in spec["tables"]}
+    memory: dict[str, list[dict[str, float]]] = {}
     for rep in range(spec["reps"]):
         rng = np.random.default_rng(rep)
         for label, vocabulary in spec["tables"]:
@@ -355,7 +426,10 @@ def run_tables(spec: dict) -> dict:
                 backend.stop_all()
             out[label]["core"].append(_table_rates_core(vocabulary, spec, rng))
             sys.stderr.write(f"rep {rep + 1} {label}: {out[label]['grpc'][-1]} (core {out[label]['core'][-1]})\n")
-    return {"tables": out, "spec": spec}
+        for label, rows in spec.get("memory_tables", []):
+            memory.setdefault(label, []).append(_rss_child(rows, spec["batch"], workdir))
+            sys.stderr.write(f"rep {rep + 1} {label} bytes per row: {memory[label][-1]}\n")
+    return {"tables": out, "memory": memory, "spec": spec}
 
 
 # ---------------------------------------------------------------- entry points
@@ -390,8 +464,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spec", help="JSON: run as a child of the benchmark suite (prints BENCH_RESULT)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--rss", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, figures mean nothing")
     args = parser.parse_args()
+    if args.rss:
+        print("RSS_RESULT " + json.dumps(rss_per_row(json.loads(args.rss))), flush=True)
+        return
     if args.worker:
         print("WORKER_RESULT " + json.dumps(worker_main(json.loads(args.worker))), flush=True)
         return

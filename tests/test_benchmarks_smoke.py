@@ -46,7 +46,7 @@ def test_quick_suite_reports_every_case(tmp_path):
     embedding = [r for r in rows if r["case"] == "embedding"]
     assert {(r["model"], r["competitor"]) for r in embedding} == {
         (size, c) for size in ("1k ids", "10k ids") for c in ("elasticdl_ps", "ps_core")
-    }
+    } | {("100k rows", "ps_table")}  # resident bytes per row
     parquet = {r["competitor"] for r in rows if r["case"] == "parquet_s3"}
     assert parquet == {"elasticdl_reader", "pyarrow_direct", "pyarrow_s3fs"}
     recovery = {r["competitor"]: r for r in rows if r["case"] == "elastic_recovery"}
@@ -57,7 +57,8 @@ def test_quick_suite_reports_every_case(tmp_path):
     for row in training:
         assert _is_number(row["ttfg_s"]) and row["ttfg_s"] > 0, row
     for row in embedding:
-        assert _is_number(row["create_ids_per_s"]) and row["create_ids_per_s"] > 0, row
+        if row["competitor"] != "ps_table":
+            assert _is_number(row["create_ids_per_s"]) and row["create_ids_per_s"] > 0, row
     for row in rows:
         if row["competitor"].startswith("elasticdl"):
             assert _is_number(row["ratio"]), row
@@ -159,7 +160,8 @@ def test_ratios_and_targets_from_paired_runs():
         "embedding": {"runs": {"100k": {
             "grpc": [{"create": 50.0, "held": 100.0}, {"create": 70.0, "held": 90.0}],
             "core": [{"create": 400.0, "held": 400.0}, {"create": 500.0, "held": 100.0}],
-        }}},
+        }}, "memory": {"1M": [{"rss_bytes_per_row": 220.0, "physical_bytes_per_row": 200},
+                              {"rss_bytes_per_row": 280.0, "physical_bytes_per_row": 200}]}},
         "elastic_recovery": {"runs": [{"kill_worker_s": 0.5, "scale_up_s": 8.0, "kill_ps_s": 4.0}, None,
                                       {"kill_worker_s": 0.3, "scale_up_s": 6.0, "kill_ps_s": 6.0}]},
     }
@@ -181,6 +183,10 @@ def test_ratios_and_targets_from_paired_runs():
         "ps_data_plane 10M: elasticdl_ps / raw_grpc_echo": "PASS",
         "ps_data_plane 10M: elasticdl_ps": "MISS",  # 110 MB/s
         "elastic_recovery: new worker's first gradient": "MISS",  # 7.0 s
+        "embedding 100k: ps_core held ids": "MISS",  # 250 ids/s
+        "embedding 100k: ps_core new ids": "MISS",  # 450 ids/s
+        "embedding 100k: elasticdl_ps / ps_core": "MISS",  # 0.575x
+        "embedding 1M: bytes per row / physical": "PASS",  # 250 B / 200 B: 1.25x, at most 1.3x
     }
     embedding = by[("embedding", "elasticdl_ps")]
     assert (embedding["median"], embedding["create_ids_per_s"]) == (95.0, 60.0)
@@ -196,6 +202,9 @@ def test_ratios_and_targets_from_paired_runs():
     assert "| training dense5m: elasticdl_2w1ps / pss_2w1ps | 1.25x | >= 1.50x | MISS |" in table
     assert "| elastic_recovery: new worker's first gradient | 7.00 s | <= 3.00 s | MISS |" in table
     assert "| ps_data_plane 10M: elasticdl_ps | 110 MB/s | >= 2,000 MB/s | MISS |" in table
+    assert "| embedding | 1M rows | ps_table | resident bytes per row | 250 | 220 280 | - | 1.25x physical (200 B) |" in table
+    assert "| embedding 1M: bytes per row / physical | 1.25x | <= 1.30x | PASS |" in table
+    assert "| embedding 100k: ps_core held ids | 250 ids/s | >= 5,000,000 ids/s | MISS |" in table
 
     failed = build_rows({"elastic_recovery": {"runs": [None]}, "embedding": {"runs": {}}})[0]
     assert {r["status"] for r in failed} == {
@@ -229,3 +238,19 @@ def test_the_default_sync_jobs_are_held_to_5_percent_of_pushes_rejected_as_stale
     }
     table = render_table(rows, targets)
     assert "| training deepfm_1m_ids: elasticdl_2w1ps_sync rejected as stale | 6.5% | <= 5.0% | MISS |" in table
+
+
+def test_the_core_rows_show_rates_per_cpu_second():
+    """A loaded machine slows the core's wall clock; its rate per CPU second shows its own speed."""
+    from benchmarks.runner import build_rows, render_table
+
+    rows, targets = build_rows({"embedding": {"runs": {"1M": {
+        "grpc": [{"create": 1.0, "held": 2.0}],
+        "core": [{"create": 3.0, "held": 4.0, "create_per_cpu_s": 30.0, "held_per_cpu_s": 40.0}],
+    }}}})
+    table = render_table(rows, targets)
+    assert "| embedding | 1M ids | ps_core | ids/s per PS | 4.0 (create 3.0; per CPU second: held 40.0, create 30.0) |" in table
+    assert {t["target"]: t["result"] for t in targets} == {
+        "embedding 1M: ps_core held ids": "MISS", "embedding 1M: ps_core new ids": "MISS",
+        "embedding 1M: elasticdl_ps / ps_core": "MISS",  # 0.5x
+    }

@@ -28,13 +28,23 @@ class IndexedRows:
         return int(self.ids.shape[0])
 
     def deduplicated(self) -> IndexedRows:
-        """Duplicate ids summed into one row each (ids sorted when there were duplicates)."""
-        unique, inverse = np.unique(self.ids, return_inverse=True)
-        if unique.size == self.ids.size:
+        """Duplicate ids summed into one row each (ids sorted when there were duplicates).
+
+        Workers send unique ids, so the common case is only the check: one sort of the ids.
+        Duplicates are summed by segment (a stable argsort, then ``np.add.reduceat``), not by
+        ``np.add.at`` (an unbuffered scatter, element by element).
+        """
+        ids = self.ids
+        if ids.size < 2:
             return self
-        summed = np.zeros((unique.size, self.values.shape[1]), np.float32)
-        np.add.at(summed, inverse, self.values)
-        return IndexedRows(unique, summed)
+        ordered = np.sort(ids)
+        if not (ordered[1:] == ordered[:-1]).any():
+            return self
+        order = np.argsort(ids, kind="stable")
+        ordered = ids[order]
+        starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+        values = np.asarray(self.values, np.float32)[order]
+        return IndexedRows(ordered[starts], np.add.reduceat(values, starts, axis=0))
 
     def select(self, mask: np.ndarray) -> IndexedRows:
         return IndexedRows(self.ids[mask], self.values[mask])
