@@ -64,7 +64,10 @@ def export_saved_model(model, path: str) -> str:
 
 def _export_keras2(model, path: str) -> str:
     """A Keras 2 (tf_keras) model: ``tf.saved_model.save`` with a ``serving_default`` traced on the
-    input specs the Trainer recorded (feature-column models take a dict of named inputs)."""
+    input specs the Trainer recorded (feature-column models take a dict of named inputs), and a
+    ``serve`` function as Keras 3's export has: the model's outputs as they are, for
+    ``tf.saved_model.load(path).serve(features)``. The outputs of ``serving_default`` are named
+    as Keras 3 names them: a dict's keys, else ``output_0``, ``output_1``, ..."""
     import tensorflow as tf
 
     signature = _INPUT_SIGNATURES.get(model)
@@ -87,6 +90,11 @@ def _export_keras2(model, path: str) -> str:
     else:
         serve = tf.function(outputs, input_signature=signature)
 
-    tf.saved_model.save(model, path, signatures={"serving_default": serve.get_concrete_function()})
+    # Saved as an attribute of the model (the SavedModel's root), then taken off again.
+    model.serve = tf.function(lambda features: model(features, training=False), input_signature=signature)
+    try:
+        tf.saved_model.save(model, path, signatures={"serving_default": serve.get_concrete_function()})
+    finally:
+        del model.serve
     logger.info("SavedModel written to %s", path)
     return path

@@ -340,7 +340,8 @@ class Worker(BatchLoop):
 
         self._run_batches(order, Mode.PREDICTION, step)
         if self.spec.prediction_outputs_processor is None:
-            prediction.write_part(self.prediction_outputs, order.path, order.start, outputs)
+            prediction.write_part(self.prediction_outputs, order.path, order.start, outputs,
+                                  prediction.output_names(self.trainer.model))
         return result
 
     def train_task(self, order: TaskOrder) -> TaskResult:
