@@ -39,11 +39,16 @@ def record_input_signature(model, features) -> None:
 
 def export_saved_model(model, path: str) -> str:
     """Write ``model`` with a ``serving_default`` signature to ``path`` (replaced if present)."""
+    logger.info("exporting the SavedModel to %s", path)  # said first: tracing and writing take seconds
+    return _export(model, path)
+
+
+def _export(model, path: str) -> str:
     from elasticdl.model.keras_generation import legacy_active
 
     if fs.is_remote(path):  # TensorFlow writes local files only: export here, then upload the tree
         with tempfile.TemporaryDirectory(prefix="elasticdl-export-") as local:
-            export_saved_model(model, os.path.join(local, "model"))
+            _export(model, os.path.join(local, "model"))
             fs.put_dir(os.path.join(local, "model"), path)
         logger.info("SavedModel uploaded to %s", path)
         return path
