@@ -104,12 +104,14 @@ def _digits_like(path, n: int = 40) -> str:
     return str(path)
 
 
-def test_the_submit_takes_a_dataset_fn_that_yields_weights(tmp_path):
+def test_the_submit_takes_a_dataset_fn_that_yields_weights(tmp_path, caplog):
     data = _digits_like(tmp_path / "digits.tfrecord")
     config = JobConfig.from_flags(model_zoo=ZOO, model_def="weightzoo.digits_weighted.custom_model",
                                   training_data=data, validation_data=data, minibatch_size=8)
     checked = check_job(config)
     assert checked.spec.module_path.endswith("digits_weighted.py")
+    # Per-example values are what a weighted loss returns: no advice to reduce them.
+    assert not [r for r in caplog.records if "not a scalar" in r.getMessage()]
 
 
 def test_the_submit_refuses_a_scalar_loss_with_weights(tmp_path):

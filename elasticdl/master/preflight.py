@@ -271,18 +271,19 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> tu
         _check_metrics_on(spec, labels, predictions, sample_weight)
     if mode == Mode.EVALUATION:
         return features, trainer
-    try:
-        loss = spec.loss(labels, predictions)
-    except Exception as err:
-        raise ModelSpecError(f"{spec.module_path}: loss(labels, predictions) failed: {err}") from err
-    if sample_weight is not None:
-        _check_weighted_loss(spec, labels, predictions, sample_weight)
+    if sample_weight is not None:  # per-example values are what a weighted loss must return: no warning
+        loss = _check_weighted_loss(spec, labels, predictions, sample_weight)
+    else:
+        try:
+            loss = spec.loss(labels, predictions)
+        except Exception as err:
+            raise ModelSpecError(f"{spec.module_path}: loss(labels, predictions) failed: {err}") from err
     if int(tf.size(loss)) != 1:
         raise ModelSpecError(
             f"{spec.module_path}: loss(labels, predictions) must return a scalar; got shape "
             f"{tuple(loss.shape)}. Reduce it, e.g. with tf.reduce_mean."
         )
-    _check_loss_shapes(spec, labels, predictions)
+    _check_loss_shapes(spec, labels, predictions, weighted=sample_weight is not None)
     try:
         loss_value, grads = trainer.compute_gradients(features, labels, sample_weight)
     except Exception as err:
@@ -408,11 +409,13 @@ def _shapes(value) -> str:
     return str(shapes)
 
 
-def _check_loss_shapes(spec: ModelSpec, labels, predictions) -> None:
-    """The loss must not stretch the labels against the predictions (elasticdl/model/loss_check.py)."""
+def _check_loss_shapes(spec: ModelSpec, labels, predictions, weighted: bool = False) -> None:
+    """The loss must not stretch the labels against the predictions (elasticdl/model/loss_check.py).
+    ``weighted``: the user's own function is traced (its mean would warn of per-example values)."""
     from elasticdl.model.loss_check import label_broadcast
 
-    found = label_broadcast(spec.loss, labels, predictions)
+    found = label_broadcast(getattr(spec.loss, "__wrapped__", spec.loss) if weighted else spec.loss,
+                            labels, predictions)
     if found is None:
         return
     raise ModelSpecError(
@@ -425,10 +428,10 @@ def _check_loss_shapes(spec: ModelSpec, labels, predictions) -> None:
     )
 
 
-def _check_weighted_loss(spec: ModelSpec, labels, predictions, sample_weight) -> None:
-    """The loss takes dataset_fn's sample weights (elasticdl/model/sample_weight.py)."""
+def _check_weighted_loss(spec: ModelSpec, labels, predictions, sample_weight):
+    """The loss weighted by dataset_fn's sample weights (elasticdl/model/sample_weight.py)."""
     try:
-        weighted_loss(spec.loss, labels, predictions, sample_weight, spec.module_path)
+        return weighted_loss(spec.loss, labels, predictions, sample_weight, spec.module_path)
     except ModelSpecError:
         raise
     except Exception as err:
