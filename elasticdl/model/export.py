@@ -79,8 +79,12 @@ def _export_keras2(model, path: str) -> str:
     if signature is None:
         raise ValueError("the model was never called on a batch: no input signature to export")
 
+    # The model is traced once, in serve; serving_default calls it (tracing a big model twice
+    # added seconds to every export).
+    raw = tf.function(lambda features: model(features, training=False), input_signature=signature)
+
     def outputs(features):
-        result = model(features, training=False)
+        result = raw(features)
         if isinstance(result, dict):
             return result
         if isinstance(result, (list, tuple)):
@@ -91,14 +95,14 @@ def _export_keras2(model, path: str) -> str:
     if isinstance(spec, dict):  # named inputs (feature columns): one signature input per feature
         keys = list(spec)
         named = [tf.TensorSpec(spec[k].shape, spec[k].dtype, name=k) for k in keys]
-        serve = tf.function(lambda *args: outputs(dict(zip(keys, args))), input_signature=named)
+        serving = tf.function(lambda *args: outputs(dict(zip(keys, args))), input_signature=named)
     else:
-        serve = tf.function(outputs, input_signature=signature)
+        serving = tf.function(outputs, input_signature=signature)
 
     # Saved as an attribute of the model (the SavedModel's root), then taken off again.
-    model.serve = tf.function(lambda features: model(features, training=False), input_signature=signature)
+    model.serve = raw
     try:
-        tf.saved_model.save(model, path, signatures={"serving_default": serve.get_concrete_function()})
+        tf.saved_model.save(model, path, signatures={"serving_default": serving.get_concrete_function()})
     finally:
         del model.serve
     logger.info("SavedModel written to %s", path)
