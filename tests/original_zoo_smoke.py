@@ -73,6 +73,8 @@ def run_one(config, export_dir: str) -> dict:
     inputs = features if isinstance(features, dict) else {"features": features}
     outputs = serve(**{k: tf.convert_to_tensor(v) for k, v in inputs.items()})
     rows = {k: np.asarray(v).shape[0] for k, v in outputs.items()}
+    served = tf.nest.flatten(loaded.serve(features))  # Keras 3's second endpoint, on Keras 2 exports too
+    rows["serve"] = int(np.asarray(served[0]).shape[0])
     return {"model_def": config.training.model_def, "losses": losses, "finite": bool(np.all(np.isfinite(losses))),
             "variables": len(trainer.variables), "non_trainable_moved": len(moved), "tables": sorted(trainer.embeddings.infos),
             "serving_rows": rows, "optimizer": checked.optimizer_spec.name}

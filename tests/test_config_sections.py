@@ -24,7 +24,7 @@ NON_DEFAULT = {
     "model_zoo": "zoo", "model_def": "pkg.mod.fn", "model_params": "units=[8, 4];act=relu;rate=0.5;t=(1,)",
     "minibatch_size": 32, "num_epochs": 3, "num_threads_per_process": 2, "embedding_swap_threshold_mb": 0.5,
     "embedding_admit_min_count": 2, "embedding_ttl_versions": 100, "embedding_max_rows": 1000,
-    "wire_dtype": "bfloat16", "tensor_transport": "tcp",
+    "wire_dtype": "bfloat16", "tensor_transport": "tcp", "class_weight": "0:1.0,1:5.5",
     "training_data": "/data/train", "validation_data": "/data/val", "prediction_data": "/data/pred",
     "data_reader_params": "has_header=True", "num_minibatches_per_task": 4, "records_per_task": 100,
     "shuffle_seed": 7, "max_bad_records": 2, "stream_idle_secs": 30.0, "stream_start": "latest",
@@ -64,7 +64,7 @@ def test_every_flag_is_in_exactly_one_section():
     # the flags of the flat JobConfig, none lost or added; + --max_bad_records; + 8 model_zoo_functions; + --push_steps;
     # + --wire_dtype, --tensor_transport; + --overlap_communication; + --max_gradient_norm_ratio
     # + --stream_idle_secs, --stream_start; + --ps_replicas
-    assert len(FLAGS) == 78
+    assert len(FLAGS) == 79
 
 
 def test_jobconfig_holds_only_the_sections():

@@ -113,6 +113,8 @@ def test_predict_writes_one_row_per_record_in_order(trained, digits):  # noqa: F
         cwd=work,
     ))
     table = np.loadtxt(result["predictions"], delimiter=",", skiprows=1)
+    header = open(result["predictions"]).readline().strip()
+    assert header == ",".join(f"logits_{i}" for i in range(10))  # the output's name (was output_0 ...)
     images, _ = read_examples(str(digits / "test" / "digits-000.tfrecord"))
     _, model = local_model(report["checkpoint"], TEST_ZOO, MODEL_DEF)
     assert table.shape == (360, 10)

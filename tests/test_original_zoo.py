@@ -156,6 +156,7 @@ def test_every_model_passes_the_submit_checks_trains_and_exports(data, tmp_path)
     for outcome in outcomes:
         assert outcome["finite"], outcome
         assert set(outcome["serving_rows"].values()) == {8}, outcome  # one row per example of the batch
+        assert "serve" in outcome["serving_rows"], outcome  # serving_default and serve, as Keras 3 exports
     by_name = {o["model_def"]: o for o in outcomes}
     assert by_name["census.census_dnn.custom_model"]["tables"] == [
         "education_embedding/embeddings", "workclass_embedding/embeddings"]  # embedding_column: PS tables

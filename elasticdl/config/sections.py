@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from elasticdl.config.class_weight import parse_class_weight, render_class_weight
 from elasticdl.config.errors import ConfigError
 from elasticdl.config.fields import AT_LEAST_1, Bounds, flag, structured
 from elasticdl.config.kubernetes import Volume, parse_envs, parse_resources, parse_volumes
@@ -54,6 +55,12 @@ class TrainingSection:
         kv_params("--model_params"), render_kv_params,
     )
     minibatch_size: int = flag(64, "Records per minibatch.", bounds=AT_LEAST_1)
+    class_weight: dict[int, float] = structured(
+        "", "Keras's fit(class_weight=...): each training example weighs its class's weight in the "
+        "loss, '0:1.0,1:5.0' or JSON '{\"0\": 1.0, \"1\": 5.0}' (a class not named weighs 1); "
+        "overrides the module's class_weight(). docs/model_zoo.md, Sample and class weights.",
+        parse_class_weight, render_class_weight, commands=("train",),
+    )
     num_epochs: int = flag(1, "Passes over the training data.", commands=("train",), bounds=AT_LEAST_1)
     num_threads_per_process: int = flag(
         0,

@@ -197,6 +197,8 @@ class JobEnd:
         report.model_version = max(self._sync_model(), self.model_version)
         if self.command == "train" and cfg.checkpoints.checkpoint_dir:
             self._step = "final checkpoint"
+            logger.info("writing the final checkpoint of version %d to %s", report.model_version,
+                        cfg.checkpoints.checkpoint_dir)  # said first: a big model takes seconds
             try:
                 report.checkpoint = self._ps.save_checkpoint()[0]
             except grpc.RpcError as err:

@@ -38,7 +38,9 @@ from elasticdl.model.optimizers import (
     optimizer_spec_from_keras,
 )
 from elasticdl.model.records import describe_error
+from elasticdl.model.sample_weight import features_of, unpack, weighted_loss
 from elasticdl.model.spec import DatasetMetadata, ModelSpec, ModelSpecError, load_model_spec, model_def_path
+from elasticdl.model.step_overrides import check_hooks
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +135,7 @@ def check_job(config: JobConfig, command: str = "train", before_tensorflow=None)
     if before_tensorflow is not None:
         before_tensorflow()
     spec = load_model_spec(config.training.model_zoo, config.training.model_def,
-                           config.model_zoo_functions.names())
+                           config.model_zoo_functions.names(), config.training.class_weight)
     optimizer_spec = _check_optimizer(spec)
     metrics = check_eval_metrics(spec)
     has_header = config.data.has_header
@@ -156,6 +158,8 @@ def check_job(config: JobConfig, command: str = "train", before_tensorflow=None)
             raise ModelSpecError("--tensorboard_log_dir needs the tensorboard package: pip install tensorboard") from None
     mode = {"train": Mode.TRAINING, "evaluate": Mode.EVALUATION, "predict": Mode.PREDICTION}[command]
     features, trainer = _check_one_batch(spec, config, files, has_header, metrics, mode)
+    for skipped in [command] + (["evaluate"] if command == "train" and validation and metrics else []):
+        check_hooks(trainer.model, skipped, spec.module_path, spec.model_name)  # a train_step is never run
     if command == "train":
         _check_room_for_the_model(config, optimizer_spec, trainer)
     if validation and metrics:
@@ -258,32 +262,30 @@ def _check_one_batch(spec, config, files, has_header, metrics, mode: Mode) -> tu
             f"{spec.module_path}: dataset_fn failed on records of {path}: {type(err).__name__}: {err}"
         ) from err
     if mode == Mode.PREDICTION:
-        features = batch[0] if isinstance(batch, tuple) and len(batch) == 2 else batch
+        features = features_of(batch)
         _run_model(spec, trainer, features)
         return features, trainer
-    if not isinstance(batch, tuple) or len(batch) != 2:
-        raise ModelSpecError(
-            f"{spec.module_path}: in {mode} mode dataset_fn must yield (features, labels) pairs. "
-            f"Received elements of type {type(batch).__name__}"
-        )
-    features, labels = batch
+    features, labels, sample_weight = unpack(batch, spec, mode)
     predictions = _run_model(spec, trainer, features)
     if metrics:
-        _check_metrics_on(spec, labels, predictions)
+        _check_metrics_on(spec, labels, predictions, sample_weight)
     if mode == Mode.EVALUATION:
         return features, trainer
-    try:
-        loss = spec.loss(labels, predictions)
-    except Exception as err:
-        raise ModelSpecError(f"{spec.module_path}: loss(labels, predictions) failed: {err}") from err
+    if sample_weight is not None:  # per-example values are what a weighted loss must return: no warning
+        loss = _check_weighted_loss(spec, labels, predictions, sample_weight)
+    else:
+        try:
+            loss = spec.loss(labels, predictions)
+        except Exception as err:
+            raise ModelSpecError(f"{spec.module_path}: loss(labels, predictions) failed: {err}") from err
     if int(tf.size(loss)) != 1:
         raise ModelSpecError(
             f"{spec.module_path}: loss(labels, predictions) must return a scalar; got shape "
             f"{tuple(loss.shape)}. Reduce it, e.g. with tf.reduce_mean."
         )
-    _check_loss_shapes(spec, labels, predictions)
+    _check_loss_shapes(spec, labels, predictions, weighted=sample_weight is not None)
     try:
-        loss_value, grads = trainer.compute_gradients(features, labels)
+        loss_value, grads = trainer.compute_gradients(features, labels, sample_weight)
     except Exception as err:
         raise ModelSpecError(
             f"{spec.module_path}: the gradients of loss(labels, predictions) failed: {describe_error(err)}"
@@ -407,11 +409,13 @@ def _shapes(value) -> str:
     return str(shapes)
 
 
-def _check_loss_shapes(spec: ModelSpec, labels, predictions) -> None:
-    """The loss must not stretch the labels against the predictions (elasticdl/model/loss_check.py)."""
+def _check_loss_shapes(spec: ModelSpec, labels, predictions, weighted: bool = False) -> None:
+    """The loss must not stretch the labels against the predictions (elasticdl/model/loss_check.py).
+    ``weighted``: the user's own function is traced (its mean would warn of per-example values)."""
     from elasticdl.model.loss_check import label_broadcast
 
-    found = label_broadcast(spec.loss, labels, predictions)
+    found = label_broadcast(getattr(spec.loss, "__wrapped__", spec.loss) if weighted else spec.loss,
+                            labels, predictions)
     if found is None:
         return
     raise ModelSpecError(
@@ -424,7 +428,20 @@ def _check_loss_shapes(spec: ModelSpec, labels, predictions) -> None:
     )
 
 
-def _check_metrics_on(spec: ModelSpec, labels, predictions) -> None:
+def _check_weighted_loss(spec: ModelSpec, labels, predictions, sample_weight):
+    """The loss weighted by dataset_fn's sample weights (elasticdl/model/sample_weight.py)."""
+    try:
+        return weighted_loss(spec.loss, labels, predictions, sample_weight, spec.module_path)
+    except ModelSpecError:
+        raise
+    except Exception as err:
+        raise ModelSpecError(
+            f"{spec.module_path}: loss(labels, predictions) weighted by dataset_fn's sample_weight "
+            f"(weights {_shapes(sample_weight)}) failed: {describe_error(err)}. Yield one weight per example."
+        ) from err
+
+
+def _check_metrics_on(spec: ModelSpec, labels, predictions, sample_weight=None) -> None:
     """Run every metric once on the sample batch: a metric that raises fails the submit."""
     from elasticdl.model.metrics import MetricsAccumulator, flatten_metrics
 
@@ -432,7 +449,7 @@ def _check_metrics_on(spec: ModelSpec, labels, predictions) -> None:
         try:
             accumulator = MetricsAccumulator({name: entry.metric} if entry.output is None
                                              else {entry.output: {name.split("/", 1)[1]: entry.metric}})
-            accumulator.update(labels, predictions)
+            accumulator.update(labels, predictions, sample_weight)
             accumulator.result()
         except Exception as err:
             raise ModelSpecError(

@@ -39,11 +39,16 @@ def record_input_signature(model, features) -> None:
 
 def export_saved_model(model, path: str) -> str:
     """Write ``model`` with a ``serving_default`` signature to ``path`` (replaced if present)."""
+    logger.info("exporting the SavedModel to %s", path)  # said first: tracing and writing take seconds
+    return _export(model, path)
+
+
+def _export(model, path: str) -> str:
     from elasticdl.model.keras_generation import legacy_active
 
     if fs.is_remote(path):  # TensorFlow writes local files only: export here, then upload the tree
         with tempfile.TemporaryDirectory(prefix="elasticdl-export-") as local:
-            export_saved_model(model, os.path.join(local, "model"))
+            _export(model, os.path.join(local, "model"))
             fs.put_dir(os.path.join(local, "model"), path)
         logger.info("SavedModel uploaded to %s", path)
         return path
@@ -64,15 +69,22 @@ def export_saved_model(model, path: str) -> str:
 
 def _export_keras2(model, path: str) -> str:
     """A Keras 2 (tf_keras) model: ``tf.saved_model.save`` with a ``serving_default`` traced on the
-    input specs the Trainer recorded (feature-column models take a dict of named inputs)."""
+    input specs the Trainer recorded (feature-column models take a dict of named inputs), and a
+    ``serve`` function as Keras 3's export has: the model's outputs as they are, for
+    ``tf.saved_model.load(path).serve(features)``. The outputs of ``serving_default`` are named
+    as Keras 3 names them: a dict's keys, else ``output_0``, ``output_1``, ..."""
     import tensorflow as tf
 
     signature = _INPUT_SIGNATURES.get(model)
     if signature is None:
         raise ValueError("the model was never called on a batch: no input signature to export")
 
+    # The model is traced once, in serve; serving_default calls it (tracing a big model twice
+    # added seconds to every export).
+    raw = tf.function(lambda features: model(features, training=False), input_signature=signature)
+
     def outputs(features):
-        result = model(features, training=False)
+        result = raw(features)
         if isinstance(result, dict):
             return result
         if isinstance(result, (list, tuple)):
@@ -83,10 +95,15 @@ def _export_keras2(model, path: str) -> str:
     if isinstance(spec, dict):  # named inputs (feature columns): one signature input per feature
         keys = list(spec)
         named = [tf.TensorSpec(spec[k].shape, spec[k].dtype, name=k) for k in keys]
-        serve = tf.function(lambda *args: outputs(dict(zip(keys, args))), input_signature=named)
+        serving = tf.function(lambda *args: outputs(dict(zip(keys, args))), input_signature=named)
     else:
-        serve = tf.function(outputs, input_signature=signature)
+        serving = tf.function(outputs, input_signature=signature)
 
-    tf.saved_model.save(model, path, signatures={"serving_default": serve.get_concrete_function()})
+    # Saved as an attribute of the model (the SavedModel's root), then taken off again.
+    model.serve = raw
+    try:
+        tf.saved_model.save(model, path, signatures={"serving_default": serving.get_concrete_function()})
+    finally:
+        del model.serve
     logger.info("SavedModel written to %s", path)
     return path

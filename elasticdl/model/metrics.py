@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from elasticdl.model.sample_weight import for_output, weighted_values
+
 
 @dataclass(frozen=True)
 class _Entry:
@@ -60,15 +62,20 @@ class MetricsAccumulator:
                 entry.metric.reset_state()
         self._sums = {n: np.zeros(2) for n, e in self._entries.items() if not _is_keras_metric(e.metric)}
 
-    def update(self, labels, predictions) -> None:
+    def update(self, labels, predictions, sample_weight=None) -> None:
+        """One batch; ``sample_weight`` (dataset_fn's third element) weighs its examples as
+        Keras's compiled metrics do (a dict of them: per output)."""
         for name, entry in self._entries.items():
             y = labels if not isinstance(labels, dict) else _select(labels, entry.output)
             p = _select(predictions, entry.output)
+            w = for_output(sample_weight, entry.output)
             if _is_keras_metric(entry.metric):
-                entry.metric.update_state(y, p)
+                if w is None:
+                    entry.metric.update_state(y, p)
+                else:
+                    entry.metric.update_state(y, p, sample_weight=w)
             else:
-                values = np.asarray(entry.metric(y, p), dtype=np.float64).reshape(-1)
-                self._sums[name] += (values.sum(), values.size)
+                self._sums[name] += weighted_values(entry.metric(y, p), w)
 
     def states(self) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}

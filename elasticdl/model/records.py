@@ -76,6 +76,7 @@ def example_check(
 ) -> Callable[[Sequence[bytes]], None]:
     """A ``check`` for ``find_bad_records``: the records through ``dataset_fn``, the model
     (``run_model(features) -> predictions``) and, when training, the loss."""
+    from elasticdl.model.sample_weight import features_of, unpack, weighted_loss
     from elasticdl.model.trainer import make_dataset
 
     def check(records: Sequence[bytes]) -> None:
@@ -89,11 +90,11 @@ def example_check(
             ) from err
         for element in dataset:
             if mode == Mode.PREDICTION:
-                run_model(element[0] if isinstance(element, tuple) and len(element) == 2 else element)
+                run_model(features_of(element))
                 continue
-            features, labels = element
+            features, labels, sample_weight = unpack(element, spec, mode)
             predictions = run_model(features)
             if mode == Mode.TRAINING:
-                spec.loss(labels, predictions)
+                weighted_loss(spec.loss, labels, predictions, sample_weight, spec.module_path)
 
     return check

@@ -8,6 +8,7 @@ The contract (compatible with the original ElasticDL's model zoo)::
     dataset_fn(dataset, mode, metadata) -> tf.data.Dataset   # older name: feed
     eval_metrics_fn() -> {name: keras.metrics.Metric | fn(labels, predictions)}   # optional
     callbacks(), learning_rate_scheduler(model_version), PredictionOutputsProcessor  # optional
+    class_weight() -> {class id: weight}   # optional: fit(class_weight=...)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -72,6 +73,8 @@ class ModelSpec:
     callbacks: Callable[[], list] | None = None
     learning_rate_scheduler: Callable[[int], float] | None = None
     prediction_outputs_processor: type | None = None
+    # fit(class_weight=...): {class id: weight} from --class_weight or the module's class_weight()
+    class_weight: dict[int, float] = field(default_factory=dict)
 
     def build_model(self, model_params: dict[str, Any]):
         """A fresh model with deterministic variable names.
@@ -134,12 +137,14 @@ def _is_keras_model(value) -> bool:
                for c in type(value).__mro__)
 
 
-def load_model_spec(model_zoo: str, model_def: str, names: dict[str, str] | None = None) -> ModelSpec:
+def load_model_spec(model_zoo: str, model_def: str, names: dict[str, str] | None = None,
+                    class_weight: dict[int, float] | None = None) -> ModelSpec:
     """Import ``model_zoo/pkg/module.py`` for ``--model_def pkg.module.name`` and check it.
 
     ``names`` maps a contract name (``dataset_fn``, ``loss``, ``optimizer``, ``eval_metrics_fn``,
     ``callbacks``, ``custom_data_reader``, ``PredictionOutputsProcessor``) to the name to look up
-    in the module: the original ElasticDL's ``--feed``, ``--loss`` ... flags.
+    in the module: the original ElasticDL's ``--feed``, ``--loss`` ... flags. ``class_weight``
+    (``--class_weight``), when not empty, replaces the module's ``class_weight()``.
     """
     names = {k: v for k, v in (names or {}).items() if v}
     module_name, model_name, module_path = model_def_path(model_zoo, model_def)
@@ -190,7 +195,9 @@ def load_model_spec(model_zoo: str, model_def: str, names: dict[str, str] | None
             f"{module_path}: {processor_name} must define "
             "process(self, predictions, worker_id)."
         )
+    weights = dict(class_weight) if class_weight else _module_class_weight(module, module_path)
     return ModelSpec(
+        class_weight=weights,
         module_path=module_path,
         model_name=model_name,
         model_fn=model_fn,
@@ -202,6 +209,28 @@ def load_model_spec(model_zoo: str, model_def: str, names: dict[str, str] | None
         learning_rate_scheduler=optional["learning_rate_scheduler"],
         prediction_outputs_processor=processor,
     )
+
+
+# The module's optional class_weight() -> {class id: weight} (fit's class_weight; --class_weight wins).
+CLASS_WEIGHT_FUNCTION = "class_weight"
+
+
+def _module_class_weight(module: ModuleType, module_path: str) -> dict[int, float]:
+    """The weights of the module's ``class_weight()`` (a dict is taken as it is); {} without one."""
+    from elasticdl.config.class_weight import check_class_weight
+    from elasticdl.config.errors import ConfigError
+
+    fn = getattr(module, CLASS_WEIGHT_FUNCTION, None)
+    if fn is None:
+        return {}
+    try:
+        value = fn() if callable(fn) else fn
+    except Exception as err:
+        raise ModelSpecError(f"{module_path}: {CLASS_WEIGHT_FUNCTION}() failed: {type(err).__name__}: {err}") from err
+    try:
+        return check_class_weight(value, f"{module_path}: {CLASS_WEIGHT_FUNCTION}()")
+    except ConfigError as err:
+        raise ModelSpecError(str(err)) from None
 
 
 # The original ElasticDL's flag naming each function.

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from elasticdl.data.columns import Columns
 from elasticdl.mode import Mode
+from elasticdl.model.class_weight import add_class_weights
 from elasticdl.model.embedding.backends import (
     EmbeddingTables,
     FrozenTables,
@@ -23,6 +24,7 @@ from elasticdl.model.embedding.swap import DEFAULT_THRESHOLD_MB, swap_large_embe
 from elasticdl.model.embedding.table import IndexedRows
 from elasticdl.model.keras_generation import variable_name
 from elasticdl.model.non_trainable import NonTrainableChange, lives_on_ps
+from elasticdl.model.sample_weight import weighted_loss
 from elasticdl.model.spec import DatasetMetadata, ModelSpec, ModelSpecError
 
 logger = logging.getLogger(__name__)
@@ -36,13 +38,21 @@ def make_dataset(
     batch_size: int,
 ) -> tf.data.Dataset:
     """Raw records (bytes, or Parquet Columns) -> the model zoo's ``dataset_fn`` -> batches."""
-    dataset = spec.dataset_fn(raw_dataset(records), mode, metadata)
+    return user_dataset(spec, raw_dataset(records), mode, metadata).batch(batch_size)
+
+
+def user_dataset(spec: ModelSpec, raw: tf.data.Dataset, mode: Mode, metadata: DatasetMetadata) -> tf.data.Dataset:
+    """``dataset_fn``'s examples of the raw records, each with its class weight when training
+    with class weights (as model.fit adds them): what every pipeline batches."""
+    dataset = spec.dataset_fn(raw, mode, metadata)
     if not isinstance(dataset, tf.data.Dataset):
         raise ModelSpecError(
             f"{spec.module_path}: dataset_fn must return a tf.data.Dataset. "
             f"Received: {type(dataset).__name__}"
         )
-    return dataset.batch(batch_size)
+    if spec.class_weight and mode == Mode.TRAINING:  # fit(class_weight=...) weighs training only
+        dataset = add_class_weights(dataset, spec.class_weight, spec.module_path)
+    return dataset
 
 
 def raw_dataset(records: Sequence[bytes] | Columns) -> tf.data.Dataset:
@@ -214,19 +224,20 @@ class Trainer:
         self._local_optimizer.apply_gradients(zip(grads, [self.variables[name] for name in names]))
 
     def compute_gradients(
-        self, features: Any, labels: Any
+        self, features: Any, labels: Any, sample_weight: Any = None
     ) -> tuple[float, dict[str, np.ndarray | IndexedRows | NonTrainableChange]]:
         """The loss and the gradients: dense arrays by variable path, ``IndexedRows`` by table name,
         and a ``NonTrainableChange`` for each non-trainable variable the step changed.
+        ``sample_weight`` (dataset_fn's third element) weighs the examples as ``model.fit`` does.
 
         The step leaves the non-trainable variables as they were: they change only by what the
         PS sends (or ``apply_locally``), so a step computed again starts from the same values.
         """
         self.embeddings.error = None
         if not self._traced:
-            self._trace_any_batch_size(features, labels)
+            self._trace_any_batch_size(features, labels, sample_weight)
         try:
-            loss, grads, rows, changes, changed, finite = self._train_step(features, labels)
+            loss, grads, rows, changes, changed, finite = self._train_step(features, labels, sample_weight)
         except tf.errors.OpError as err:
             if self.embeddings.error is not None:  # a row lookup failed: raise what it raised
                 raise self.embeddings.error from err
@@ -245,12 +256,14 @@ class Trainer:
         self.last_step_finite = bool(finite)
         return float(loss), out
 
-    def _trace_any_batch_size(self, features: Any, labels: Any) -> None:
+    def _trace_any_batch_size(self, features: Any, labels: Any, sample_weight: Any) -> None:
         """Trace the step once for every batch size: an epoch's last, smaller batch would
         otherwise trace it again (a few hundred ms, more than a small model's task)."""
         self._traced = True
         try:
             specs = tf.nest.map_structure(_any_batch_size, (features, labels))
+            if sample_weight is not None:  # None stays a Python constant of the trace
+                specs = (*specs, tf.nest.map_structure(_any_batch_size, sample_weight))
             self._train_step.get_concrete_function(*specs)
         except Exception as err:  # a model that needs its batch size: trace per shape, as before
             logger.debug("no batch-size-independent trace (%s); tracing per batch shape", err)
@@ -265,14 +278,14 @@ class Trainer:
         serving.set_params(self.get_params())
         return serving.model
 
-    def _train_step_eager(self, features, labels):
+    def _train_step_eager(self, features, labels, sample_weight=None):
         # Reads and assigns of one variable run in program order inside a tf.function.
         states = [self._backend_variables[name] for name in self.non_trainable]
         before = [var.read_value() for var in states]
         with tf.GradientTape() as tape, recording(tape) as recorder:
             predictions = self.model(features, training=True)
-            loss = self.spec.loss(labels, predictions)
-            if self.model.losses:
+            loss = weighted_loss(self.spec.loss, labels, predictions, sample_weight, self.spec.module_path)
+            if self.model.losses:  # regularization: never weighted, as in model.fit
                 loss += tf.add_n(self.model.losses)
         variables = list(self.variables.values())
         grads = tape.gradient(loss, variables + recorder.sources)

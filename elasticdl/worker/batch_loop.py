@@ -64,7 +64,7 @@ class BatchLoop:
     def _init_batch_loop(self) -> None:
         self._grads = None  # the last COMPUTE's gradients, until a PUSH takes them
         self._outbox: _Outbox | None = None
-        self._batch: tuple | None = None  # (features, labels) of the batch under way
+        self._batch: tuple | None = None  # (features, labels, sample_weight) of the batch under way
         self._loss = float("nan")
         self._pause = self._blocked = 0.0  # SSP: the next pause, and the time blocked not reported yet
         self._probed_at = time.monotonic()  # the last look for an empty PS while waiting for a task
@@ -74,11 +74,11 @@ class BatchLoop:
             StepKind.PUSH: self._push_step,
         }
 
-    def train_batch(self, features, labels) -> float:
+    def train_batch(self, features, labels, sample_weight=None) -> float:
         """Train one batch; rides out a parameter server restart (it comes back on its address).
         Returns its loss (NaN: not finite, not pushed)."""
         self._with_ps_retries(lambda: self._before_batch(features))
-        self._batch, self._loss, self._pause = (features, labels), float("nan"), 0.005
+        self._batch, self._loss, self._pause = (features, labels, sample_weight), float("nan"), 0.005
         self.consistency.batch_started()
         try:
             self._run_steps()
@@ -158,8 +158,11 @@ class BatchLoop:
             self._blocked, self._pause = self._pause, min(self._pause * 2, 0.2)
 
     def _compute_step(self, step: Step) -> None:
-        features, labels = self._batch
-        loss, grads = self.trainer.compute_gradients(features, labels)
+        features, labels, sample_weight = self._batch
+        if sample_weight is None:  # the two-argument call that trainers without weights take
+            loss, grads = self.trainer.compute_gradients(features, labels)
+        else:
+            loss, grads = self.trainer.compute_gradients(features, labels, sample_weight)
         self._startup.mark("gradients (tracing)")
         if not (math.isfinite(loss) and getattr(self.trainer, "last_step_finite", True)):
             self._loss = self._nonfinite_batch(loss)

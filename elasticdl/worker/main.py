@@ -74,11 +74,12 @@ def _rehearse(config: JobConfig, assigned) -> None:
 
     from elasticdl.data.sources import read_columns, read_records, record_format, resolve_data_files
     from elasticdl.mode import Mode
+    from elasticdl.model.sample_weight import unpack
     from elasticdl.model.spec import DatasetMetadata, load_model_spec
     from elasticdl.model.trainer import Trainer, make_dataset
 
     spec = load_model_spec(config.training.model_zoo, config.training.model_def,
-                           config.model_zoo_functions.names())
+                           config.model_zoo_functions.names(), config.training.class_weight)
     trainer = Trainer(spec, config.training.model_params, config.training.embedding_swap_threshold_mb)
     if not config.data.training_data or assigned():
         return
@@ -91,9 +92,9 @@ def _rehearse(config: JobConfig, assigned) -> None:
             read_records(path, 0, n, config.data.has_header, columns=config.data.columns), n))
     metadata = DatasetMetadata(record_format(path), getattr(records, "names", ()))
     dataset = make_dataset(spec, records, Mode.TRAINING, metadata, len(records))
-    features, labels = next(iter(dataset))
-    trainer.ensure_built(features)
-    trainer.compute_gradients(features, labels)
+    batch = unpack(next(iter(dataset)), spec, Mode.TRAINING)
+    trainer.ensure_built(batch.features)
+    trainer.compute_gradients(*batch)
 
 
 def main(argv: list[str] | None = None, assigned_at: float | None = None) -> int:
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None, assigned_at: float | None = None) -> int
 
     startup.mark("elasticdl")
     spec = load_model_spec(config.training.model_zoo, config.training.model_def,
-                           config.model_zoo_functions.names())
+                           config.model_zoo_functions.names(), config.training.class_weight)
     startup.mark("model zoo")
     ps = PSClient(args.ps_addrs.split(","), wire_dtype=config.training.wire_dtype,
                   tensor_transport=config.training.tensor_transport, replicas=config.elasticity.ps_replicas)

@@ -38,8 +38,8 @@ import tensorflow as tf
 
 from elasticdl.data.columns import Columns, ColumnStream
 from elasticdl.mode import Mode
-from elasticdl.model.spec import DatasetMetadata, ModelSpec, ModelSpecError
-from elasticdl.model.trainer import column_dtypes, column_tensors
+from elasticdl.model.spec import DatasetMetadata, ModelSpec
+from elasticdl.model.trainer import column_dtypes, column_tensors, user_dataset
 
 _QUEUE_CAPACITY = 1 << 20  # chunks; a task has far fewer
 _RETIRED_QUEUES: list = []  # see BatchStream.close
@@ -218,13 +218,7 @@ def _one_example_per_record(spec: ModelSpec, mode: Mode, metadata: DatasetMetada
 
 
 def _user_dataset(spec: ModelSpec, records: tf.data.Dataset, mode: Mode, metadata: DatasetMetadata):
-    dataset = spec.dataset_fn(records, mode, metadata)
-    if not isinstance(dataset, tf.data.Dataset):
-        raise ModelSpecError(
-            f"{spec.module_path}: dataset_fn must return a tf.data.Dataset. "
-            f"Received: {type(dataset).__name__}"
-        )
-    return dataset
+    return user_dataset(spec, records, mode, metadata)  # with class weights, as the preflight's
 
 
 def _pipeline(

@@ -20,6 +20,7 @@ from elasticdl.data.task_prefetch import TaskPrefetch
 from elasticdl.errors import ElasticDLError, TrainingDivergedError
 from elasticdl.mode import Mode
 from elasticdl.model.records import example_check, find_bad_records
+from elasticdl.model.sample_weight import features_of, unpack
 from elasticdl.model.spec import DatasetMetadata, ModelSpec
 from elasticdl.model.trainer import Trainer
 from elasticdl.rpc.batch_position import BatchPosition
@@ -293,11 +294,11 @@ class Worker(BatchLoop):
 
         def step(batch, _done: int) -> bool:
             nonlocal loaded
-            features, labels = batch
+            features, labels, sample_weight = unpack(batch, self.spec, Mode.EVALUATION)
             if not loaded:
                 self._use_snapshot(order, features)
                 loaded = True
-            metrics.update(labels, self.trainer.model(features, training=False))
+            metrics.update(labels, self.trainer.model(features, training=False), sample_weight)
             result.records += _batch_size(labels)
             return True
 
@@ -323,8 +324,7 @@ class Worker(BatchLoop):
 
         def step(features, _done: int) -> bool:
             nonlocal first
-            if isinstance(features, tuple) and len(features) == 2:
-                features = features[0]  # a dataset_fn that yields labels in prediction mode too
+            features = features_of(features)  # a dataset_fn that yields labels in prediction mode too
             if first:
                 self._use_latest(features)
                 first = False
@@ -340,7 +340,8 @@ class Worker(BatchLoop):
 
         self._run_batches(order, Mode.PREDICTION, step)
         if self.spec.prediction_outputs_processor is None:
-            prediction.write_part(self.prediction_outputs, order.path, order.start, outputs)
+            prediction.write_part(self.prediction_outputs, order.path, order.start, outputs,
+                                  prediction.output_names(self.trainer.model))
         return result
 
     def train_task(self, order: TaskOrder) -> TaskResult:
@@ -351,14 +352,14 @@ class Worker(BatchLoop):
 
         def step(batch, done: int) -> bool:
             nonlocal batch_index
-            features, labels = batch
+            features, labels, sample_weight = unpack(batch, self.spec, Mode.TRAINING)
             self._batch_context = (f"task {order.task_id} ({order.path} records {order.start}-{order.end - 1}), "
                                    f"batch {batch_index}")
             batch_index += 1
             # The PS keep how far each task's records were applied (a checkpoint's data position).
             self._batch_position = BatchPosition(order.task_id, order.handout, order.start + done,
                                                  done - self._task_progress, order.ticket)
-            loss = self.train_batch(features, labels)
+            loss = self.train_batch(features, labels, sample_weight)
             if math.isfinite(loss):  # a non-finite batch was not pushed
                 result.loss_sum += loss
                 result.batches += 1
