@@ -126,6 +126,17 @@ def test_the_local_backend_hands_its_ps_a_fresh_token_and_strangers_are_refused(
     client.close()
 
 
+def test_starting_a_ps_index_that_still_runs_stops_the_old_process_first(backend, role_files):
+    """One index, one process: a second PS on the same port would share it (gRPC binds with
+    SO_REUSEPORT), each with its own state, and the workers' calls would land on either."""
+    backend.start("ps", 0, role_files)
+    [address] = backend.ps_addresses(1, 60)
+    first = backend._children[("ps", 0)].popen
+    backend.start("ps", 0, [*role_files, "--port", address.rsplit(":", 1)[1]])
+    assert first.poll() is not None  # stopped before the new one started
+    assert backend.pid("ps", 0) != first.pid and backend.running("ps") == [0]
+
+
 def test_an_inherited_token_file_is_the_jobs_token(tmp_path, monkeypatch):
     path = auth.write_private(str(tmp_path / "t"), "inherited\n")
     monkeypatch.setenv(auth.TOKEN_FILE_ENV, path)

@@ -157,7 +157,15 @@ class LocalBackend(Backend):
 
     def start(self, role: str, index: int, args: list[str], env: dict[str, str] | None = None,
               priority: str | None = None) -> None:
-        """``priority`` (high/low) only matters on Kubernetes; locally every worker is equal."""
+        """``priority`` (high/low) only matters on Kubernetes; locally every worker is equal.
+
+        A process of ``role`` ``index`` still running is stopped first: one index is one process
+        (two PS on one port would share it, gRPC binding with SO_REUSEPORT, each with its state)."""
+        previous = self._children.get((role, index))
+        if previous is not None and previous.popen.poll() is None:
+            logger.warning("%s-%d is still running (pid %d): stopping it before starting it again", role, index,
+                           previous.popen.pid)
+            _terminate([previous.popen], 10.0)
         if role == "ps" and "--ready_file" not in args:
             ready = self._ready_file(index)
             if os.path.exists(ready):

@@ -140,6 +140,9 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
         self._step = "start"  # what the job is doing, for the report of a failure
         self.records_possibly_missing = 0  # resumed without a checkpoint: the ledger's done records
         self._resume_cut = ""  # resumed: the cut the PS restore (with its data position)
+        # Roles the recovery started again while exits polled with theirs waited to be fed: those
+        # exits are of the processes replaced, not of the new ones (see _run_loop).
+        self._restarted: set[tuple[str, int]] = set()
 
     # ------------------------------------------------------------ JobControl (callbacks)
 
@@ -259,6 +262,7 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
         last_render = 0.0
         render_every = 0.5 if self.progress.is_tty else 5.0
         while self.controller.outcome is None:
+            self._restarted.clear()
             events = self._next_events()
             events += [c.RoleExited(exit_) for exit_ in self.backend.poll_exits()]
             events += self._probe.poll()
@@ -268,6 +272,8 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
             now = time.monotonic()
             events.append(c.Tick())
             for event in events:
+                if isinstance(event, c.RoleExited) and (event.exit.role, event.exit.index) in self._restarted:
+                    continue  # polled before the recovery started that role again: not the new process's
                 self._feed(event)
                 self.desk.settle()  # a change of a ledger hands a parked request its task
             if self.dispatcher.main_finished:

@@ -148,6 +148,7 @@ class Recovery:
                              plan.cut.path, err.details())
                 self.backend.stop("ps", survivor)  # its exit, if any, is no death: replaced below
                 self._start_ps(survivor, "--restore_from", plan.cut.path, "--fence", str(fence))
+                self._restarted.add(("ps", survivor))
         return self._rewind(exit_.index, plan, plan.cut.path, "rollback")
 
     def _start_over(self, exit_, plan: policy.StartOver) -> c.PSRelaunched:
@@ -168,6 +169,8 @@ class Recovery:
                           self.state.term_floor)
         for index in plan.restart:
             self._start_ps(index, "--fence", str(fence))
+            if index != exit_.index:
+                self._restarted.add(("ps", index))
         return self._rewind(exit_.index, plan, "the model started over", "start over")
 
     def _rewind(self, index: int, plan, where: str, cause: str) -> c.PSRelaunched:
