@@ -118,8 +118,15 @@ def test_a_stream_job_trains_every_record_once_and_ends_when_idle(kafka_broker, 
     n = 1000
     _produce_digits(kafka_broker, digits, n)
     job = "kafka-stream"
-    report = _finish(_train(kafka_broker, tmp_path, job), tmp_path, job)
+    report = _finish(_train(kafka_broker, tmp_path, job, window_records=300), tmp_path, job)
     _assert_exactly_once(report, tmp_path, n)
+    # Progressive validation: every record scored once (no task was trained twice here), in windows
+    # of whole tasks of at least 300 records but the last; the model learns as the stream goes.
+    windows = report["progressive"]
+    assert sum(w["records"] for w in windows) == n and len(windows) >= 2
+    assert all(w["records"] >= 300 for w in windows[:-1])
+    assert [w["first_record"] for w in windows] == [sum(w["records"] for w in windows[:i]) for i in range(len(windows))]
+    assert windows[-1]["metrics"]["accuracy"] > windows[0]["metrics"]["accuracy"]
     log = _master_log(tmp_path, job)
     assert "no new record for 3 s (--stream_idle_secs)" in log
     stream = report["stream"]

@@ -31,11 +31,21 @@ class StreamSection:
         "its ledger holds.",
         commands=("train",),
     )
+    window_records: int = flag(
+        0,
+        "Progressive validation: each training batch is scored with eval_metrics_fn on the model "
+        "before its gradients are pushed, and the scores are merged per window of this many records "
+        "(whole tasks: a window closes at the first task report that reaches it), logged, written "
+        "to TensorBoard and listed in report.json's progressive (0: off; costs a forward pass per batch).",
+        commands=("train",),
+    )
 
     def check(self, training_data: str) -> None:
         """The rules of these flags (``JobConfig.validate``)."""
         if self.stream_start not in STREAM_STARTS:
             raise ConfigError(f"--stream_start must be earliest or latest. Received: {self.stream_start!r}")
+        if self.window_records < 0:
+            raise ConfigError(f"--window_records must be 0 (off) or more. Received: {self.window_records}")
         if self.stream_idle_secs and not training_data.strip().lower().startswith("kafka://"):
             raise ConfigError(
                 "--stream_idle_secs applies to a stream (--training_data kafka://HOST:PORT/TOPIC); "

@@ -39,6 +39,7 @@ from elasticdl.master.job_setup import JobSetup, write_job_config
 from elasticdl.master.job_state import JobState, job_fingerprint
 from elasticdl.master.preflight import CheckedJob
 from elasticdl.master.progress import TrainingProgress
+from elasticdl.master.progressive import progressive_windows, to_tensorboard
 from elasticdl.master.recovery import Recovery
 from elasticdl.master.replica_recovery import ReplicaRecovery
 from elasticdl.master.report import CheckpointFailures, JobReport
@@ -119,7 +120,9 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
         self._events: queue.SimpleQueue = queue.SimpleQueue()  # from gRPC and store threads
         # The workers' requests: gRPC threads ask through the line, the loop serves them at the desk.
         self.requests = RequestLine(self._events.put)
-        self.desk = RequestDesk(self.dispatcher, self.progress)
+        self.progressive = progressive_windows(cfg.stream.window_records, checked.spec, command,
+                                               sink=lambda window: to_tensorboard(self.tensorboard, window))
+        self.desk = RequestDesk(self.dispatcher, self.progress, progressive=self.progressive)
         self._follow_ups: collections.deque = collections.deque()  # from callbacks, in the loop's thread
         self.state = JobState(cfg, command, job_fingerprint(cfg, checked.files), on_lost=self._store_lost)
         self.ps_addresses: list[str] = []
@@ -231,6 +234,8 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
                 report.exactly_once = self._check_exactly_once(stats)
                 if self.stream is not None:
                     report.stream = self.stream.summary(self.main_tasks)
+                if self.progressive is not None:
+                    report.progressive = self.progressive.finish()
             self._finish(report)
             succeeded = True
         except BaseException as err:
