@@ -20,6 +20,7 @@ import time
 from kafka_fixture import kafka_broker  # noqa: F401  (pytest finds fixtures by name)
 
 from elasticdl.data import tfrecord
+from elasticdl.data.kafka_client import GroupOffsets, KafkaTopic
 from tests.chaos.checks import final_cut
 from tests.test_e2e_elastic import _master_log, _wait_for, _worker_pids
 from tests.test_e2e_local import MODEL_ZOO, digits  # noqa: F401
@@ -118,7 +119,7 @@ def test_a_stream_job_trains_every_record_once_and_ends_when_idle(kafka_broker, 
     n = 1000
     _produce_digits(kafka_broker, digits, n)
     job = "kafka-stream"
-    report = _finish(_train(kafka_broker, tmp_path, job, window_records=300), tmp_path, job)
+    report = _finish(_train(kafka_broker, tmp_path, job, window_records=300, kafka_group="trainer"), tmp_path, job)
     _assert_exactly_once(report, tmp_path, n)
     # Progressive validation: every record scored once (no task was trained twice here), in windows
     # of whole tasks of at least 300 records but the last; the model learns as the stream goes.
@@ -132,6 +133,12 @@ def test_a_stream_job_trains_every_record_once_and_ends_when_idle(kafka_broker, 
     stream = report["stream"]
     assert stream["closed"] == "no new record for 3 s (--stream_idle_secs)" and stream["records_cut"] == n
     assert stream["partitions"] == {p: {"start": 0, "cut_to": n // 2, "seen": n // 2, "lag": 0} for p in ("0", "1")}
+    # --kafka_group: a lag monitor sees every record consumed, as the ledger holds them.
+    monitor = GroupOffsets(KafkaTopic.of(f"kafka://{kafka_broker.bootstrap}/{TOPIC}").address, "trainer")
+    try:
+        assert monitor.committed([0, 1]) == {int(p): v["cut_to"] for p, v in stream["partitions"].items()}
+    finally:
+        monitor.close()
 
 
 def test_a_worker_sigkill_mid_stream_keeps_every_record_once(kafka_broker, digits, tmp_path):  # noqa: F811

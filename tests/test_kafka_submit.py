@@ -24,6 +24,7 @@ def _config(training_data: str, **flags) -> JobConfig:
     ({"stream_start": "newest"}, "--stream_start must be earliest or latest. Received: 'newest'"),
     ({"training_data": "data/digits/train", "stream_idle_secs": 5.0},
      "--stream_idle_secs applies to a stream .* drop --stream_idle_secs"),
+    ({"training_data": "data/digits/train", "kafka_group": "g"}, "--kafka_group applies to a stream .* drop --kafka_group"),
 ])
 def test_the_stream_flags_are_checked_naming_the_flag(flags, message):
     config = _config(**{"training_data": "kafka://127.0.0.1:9/t", **flags})

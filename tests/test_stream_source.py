@@ -9,6 +9,7 @@ from elasticdl.data.kafka_client import KafkaTopic
 from elasticdl.master.stream_cutter import LINGER_SECS
 from elasticdl.master.stream_source import KafkaStreamSource
 from elasticdl.master.stream_tasks import StreamTaskManager
+from elasticdl.master.tasks import NoTask
 
 
 class Clock:
@@ -151,3 +152,47 @@ def test_the_summary_gives_each_partitions_start_cut_seen_and_lag(kafka_broker):
     source.feed(ledger)
     assert source._stop.is_set()
     assert source.summary(ledger)["partitions"]["0"] == {"start": 0, "cut_to": 0, "seen": 125, "lag": 125}
+
+
+def test_kafka_group_commits_the_ledgers_consumed_offsets_to_the_broker(kafka_broker):  # noqa: F811
+    from elasticdl.data.kafka_client import GroupOffsets
+    from elasticdl.master.stream_source import COMMIT_SECS
+
+    kafka_broker.create_topic("grouped", 2)
+    kafka_broker.produce("grouped", (b"%d" % i for i in range(500)), partitions=2)  # 250 a partition
+    clock = Clock()
+    kafka = KafkaTopic.of(f"kafka://{kafka_broker.bootstrap}/grouped")
+    group = GroupOffsets(kafka.address, "lag-monitored")
+    source = KafkaStreamSource(kafka, kafka.partitions(), records_per_task=100, idle_secs=5.0, clock=clock,
+                               timeout=1.0, group=group)
+    source.open({}, watch=False)
+    ledger = StreamTaskManager()
+    assert _cut_all(source, ledger) == 500
+    monitor = GroupOffsets(kafka.address, "lag-monitored")  # what a lag monitor reads
+    tasks = {}
+    while (task := ledger.get_task(len(tasks))) is not NoTask.WAIT:
+        tasks[(task.shard.path[-1], task.shard.start)] = (task, len(tasks))
+
+    def report(partition: str, start: int) -> None:
+        task, worker = tasks[(partition, start)]
+        assert ledger.report(task.task_id, worker).accepted
+
+    def commit() -> dict[int, int]:
+        clock.now += COMMIT_SECS
+        source.feed(ledger)
+        source.commit_consumed()  # the watching thread's call
+        return monitor.committed([0, 1])
+
+    assert commit() == {0: 0, 1: 0}  # nothing trained: the start of each partition
+    report("0", 0), report("0", 200), report("1", 100)
+    assert commit() == {0: 100, 1: 0}  # partition 0's 100-199 and partition 1's 0-99 are not done
+    report("0", 100), report("1", 0)
+    assert commit() == {0: 250, 1: 200}
+    report("1", 200)
+    clock.now += COMMIT_SECS / 2  # handed over at most once a COMMIT_SECS; the end commits at once
+    source.feed(ledger)
+    source.close()
+    consumed = ledger.consumed()
+    assert monitor.committed([0, 1]) == {0: 250, 1: 250} == {
+        p: consumed[kafka.address.partition_path(p)] for p in (0, 1)}
+    monitor.close()

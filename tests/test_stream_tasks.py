@@ -138,3 +138,20 @@ def test_bad_records_of_a_stream_count_as_skipped_training_records():
            BadRecord("kafka://b:9092/other#0", 1, "another stream's"), BadRecord("data/a.tfrecord", 2, "a file's")]
     assert skipped_bad_records(bad, [("kafka://b:9092/t", 0)]) == 2
     assert skipped_bad_records(bad, [("data/a.tfrecord", 10)]) == 1
+
+
+def test_consumed_offsets_stop_at_the_first_offset_not_done_and_go_back_with_a_rewind():
+    ledger = StreamTaskManager()
+    ledger.add([Shard(P0, 0, 10), Shard(P0, 10, 20), Shard(P0, 20, 30), Shard(P1, 0, 5)])
+    assert ledger.consumed() == {P0: 0, P1: 0}  # nothing done
+    held = {t.shard: (t, w) for w in range(4) for t in [ledger.get_task(w)]}  # read-ahead may reorder
+    a, b, c, d = (held[s][0] for s in (Shard(P0, 0, 10), Shard(P0, 10, 20), Shard(P0, 20, 30), Shard(P1, 0, 5)))
+    worker = {t.task_id: held[t.shard][1] for t in (a, b, c, d)}
+    assert ledger.report(b.task_id, worker[b.task_id]).accepted and ledger.report(d.task_id, worker[d.task_id]).accepted
+    assert ledger.consumed() == {P0: 0, P1: 5}  # P0's 10-19 are done, 0-9 not yet: a gap stops it
+    assert ledger.report(a.task_id, worker[a.task_id]).accepted
+    assert ledger.consumed() == {P0: 20, P1: 5}  # c is in progress
+    ledger.report(c.task_id, worker[c.task_id], interrupted=True, records=4)  # its worker left after 4 records: 24-29 back to todo
+    assert ledger.consumed() == {P0: 24, P1: 5}
+    ledger.rewind({a.task_id: 6})  # a rollback to a cut that holds P0's 0-5 only (and nothing of P1)
+    assert ledger.consumed() == {P0: 6, P1: 0}

@@ -9,6 +9,8 @@ from elasticdl.config.errors import ConfigError
 from elasticdl.config.fields import flag
 
 STREAM_STARTS = ("earliest", "latest")
+# The flags that make sense only for --training_data kafka://... (--window_records works for files too).
+STREAM_ONLY = ("stream_idle_secs", "kafka_group")
 
 
 @dataclass
@@ -31,6 +33,13 @@ class StreamSection:
         "its ledger holds.",
         commands=("train",),
     )
+    kafka_group: str = flag(
+        "",
+        "A stream job commits its consumed offsets to the brokers under this consumer group, so that "
+        "standard lag monitors see the job: each partition's first offset not yet trained, about once a "
+        "second and at the end. The job never reads them back: its ledger holds the truth ('': none).",
+        commands=("train",),
+    )
     window_records: int = flag(
         0,
         "Progressive validation: each training batch is scored with eval_metrics_fn on the model "
@@ -44,10 +53,10 @@ class StreamSection:
         """The rules of these flags (``JobConfig.validate``)."""
         if self.stream_start not in STREAM_STARTS:
             raise ConfigError(f"--stream_start must be earliest or latest. Received: {self.stream_start!r}")
-        if self.window_records < 0:
-            raise ConfigError(f"--window_records must be 0 (off) or more. Received: {self.window_records}")
-        if self.stream_idle_secs and not training_data.strip().lower().startswith("kafka://"):
-            raise ConfigError(
-                "--stream_idle_secs applies to a stream (--training_data kafka://HOST:PORT/TOPIC); "
-                f"--training_data {training_data!r} is files: drop --stream_idle_secs"
-            )
+        if not training_data.strip().lower().startswith("kafka://"):
+            for name in STREAM_ONLY:
+                if getattr(self, name):
+                    raise ConfigError(
+                        f"--{name} applies to a stream (--training_data kafka://HOST:PORT/TOPIC); "
+                        f"--training_data {training_data!r} is files: drop --{name}"
+                    )

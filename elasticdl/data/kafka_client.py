@@ -207,3 +207,52 @@ def read_partition_range(path: str, start: int, end: int) -> list[bytes]:
     """A stream task's records: offsets ``start`` .. ``end - 1`` of the partition ``path`` names."""
     address, partition = parse_partition_path(path)
     return KafkaTopic(address).read(partition, start, end)
+
+
+class GroupOffsets:
+    """A consumer group's committed offsets of one topic (``--kafka_group``): what standard lag
+    monitors read. Only written, never read back by the job: the master's ledger holds the truth.
+    Its own consumer (never subscribed: no group rebalance, no fetch), safe to call from any
+    thread, one call at a time."""
+
+    def __init__(self, address: KafkaAddress, group: str):
+        kafka = _client_module()
+        self.address = address
+        self.group = group
+        self._lock = threading.Lock()
+        self._consumer = kafka.Consumer({
+            "bootstrap.servers": address.brokers,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "allow.auto.create.topics": False,
+            "log_level": 0,
+        })
+
+    def commit(self, offsets: Mapping[int, int]) -> None:
+        """Commit ``offsets`` (partition -> the next offset to consume); a DataError if the broker
+        refuses or cannot be reached."""
+        kafka = _client_module()
+        if not offsets:
+            return
+        parts = [kafka.TopicPartition(self.address.topic, p, o) for p, o in sorted(offsets.items())]
+        with self._lock:
+            try:
+                answered = self._consumer.commit(offsets=parts, asynchronous=False)
+            except kafka.KafkaException as err:
+                raise DataError(f"committing offsets of group {self.group!r} to {self.address.brokers}: "
+                                f"{err.args[0].str() if err.args else err}") from None
+        failed = [f"{p.partition}: {p.error.str()}" for p in answered or () if p.error is not None]
+        if failed:
+            raise DataError(f"committing offsets of group {self.group!r}: {'; '.join(failed)}")
+
+    def committed(self, partitions: list[int], timeout: float = CHECK_TIMEOUT_SECS) -> dict[int, int]:
+        """The group's committed offset of each partition (negative: none committed)."""
+        kafka = _client_module()
+        with self._lock:
+            found = self._consumer.committed([kafka.TopicPartition(self.address.topic, p) for p in partitions],
+                                             timeout=timeout)
+        return {p.partition: p.offset for p in found}
+
+    def close(self) -> None:
+        with self._lock:
+            self._consumer.close()

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from elasticdl.data.kafka_address import is_kafka
-from elasticdl.data.kafka_client import KafkaTopic
+from elasticdl.data.kafka_client import GroupOffsets, KafkaTopic
 from elasticdl.master.stream_cutter import StreamCutter
 from elasticdl.master.stream_tasks import StreamTaskManager
 
@@ -31,6 +31,8 @@ POLL_SECS = 0.5
 BROKER_TIMEOUT_SECS = 5.0
 # A probe past the watermarks reads at most about this many tasks' records of a partition per poll.
 PROBE_TASKS = 8
+# --kafka_group: the consumed offsets are committed at most this often (and once at the end).
+COMMIT_SECS = 1.0
 
 
 class KafkaStreamSource:
@@ -38,7 +40,8 @@ class KafkaStreamSource:
 
     def __init__(self, topic: KafkaTopic, partitions: list[int], records_per_task: int, idle_secs: float,
                  start: str = "earliest", clock: Callable[[], float] = time.monotonic,
-                 poll_secs: float = POLL_SECS, timeout: float = BROKER_TIMEOUT_SECS):
+                 poll_secs: float = POLL_SECS, timeout: float = BROKER_TIMEOUT_SECS,
+                 group: GroupOffsets | None = None):
         self.topic = topic
         self.partitions = partitions
         self.records_per_task = records_per_task
@@ -54,6 +57,14 @@ class KafkaStreamSource:
         self._thread: threading.Thread | None = None
         self._outage = ""
         self.starts: dict[int, int] = {}
+        # --kafka_group: the ledger's consumed offsets, committed by the watching thread (the
+        # job loop only hands them over), and once more at the end (``close``).
+        self.group = group
+        self._ledger: StreamTaskManager | None = None
+        self._to_commit: dict[int, int] = {}
+        self._committed: dict[int, int] = {}
+        self._consumed_at = float("-inf")
+        self._commit_lock = threading.Lock()
 
     def open(self, committed: dict[str, int], watch: bool = True) -> dict[int, int]:
         """Start watching from the ledger's ``committed`` offsets (path -> end cut), or, for a
@@ -93,8 +104,10 @@ class KafkaStreamSource:
             added += sum(s.records for s in shards)
         if self._idle.is_set() and ledger.stream_open:
             ledger.close_stream(f"no new record for {self.idle_secs:g} s (--stream_idle_secs)")
+        if self.group is not None:
+            self._hand_over_consumed(ledger)
         if not ledger.stream_open:  # idle, or closed by a stop: nothing more is cut
-            self.close()
+            self._stop_watching()
         return added
 
     def summary(self, ledger: StreamTaskManager) -> dict:
@@ -110,6 +123,18 @@ class KafkaStreamSource:
                 "records_cut": ledger.records_per_epoch, "partitions": partitions}
 
     def close(self) -> None:
+        """The job ended: stop watching; with --kafka_group, commit the ledger's consumed offsets
+        as they are at the end (also after a failure: what the ledger counts done is done)."""
+        self._stop_watching()
+        if self.group is None:
+            return
+        if self._ledger is not None:
+            self._hand_over_consumed(self._ledger, force=True)
+        self.commit_consumed()
+        self.group.close()
+        self.group = None
+
+    def _stop_watching(self) -> None:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
@@ -117,9 +142,41 @@ class KafkaStreamSource:
     def _watch(self) -> None:
         while not self._stop.is_set():
             self.poll_once()
+            self.commit_consumed()
             if self._idle.is_set():
                 return
             self._stop.wait(self.poll_secs)
+
+    def _hand_over_consumed(self, ledger: StreamTaskManager, force: bool = False) -> None:
+        """In the job loop: the ledger's consumed offsets for the committing thread (at most every
+        COMMIT_SECS: the ledger is walked for them)."""
+        self._ledger = ledger
+        now = self.clock()
+        if not force and now - self._consumed_at < COMMIT_SECS:
+            return
+        self._consumed_at = now
+        consumed = ledger.consumed()
+        offsets = {p: consumed[self.topic.address.partition_path(p)] for p in self.partitions
+                   if self.topic.address.partition_path(p) in consumed}
+        with self._commit_lock:
+            self._to_commit = offsets
+
+    def commit_consumed(self) -> None:
+        """Commit the consumed offsets handed over, if they moved since the last commit. A broker
+        that refuses is logged and tried again at the next call: the group's offsets are for
+        lag monitors, the ledger holds the truth."""
+        with self._commit_lock:  # held for the copy only: the job loop never waits on the broker
+            offsets = dict(self._to_commit)
+        group = self.group
+        if group is None or offsets == self._committed:
+            return
+        try:
+            group.commit(offsets)
+        except Exception as err:  # the broker away: training goes on, the next call tries again
+            logger.warning("stream %s: consumed offsets not committed under --kafka_group %s (%s); "
+                           "trying again", self.topic.address.url, group.group, err)
+            return
+        self._committed = offsets
 
     def poll_once(self) -> None:
         """One look at the partitions: cut what is new, and tell when the stream went idle."""
@@ -173,7 +230,8 @@ def open_stream(config, ledger) -> KafkaStreamSource | None:
     if not isinstance(ledger, StreamTaskManager):
         return None
     topic = KafkaTopic.of(config.data.training_data)
+    group = GroupOffsets(topic.address, config.stream.kafka_group) if config.stream.kafka_group else None
     source = KafkaStreamSource(topic, topic.partitions(), config.effective_records_per_task,
-                               config.stream.stream_idle_secs, config.stream.stream_start)
+                               config.stream.stream_idle_secs, config.stream.stream_start, group=group)
     source.open(ledger.offsets())
     return source

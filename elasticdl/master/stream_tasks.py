@@ -74,6 +74,16 @@ class StreamTaskManager(TaskManager):
             ends[task.shard.path] = max(ends.get(task.shard.path, 0), task.shard.end)
         return ends
 
+    def consumed(self) -> dict[str, int]:
+        """Partition path -> the first offset not consumed: every offset before it is done (or
+        was dropped after --max_task_retries: never read again), none of todo or in progress.
+        What --kafka_group commits to the broker. It goes back when a rollback puts done
+        records back to todo, as the ledger does."""
+        firsts: dict[str, int] = {}
+        for task in [*self._todo, *(d.task for d in self._in_flight)]:
+            firsts[task.shard.path] = min(firsts.get(task.shard.path, task.shard.start), task.shard.start)
+        return {path: min(end, firsts.get(path, end)) for path, end in self.offsets().items()}
+
     # ------------------------------------------------------------ the ledger, open-ended
 
     def get_task(self, worker_id: int) -> Task | NoTask:
