@@ -64,3 +64,16 @@ def test_a_range_past_what_the_partition_holds_fails_after_its_timeout(kafka_bro
     topic = KafkaTopic.of(f"kafka://{kafka_broker.bootstrap}/short")
     with pytest.raises(DataError, match=r"short#0 offsets 1-4: only 1 of 4 records arrived within 1 s"):
         topic.read(0, 1, 5, timeout=1.0)
+
+
+def test_a_records_kafka_timestamp_is_read_at_its_offset(kafka_broker):  # noqa: F811
+    from confluent_kafka import Producer
+
+    kafka_broker.create_topic("stamped", 2)
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    for i in range(6):  # CreateTime set by the producer: 1,700,000,000 s + i on partition i % 2
+        producer.produce("stamped", value=b"%d" % i, partition=i % 2, timestamp=1_700_000_000_000 + 1000 * i)
+    assert producer.flush(30) == 0
+    topic = KafkaTopic.of(f"kafka://{kafka_broker.bootstrap}/stamped")
+    assert topic.timestamps({0: 2, 1: 1}) == {0: 1_700_000_004.0, 1: 1_700_000_003.0}
+    assert topic.timestamps({0: 50}, timeout=0.5) == {}  # not there (yet): left out

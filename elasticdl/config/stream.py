@@ -10,7 +10,7 @@ from elasticdl.config.fields import flag
 
 STREAM_STARTS = ("earliest", "latest")
 # The flags that make sense only for --training_data kafka://... (--window_records works for files too).
-STREAM_ONLY = ("stream_idle_secs", "kafka_group")
+STREAM_ONLY = ("stream_idle_secs", "kafka_group", "export_every_secs")
 
 
 @dataclass
@@ -40,6 +40,19 @@ class StreamSection:
         "second and at the end. The job never reads them back: its ledger holds the truth ('': none).",
         commands=("train",),
     )
+    export_every_secs: float = flag(
+        0.0,
+        "A stream job exports a SavedModel for serving every this many seconds while it trains, to "
+        "--output/<model_version>/ (TensorFlow Serving's versioned layout; written under a temporary name "
+        "and renamed), from one snapshot with every parameter server at the same version; the final "
+        "export goes there too (0: only the final export, to --output itself).",
+        commands=("train",),
+    )
+    keep_exports: int = flag(
+        5,
+        "With --export_every_secs: how many exports --output keeps (the newest; older ones are removed).",
+        commands=("train",),
+    )
     window_records: int = flag(
         0,
         "Progressive validation: each training batch is scored with eval_metrics_fn on the model "
@@ -49,10 +62,12 @@ class StreamSection:
         commands=("train",),
     )
 
-    def check(self, training_data: str) -> None:
+    def check(self, training_data: str, output: str = "") -> None:
         """The rules of these flags (``JobConfig.validate``)."""
         if self.stream_start not in STREAM_STARTS:
             raise ConfigError(f"--stream_start must be earliest or latest. Received: {self.stream_start!r}")
+        if self.keep_exports < 1:
+            raise ConfigError(f"--keep_exports must be 1 or more. Received: {self.keep_exports}")
         if not training_data.strip().lower().startswith("kafka://"):
             for name in STREAM_ONLY:
                 if getattr(self, name):
@@ -60,3 +75,9 @@ class StreamSection:
                         f"--{name} applies to a stream (--training_data kafka://HOST:PORT/TOPIC); "
                         f"--training_data {training_data!r} is files: drop --{name}"
                     )
+        if self.export_every_secs and not output:
+            raise ConfigError("--export_every_secs writes versioned exports to --output/<model_version>/: "
+                              "set --output (a local or mounted directory)")
+        if self.export_every_secs and "://" in output:
+            raise ConfigError(f"--export_every_secs renames each export into place, which --output {output!r} "
+                              "(an object store) cannot do: give a local or mounted directory")

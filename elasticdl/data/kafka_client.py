@@ -192,6 +192,30 @@ class KafkaTopic:
             consumer.unassign()
         return values
 
+    def timestamps(self, offsets: Mapping[int, int], timeout: float = CHECK_TIMEOUT_SECS) -> dict[int, float]:
+        """The Kafka timestamp (epoch seconds) of the record at ``offsets[partition]`` of each
+        partition; a partition whose record does not arrive within ``timeout``, or has no
+        timestamp, is left out."""
+        kafka = _client_module()
+        if not offsets:
+            return {}
+        consumer = _consumer(self.address.brokers)
+        consumer.assign([kafka.TopicPartition(self.address.topic, p, o) for p, o in offsets.items()])
+        found: dict[int, float] = {}
+        try:
+            deadline = time.monotonic() + timeout
+            while len(found) < len(offsets) and (left := deadline - time.monotonic()) > 0:
+                for message in consumer.consume(num_messages=len(offsets), timeout=min(left, CONSUME_SECS)):
+                    partition = message.partition()
+                    if message.error() is not None or message.offset() != offsets.get(partition):
+                        continue
+                    kind, millis = message.timestamp()
+                    if kind != kafka.TIMESTAMP_NOT_AVAILABLE:
+                        found[partition] = millis / 1000.0
+        finally:
+            consumer.unassign()
+        return found
+
     def sample(self, n: int, timeout: float = CHECK_TIMEOUT_SECS) -> list[bytes]:
         """Up to ``n`` records from the start of the first partition that holds any (the submit
         check's batch)."""

@@ -45,6 +45,7 @@ from elasticdl.master.replica_recovery import ReplicaRecovery
 from elasticdl.master.report import CheckpointFailures, JobReport
 from elasticdl.master.request_desk import RequestDesk
 from elasticdl.master.requests import RequestLine
+from elasticdl.master.stream_export import capture_ledger, continuous_export, snapshot_model
 from elasticdl.master.stream_source import open_stream, stream_ledger
 from elasticdl.master.task_manager import TaskManager, TaskType
 from elasticdl.master.telemetry import StalenessSummary
@@ -95,6 +96,7 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
 
         self.main_tasks: TaskManager | None = stream_ledger(cfg, command)  # a Kafka stream's, or None
         self.stream = None  # its source (opened once the ledger is resumed)
+        self.exports = None  # --export_every_secs: its continuous export (master/stream_export.py)
         if command in ("train", "predict") and self.main_tasks is None:
             self.main_tasks = TaskManager(
                 make_shards(checked.files, cfg.effective_records_per_task),
@@ -218,6 +220,7 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
             if self.main_tasks is not None:
                 self.main_tasks.start_term(self.state.term)
             self.stream = open_stream(cfg, self.main_tasks)
+            self.exports = continuous_export(cfg, self.stream.topic) if self.stream is not None else None
             if resumed and cfg.checkpoints.checkpoint_dir:
                 self._restore_latest_checkpoint()
             self._note_restore(report)
@@ -236,7 +239,11 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
                     report.stream = self.stream.summary(self.main_tasks)
                 if self.progressive is not None:
                     report.progressive = self.progressive.finish()
+                if self.exports is not None:
+                    self.exports.wait()  # the final pull and export use the master's model after it
             self._finish(report)
+            if self.exports is not None:
+                report.exports = self.exports.summary()
             succeeded = True
         except BaseException as err:
             report.failed(self._step, err)
@@ -278,6 +285,9 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
             if self.stream is not None:  # new records become tasks here, in the ledger's thread
                 self.stream.feed(self.main_tasks)
                 self.progress.records_per_epoch = self.main_tasks.records_per_epoch
+                if self.exports is not None:  # --export_every_secs: in the background when due
+                    self.exports.tick(lambda: capture_ledger(self.main_tasks),
+                                      lambda: snapshot_model(self._ps, self._trainer))
             now = time.monotonic()
             events.append(c.Tick())
             for event in events:

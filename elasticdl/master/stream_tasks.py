@@ -74,6 +74,18 @@ class StreamTaskManager(TaskManager):
             ends[task.shard.path] = max(ends.get(task.shard.path, 0), task.shard.end)
         return ends
 
+    @property
+    def records_done(self) -> int:
+        """Records done (trained, or skipped as bad): what an export taken now holds at least."""
+        return self.epochs[0].records_done
+
+    def newest_done(self) -> dict[str, int]:
+        """Partition path -> one past the newest offset of a done task (an export's newest record)."""
+        ends: dict[str, int] = {}
+        for task in self._done.values():
+            ends[task.shard.path] = max(ends.get(task.shard.path, 0), task.shard.end)
+        return ends
+
     def consumed(self) -> dict[str, int]:
         """Partition path -> the first offset not consumed: every offset before it is done (or
         was dropped after --max_task_retries: never read again), none of todo or in progress.
