@@ -33,6 +33,8 @@ BROKER_TIMEOUT_SECS = 5.0
 PROBE_TASKS = 8
 # --kafka_group: the consumed offsets are committed at most this often (and once at the end).
 COMMIT_SECS = 1.0
+# How often the ledger's done prefix is compacted (after a look for a newer checkpoint cut).
+COMPACT_SECS = 30.0
 
 
 class KafkaStreamSource:
@@ -41,7 +43,8 @@ class KafkaStreamSource:
     def __init__(self, topic: KafkaTopic, partitions: list[int], records_per_task: int, idle_secs: float,
                  start: str = "earliest", clock: Callable[[], float] = time.monotonic,
                  poll_secs: float = POLL_SECS, timeout: float = BROKER_TIMEOUT_SECS,
-                 group: GroupOffsets | None = None):
+                 group: GroupOffsets | None = None,
+                 cut_marks: Callable[[], dict[int, int] | None] | None = None):
         self.topic = topic
         self.partitions = partitions
         self.records_per_task = records_per_task
@@ -65,6 +68,13 @@ class KafkaStreamSource:
         self._committed: dict[int, int] = {}
         self._consumed_at = float("-inf")
         self._commit_lock = threading.Lock()
+        # Compaction (StreamTaskManager.compact): ``cut_marks`` reads the newest checkpoint cut's
+        # data position on the watching thread (None: none yet); without it (no --checkpoint_dir)
+        # the done prefix is compacted as it is. The marks found wait here for the job loop.
+        self.cut_marks = cut_marks
+        self._marks: queue.SimpleQueue = queue.SimpleQueue()
+        self._compact_at = clock() + COMPACT_SECS
+        self._marks_at = clock() + COMPACT_SECS
 
     def open(self, committed: dict[str, int], watch: bool = True) -> dict[int, int]:
         """Start watching from the ledger's ``committed`` offsets (path -> end cut), or, for a
@@ -106,6 +116,7 @@ class KafkaStreamSource:
             ledger.close_stream(f"no new record for {self.idle_secs:g} s (--stream_idle_secs)")
         if self.group is not None:
             self._hand_over_consumed(ledger)
+        self._compact(ledger)
         if not ledger.stream_open:  # idle, or closed by a stop: nothing more is cut
             self._stop_watching()
         return added
@@ -143,9 +154,38 @@ class KafkaStreamSource:
         while not self._stop.is_set():
             self.poll_once()
             self.commit_consumed()
+            self.look_for_cut()
             if self._idle.is_set():
                 return
             self._stop.wait(self.poll_secs)
+
+    def look_for_cut(self) -> None:
+        """On the watching thread, every COMPACT_SECS: the newest cut's marks, for ``feed`` to compact."""
+        if self.cut_marks is None or self.clock() < self._marks_at:
+            return
+        self._marks_at = self.clock() + COMPACT_SECS
+        try:
+            marks = self.cut_marks()
+        except Exception as err:  # a checkpoint being written, a store away: the next look tries again
+            logger.info("stream %s: no checkpoint cut read for compaction (%s)", self.topic.address.url, err)
+            return
+        if marks is not None:
+            self._marks.put(marks)
+
+    def _compact(self, ledger: StreamTaskManager) -> None:
+        """In the job loop: fold the done prefix the newest cut holds (without checkpoints, every
+        COMPACT_SECS, all of it)."""
+        found = None
+        while True:
+            try:
+                found = self._marks.get_nowait()
+            except queue.Empty:
+                break
+        if found is None and self.cut_marks is None and self.clock() >= self._compact_at:
+            self._compact_at = self.clock() + COMPACT_SECS
+            ledger.compact(None)
+        elif found is not None:
+            ledger.compact(found)
 
     def _hand_over_consumed(self, ledger: StreamTaskManager, force: bool = False) -> None:
         """In the job loop: the ledger's consumed offsets for the committing thread (at most every
@@ -224,14 +264,41 @@ def stream_ledger(config, command: str) -> StreamTaskManager | None:
     )
 
 
-def open_stream(config, ledger) -> KafkaStreamSource | None:
+def open_stream(config, ledger, term_floor: int = -1) -> KafkaStreamSource | None:
     """Start watching the stream of a stream job's ledger (after the ledger was resumed: it
-    goes on from the ledger's offsets); None for a file job."""
+    goes on from the ledger's offsets); None for a file job. ``term_floor``: the checkpoint
+    lineage of this job (its cuts have terms above it)."""
     if not isinstance(ledger, StreamTaskManager):
         return None
+    directory = config.checkpoints.checkpoint_dir
+    cut_marks = NewestCutMarks(directory, term_floor) if directory else None
     topic = KafkaTopic.of(config.data.training_data)
     group = GroupOffsets(topic.address, config.stream.kafka_group) if config.stream.kafka_group else None
     source = KafkaStreamSource(topic, topic.partitions(), config.effective_records_per_task,
-                               config.stream.stream_idle_secs, config.stream.stream_start, group=group)
+                               config.stream.stream_idle_secs, config.stream.stream_start, group=group,
+                               cut_marks=cut_marks)
     source.open(ledger.offsets())
     return source
+
+
+class NewestCutMarks:
+    """The data position of the newest verified cut of a lineage; None before there is one.
+    The directory is listed each call, and a cut is read (verified) only when a newer one is complete."""
+
+    def __init__(self, directory: str, term_floor: int = -1):
+        self.directory = directory
+        self.term_floor = term_floor
+        self._seen = -1
+        self._marks: dict[int, int] | None = None
+
+    def __call__(self) -> dict[int, int] | None:
+        from elasticdl.master.cut_recovery import latest_cut
+        from elasticdl.model.checkpoint import complete_versions
+
+        versions = complete_versions(self.directory, self.term_floor)  # oldest first
+        if versions and versions[-1] != self._seen:
+            self._seen = versions[-1]
+            cut = latest_cut(self.directory, self.term_floor)  # the newest that verifies
+            if cut is not None:
+                self._marks = dict(cut.marks)
+        return self._marks
