@@ -222,3 +222,34 @@ def test_a_master_sigkilled_mid_stream_resumes_from_the_ledgers_offsets(kafka_br
     _assert_exactly_once(report, tmp_path, n)
     log = _master_log(tmp_path, job)
     assert "(the ledger's for [0, 1])" in log  # both partitions went on from the ledger's offsets
+
+
+def test_a_topic_deleted_under_the_job_fails_it_clearly_after_saving_what_was_trained(kafka_broker, digits,  # noqa: F811
+                                                                                        tmp_path):
+    from confluent_kafka.admin import AdminClient
+
+    _produce_digits(kafka_broker, digits, 1000)
+    job = "kafka-deleted"
+    proc = _train(kafka_broker, tmp_path, job, stream_idle_secs=0, output=tmp_path / "model",
+                  kafka_group="trainer")
+    try:
+        _wait_for(lambda: any((tmp_path / "ckpt").glob("version-*")), 180, "a first checkpoint")
+        admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+        for future in admin.delete_topics([TOPIC]).values():
+            future.result(timeout=20)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, err[-3000:]
+    assert f"the topic '{TOPIC}' was deleted from {kafka_broker.bootstrap} while the job ran" in err
+    assert "Traceback" not in err
+    report = json.loads((tmp_path / "runs" / job / "report.json").read_text())
+    assert report["status"] == "failed" and "was deleted" in report["error"]
+    # Nothing trained is lost: the final checkpoint and export hold every record the ledger counts done.
+    done = report["records_done_per_epoch"][0]
+    assert report["exactly_once"]["holds"] and report["checkpoint"] and os.path.isdir(report["saved_model"])
+    directory, shards = final_cut(str(tmp_path / "ckpt"))
+    assert [s.records_applied for s in shards] == [done], directory
+    assert "was deleted" in report["stream"]["closed"]

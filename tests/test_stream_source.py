@@ -3,9 +3,11 @@ on the test's own clock: what it cuts, where it starts, when it calls the stream
 
 from __future__ import annotations
 
+import pytest
 from kafka_fixture import kafka_broker  # noqa: F401  (pytest finds fixtures by name)
 
 from elasticdl.data.kafka_client import KafkaTopic
+from elasticdl.errors import JobFailedError
 from elasticdl.master.stream_cutter import LINGER_SECS
 from elasticdl.master.stream_source import KafkaStreamSource
 from elasticdl.master.stream_tasks import StreamTaskManager
@@ -196,3 +198,35 @@ def test_kafka_group_commits_the_ledgers_consumed_offsets_to_the_broker(kafka_br
     assert monitor.committed([0, 1]) == {0: 250, 1: 250} == {
         p: consumed[kafka.address.partition_path(p)] for p in (0, 1)}
     monitor.close()
+
+
+def test_a_deleted_topic_stops_the_stream_and_the_process_that_probed_it_lives_on(kafka_broker):  # noqa: F811
+    from confluent_kafka.admin import AdminClient
+
+    kafka_broker.create_topic("doomed", 2)
+    kafka_broker.produce("doomed", (b"%d" % i for i in range(300)), partitions=2)
+    clock = Clock()
+    # The master's topic: records are fetched in a helper process (a consumer of this process
+    # fetching when the topic is deleted would take it down with SIGSEGV, on Tansu).
+    kafka = KafkaTopic.of(f"kafka://{kafka_broker.bootstrap}/doomed", keep_consumers=False, fetch_elsewhere=True)
+    source = KafkaStreamSource(kafka, kafka.partitions(), records_per_task=100, idle_secs=0.0, clock=clock,
+                               timeout=1.0)
+    source.open({}, watch=False)
+    ledger = StreamTaskManager()
+    assert _cut_all(source, ledger) == 300
+    first = ledger.get_task(0)  # in progress when the topic goes
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})  # kept until its answer
+    for future in admin.delete_topics(["doomed"]).values():
+        future.result(timeout=20)
+    source.poll_once()
+    assert source.deleted == f"the topic 'doomed' was deleted from {kafka_broker.bootstrap} while the job ran"
+    source.feed(ledger)
+    assert not ledger.stream_open and ledger.close_reason == source.deleted
+    # The task in progress fails (its records cannot be read): not tried again; the rest was dropped.
+    assert ledger.report(first.task_id, 0, "DataError: unknown topic").accepted
+    ledger.fenced(*ledger.pending_fences()[:1], {})
+    assert ledger.get_task(0) is NoTask.END and ledger.finished
+    assert ledger.epochs[0].dropped == [] and ledger.records_done == 0
+    with pytest.raises(JobFailedError, match=r"'doomed' was deleted .* final checkpoint and export"):
+        source.raise_if_deleted()
+    source.close()

@@ -244,6 +244,9 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
             self._finish(report)
             if self.exports is not None:
                 report.exports = self.exports.summary()
+            if self.stream is not None:
+                self._step = "stream"
+                self.stream.raise_if_deleted()  # after the final checkpoint and export: nothing trained is lost
             succeeded = True
         except BaseException as err:
             report.failed(self._step, err)

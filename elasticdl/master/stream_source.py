@@ -59,6 +59,7 @@ class KafkaStreamSource:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._outage = ""
+        self.deleted = ""  # why the stream ended when its topic was deleted ('' while it exists)
         self.starts: dict[int, int] = {}
         # --kafka_group: the ledger's consumed offsets, committed by the watching thread (the
         # job loop only hands them over), and once more at the end (``close``).
@@ -112,6 +113,8 @@ class KafkaStreamSource:
                 break
             ledger.add(shards)
             added += sum(s.records for s in shards)
+        if self.deleted and ledger.stream_open:
+            ledger.topic_deleted(self.deleted)
         if self._idle.is_set() and ledger.stream_open:
             ledger.close_stream(f"no new record for {self.idle_secs:g} s (--stream_idle_secs)")
         if self.group is not None:
@@ -149,6 +152,7 @@ class KafkaStreamSource:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
+        self.topic.close()  # its helper process, if any (the exports' timestamps start it again)
 
     def _watch(self) -> None:
         while not self._stop.is_set():
@@ -158,6 +162,24 @@ class KafkaStreamSource:
             if self._idle.is_set():
                 return
             self._stop.wait(self.poll_secs)
+
+    def _topic_gone(self) -> None:
+        address = self.topic.address
+        self.deleted = (f"the topic {address.topic!r} was deleted from {address.brokers} while the job ran")
+        logger.error("stream %s: %s: training stops; the records trained so far go into the final checkpoint "
+                     "and export, and the job then fails", address.url, self.deleted)
+        self._stop.set()  # nothing more to watch
+
+    def raise_if_deleted(self) -> None:
+        """After the job's end (its final checkpoint, export and report): fail it if the topic went."""
+        if self.deleted:
+            from elasticdl.errors import JobFailedError
+
+            raise JobFailedError(
+                f"{self.deleted} (--training_data {self.topic.address.url}): the records trained before are in the "
+                "final checkpoint and export; report.json's stream gives each partition's offsets trained; the "
+                "records cut and not trained went with the topic. Recreate the topic and start a new job (the "
+                "offsets of a new topic start over), or restore the topic and resume with --etcd_endpoints")
 
     def look_for_cut(self) -> None:
         """On the watching thread, every COMPACT_SECS: the newest cut's marks, for ``feed`` to compact."""
@@ -222,6 +244,10 @@ class KafkaStreamSource:
         """One look at the partitions: cut what is new, and tell when the stream went idle."""
         cutter = self.cutter
         try:
+            # Listed first: a deleted topic's watermarks may read (0, 0) (Tansu), which would look idle.
+            if not self.topic.exists(self.timeout):
+                self._topic_gone()
+                return
             ends: dict[int, int] = {}
             for partition in self.partitions:
                 _low, high = self.topic.watermarks(partition, self.timeout)
@@ -272,7 +298,8 @@ def open_stream(config, ledger, term_floor: int = -1) -> KafkaStreamSource | Non
         return None
     directory = config.checkpoints.checkpoint_dir
     cut_marks = NewestCutMarks(directory, term_floor) if directory else None
-    topic = KafkaTopic.of(config.data.training_data)
+    # Records are fetched in a helper process: the master outlives a deleted topic (kafka_client._fetching).
+    topic = KafkaTopic.of(config.data.training_data, keep_consumers=False, fetch_elsewhere=True)
     group = GroupOffsets(topic.address, config.stream.kafka_group) if config.stream.kafka_group else None
     source = KafkaStreamSource(topic, topic.partitions(), config.effective_records_per_task,
                                config.stream.stream_idle_secs, config.stream.stream_start, group=group,

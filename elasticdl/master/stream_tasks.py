@@ -49,6 +49,7 @@ class StreamTaskManager(TaskManager):
         super().__init__([], num_epochs=1, task_type=TaskType.TRAINING, shuffle=False, **kwargs)
         self.stream_open = True
         self.close_reason = ""
+        self.gone = ""  # the topic was deleted (``topic_deleted``): why
 
     # ------------------------------------------------------------ the source
 
@@ -73,6 +74,21 @@ class StreamTaskManager(TaskManager):
             logger.info("the stream is closed (%s): no record after the %d cut into tasks is trained",
                         reason, self.records_per_epoch)
             self._bump()
+
+    def topic_deleted(self, reason: str) -> None:
+        """The stream's topic is gone: no task that is not done can be read any more. The stream
+        closes, the tasks not started are dropped, and a task that fails now (its records cannot
+        be read) is not tried again. The tasks in progress may still finish (a read ahead)."""
+        self.gone = reason
+        self.close_stream(reason)
+        self.stop()
+
+    def _retry(self, task: Task, why: str) -> None:
+        if self.gone:
+            logger.warning("task %d (%s offsets %d-%d) is not tried again: %s", task.task_id, task.shard.path,
+                           task.shard.start, task.shard.end - 1, self.gone)
+            return
+        super()._retry(task, why)
 
     def offsets(self) -> dict[str, int]:
         """Partition path -> one past the last offset cut into a task (kept or done): where the
