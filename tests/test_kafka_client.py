@@ -77,3 +77,23 @@ def test_a_records_kafka_timestamp_is_read_at_its_offset(kafka_broker):  # noqa:
     topic = KafkaTopic.of(f"kafka://{kafka_broker.bootstrap}/stamped")
     assert topic.timestamps({0: 2, 1: 1}) == {0: 1_700_000_004.0, 1: 1_700_000_003.0}
     assert topic.timestamps({0: 50}, timeout=0.5) == {}  # not there (yet): left out
+
+
+def test_the_masters_fetch_helper_dies_with_it_and_leaves_no_pipe_open():
+    """The helper process (kafka_client.FetchHelper) of a master SIGKILLed must not live on
+    holding the master's stdout and stderr: whoever waits for their end (a test, a shell)
+    would wait for ever. It did before it asked Linux to kill it with its parent."""
+    import subprocess
+    import sys
+
+    code = ("import time\nfrom elasticdl.data.kafka_client import FetchHelper\n"
+            "print(FetchHelper().call(abs, -3), flush=True)\ntime.sleep(600)\n")
+    master = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert master.stdout.readline().strip() == "3"  # the helper answered: it runs
+        master.kill()
+        out, _ = master.communicate(timeout=30)  # the pipes' end: no process holds them any more
+    finally:
+        if master.poll() is None:
+            master.kill()
+    assert master.returncode == -9 and out == ""

@@ -14,6 +14,9 @@ watermarks correctly; both pass the same code.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -33,6 +36,7 @@ PROBE_WAIT_SECS = 2.0
 # One consume() call's wait: it returns when it has all the records asked for, or after this.
 CONSUME_SECS = 0.05
 
+_PR_SET_PDEATHSIG = 1  # prctl: the signal this process gets when its parent dies
 _local = threading.local()  # one consumer per thread and cluster (a worker reads ahead in threads)
 
 
@@ -305,7 +309,8 @@ class FetchHelper:
                 from concurrent.futures import ProcessPoolExecutor
 
                 # spawn: a fork of a process with gRPC's and librdkafka's threads is not safe
-                self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+                self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                                 initializer=_die_with, initargs=(os.getpid(),))
             pool = self._pool
         try:
             return pool.submit(fn, *args).result()
@@ -322,6 +327,17 @@ class FetchHelper:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _die_with(parent: int) -> None:
+    """The helper goes when its parent does, even on SIGKILL: an orphan would hold the parent's
+    stdout and stderr open (a caller waiting for their end would wait for ever)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux
+    if os.getppid() != parent:  # it died before the request
+        os._exit(1)
 
 
 def _probe_there(address: KafkaAddress, starts: dict[int, int], limit: int, wait: float) -> dict[int, int]:
