@@ -21,7 +21,7 @@ from elasticdl.model.spec import ModelSpecError
 from elasticdl.rpc.master_client import TaskOrder
 from elasticdl.rpc.push_outcome import PushOutcome
 from elasticdl.worker.progressive import ProgressiveScore
-from tests.test_worker_overlap import _Trainer, _worker
+from tests.test_worker_overlap import _Trainer, _Unavailable, _worker
 
 
 def _squared_error(labels, predictions):
@@ -37,9 +37,18 @@ def _by_hand(labels: np.ndarray, predictions: np.ndarray) -> dict[str, float]:
             "squared_error": float(np.mean((labels - predictions) ** 2))}
 
 
-def _identity(features, training):  # a "model" whose predictions are its inputs
-    assert training is False  # scored in inference mode (no dropout, no BatchNorm update)
-    return features
+class _Identity:
+    """A trainer whose model's predictions are its inputs."""
+
+    def __init__(self):
+        self.embeddings = type("Tables", (), {"error": None})()
+
+    def model(self, features, training):
+        assert training is False  # scored in inference mode (no dropout, no BatchNorm update)
+        return features
+
+
+_identity = _Identity()
 
 
 def _task_states(labels, predictions, batch: int = 2) -> dict:
@@ -99,8 +108,13 @@ class _ScoringTrainer(_Trainer):
     def __init__(self, log):
         super().__init__(log)
         self.scored_on = []
+        self.unreachable = 0  # the next scores' row lookups find a PS away
 
     def model(self, features, training):
+        if self.unreachable:
+            self.unreachable -= 1
+            self.embeddings.error = _Unavailable()  # what a row lookup records, under TensorFlow's error
+            raise RuntimeError("UnknownError: Arguments received by Embedding.call()")
         version = None if self.params is None else int(self.params["w"][0])
         self.scored_on.append(version)
         self.log.append(f"score {len(self.scored_on)}")
@@ -150,3 +164,17 @@ def test_a_batch_computed_again_after_a_stale_refusal_is_scored_once():
     assert len(worker.trainer.scored_on) == 2
     (records, sent), = states
     assert sent["version/0"][1] == 4  # 4 records scored, each once
+
+
+def test_a_score_whose_row_lookup_finds_a_ps_away_is_retried_and_counted_once():
+    """The model's call wraps a failed row lookup in a TensorFlow error; scored as it was, the batch
+    failed as if its records were bad (the acceptance run's job failed on 'bad records'). Now the
+    lookup's own error is raised: the batch loop waits for the PS and scores the batch then, once."""
+    worker, ps, _, log, states = _scoring_worker(sync=False)
+    worker.consistency.overlap = False
+    worker.trainer.unreachable = 1
+    _feed(worker, TaskOrder("training", 1, "f", 0, 4), batches=2)
+    worker.run()
+    assert len(worker.trainer.scored_on) == 2 and worker.trainer.computed == 2
+    (records, sent), = states
+    assert sent["version/0"][1] == 4

@@ -160,7 +160,7 @@ class BatchLoop:
     def _compute_step(self, step: Step) -> None:
         features, labels = self._batch
         if self.progressive is not None:  # scored on the parameters its gradients are computed on
-            self.progressive.score(self._batch_position, self.trainer.model, features, labels)
+            self.progressive.score(self._batch_position, self.trainer, features, labels)
         loss, grads = self.trainer.compute_gradients(features, labels)
         self._startup.mark("gradients (tracing)")
         if not (math.isfinite(loss) and getattr(self.trainer, "last_step_finite", True)):

@@ -35,13 +35,15 @@ class ProgressiveScore:
         self._last_key = None
         self.batches = 0
 
-    def score(self, key: object, model: Callable, features, labels) -> bool:
-        """Score one batch on ``model`` as it is now (before its gradients exist); False when
-        the batch named ``key`` was scored already (None: always scored)."""
+    def score(self, key: object, trainer, features, labels) -> bool:
+        """Score one batch on ``trainer``'s model as it is now (before its gradients exist); False
+        when the batch named ``key`` was scored already (None: always scored). A row lookup that
+        failed (a PS away) raises its own error, as ``compute_gradients`` does: the batch loop
+        retries it, and the batch is scored then."""
         if key is not None and key == self._last_key:
             return False
+        self._metrics.update(labels, predict(trainer, features))
         self._last_key = key
-        self._metrics.update(labels, model(features, training=False))
         self.batches += 1
         return True
 
@@ -50,3 +52,17 @@ class ProgressiveScore:
         states = self._metrics.states() if self.batches else None
         self.start()
         return states
+
+
+def predict(trainer, features):
+    """The model's predictions in inference mode (its embedding rows read, never created: an id
+    not trained yet is unknown to the model; after the batch's pull, as they are on the PS now).
+    The error of a failed row lookup is raised as it is, not as the TensorFlow error wrapping it."""
+    tables = trainer.embeddings
+    tables.error = None
+    try:
+        return trainer.model(features, training=False)
+    except Exception as err:
+        if tables.error is not None:
+            raise tables.error from err
+        raise
