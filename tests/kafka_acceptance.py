@@ -150,7 +150,8 @@ def main() -> int:
             problems.append(f"the online job exited {online.returncode} (see {out}/online.log)")
         report = json.loads(open(os.path.join(out, "runs", "online", "report.json")).read())
         summary["online_seconds"] = report["seconds"]
-        applied = [s.records_applied for s in final_cut(ckpt)[1]]
+        cut = final_cut(ckpt)
+        applied = [s.records_applied for s in cut[1]] if cut else []
         summary["records_applied_per_ps"] = applied
         if not report["exactly_once"].get("holds") or set(applied) != {len(records)}:
             problems.append(f"exactly once: {report['exactly_once']}, the PS applied {applied} of {len(records)}")
@@ -159,12 +160,12 @@ def main() -> int:
         if report["ps_relaunches"] < 1 or killed not in master_log:
             problems.append(f"the faults did not happen: {report['ps_relaunches']} PS relaunches; "
                             f"{killed!r} {'in' if killed in master_log else 'not in'} the master's log")
-        exports = report["exports"]["list"]
+        exports = (report.get("exports") or {}).get("list", [])
         serving = os.path.join(out, "online", "serving")
         on_disk = sorted(os.listdir(serving), key=int) if os.path.isdir(serving) else []
         summary["exports"] = len(exports)
         summary["exports_on_disk"] = on_disk
-        summary["median_freshness_secs"] = report["exports"]["median_freshness_secs"]
+        summary["median_freshness_secs"] = (report.get("exports") or {}).get("median_freshness_secs")
         if len(on_disk) < 3:
             problems.append(f"{len(on_disk)} exports on disk, not at least 3")
         import tensorflow as tf
@@ -175,7 +176,7 @@ def main() -> int:
         summary["progressive"] = [(w["records"], w["metrics"]) for w in windows]
         if not windows:
             problems.append("no progressive-validation window in the report")
-        lags = {p: v["lag"] for p, v in report["stream"]["partitions"].items()}
+        lags = {p: v["lag"] for p, v in (report.get("stream") or {}).get("partitions", {}).items()}
         summary["lag"] = lags
         if any(lags.values()):
             problems.append(f"lag at the end: {lags}")
