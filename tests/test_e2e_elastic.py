@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests.hung_job import communicate_or_explain
 from tests.test_e2e_local import _alive, _children_of, digits, report_of, train_args  # noqa: F401
 
 
@@ -41,7 +42,7 @@ def _report_after_ps_kill(proc: subprocess.Popen, tmp_path, ready, what: str, ps
     try:
         _wait_for(ready, wait, what)
         os.kill(_ps_pids(proc.pid, tmp_path)[ps], signal.SIGKILL)
-        out, err = proc.communicate(timeout=300)
+        out, err = communicate_or_explain(proc, tmp_path)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -97,7 +98,7 @@ def test_chaos_kill_preempt_scale(digits, tmp_path):  # noqa: F811
         # Two more workers started, by the master's log: they may leave again at once if
         # the job runs out of tasks, so their processes are not what is waited for.
         _wait_for(lambda: _master_log(tmp_path, job).count(" started (") >= started + 2, 60, "scale up to 3 workers")
-        out, err = proc.communicate(timeout=300)
+        out, err = communicate_or_explain(proc, tmp_path)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 
 import pytest
 
@@ -16,7 +15,6 @@ from elasticdl.sim.runner import main, run_seed, run_seeds
 from elasticdl.sim.world import World
 
 CI_SEEDS = 500
-CI_SECONDS = 120.0
 
 # Violations the simulator finds on today's main, each open in docs/reliability.md ("Known
 # gaps", with seeds that replay them). A violation of any other kind fails the CI run; drop a
@@ -42,15 +40,13 @@ def known(violation: str) -> bool:
     return any(re.search(pattern, violation) for pattern in KNOWN_OPEN.values())
 
 
-def test_the_ci_budget_of_seeds_runs_in_time_and_finds_only_known_violations(capsys):
-    started = time.monotonic()
+def test_the_ci_budget_of_seeds_finds_only_known_violations(capsys):
+    # Not timed (a loaded CI machine is no bug); `make simulate` prints how long the seeds take.
     code = main(["--seeds", str(CI_SEEDS), "--jobs", "2"])
-    seconds = time.monotonic() - started
     out = capsys.readouterr().out.splitlines()
     last = re.fullmatch(r"(\d+) seeds, (\d+) faults, (\d+) invariant violations", out[-1])
     assert last is not None, out[-1]
     assert int(last.group(1)) == CI_SEEDS and int(last.group(2)) > CI_SEEDS // 2  # faults were injected
-    assert seconds < CI_SECONDS, f"{CI_SEEDS} seeds took {seconds:.0f}s"
     failing = [line for line in out[:-1] if line.startswith("seed ")]
     replays = [line for line in out if line.strip().startswith("replay: python -m elasticdl.sim --seed ")]
     assert len(replays) == len(failing) and code == (1 if failing else 0)

@@ -58,3 +58,21 @@ def test_a_spare_that_is_not_needed_leaves_quietly_and_a_wrong_role_is_named():
     wrong = subprocess.run([sys.executable, "-m", "elasticdl.launch.warm", "master"], stdin=subprocess.DEVNULL,
                            capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and "usage: python -m elasticdl.launch.warm {ps,worker}" in wrong.stderr
+
+
+def test_a_role_that_exits_now_flushes_its_log_and_output_and_keeps_its_exit_code(tmp_path):
+    """exit_now skips the interpreter's finalization (seconds with TensorFlow loaded), not what
+    the role wrote: its buffered output and its log's last line are there."""
+    log = tmp_path / "role.log"
+    code = (
+        "import logging, sys\n"
+        f"logging.basicConfig(filename={str(log)!r}, level=logging.INFO)\n"
+        "logging.info('the last line of the log')\n"
+        "sys.stdout.write('buffered output')\n"
+        "from elasticdl.launch.child import exit_now\n"
+        "exit_now(3)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 3
+    assert result.stdout == "buffered output"
+    assert "the last line of the log" in log.read_text()

@@ -68,7 +68,8 @@ def _run(argv: list[str], own_process: bool) -> int:
         configure_tensorflow(1)
 
     from elasticdl.api import run
-    from elasticdl.cli.interrupt import CtrlC, continuation, exit_now
+    from elasticdl.cli.interrupt import CtrlC, continuation
+    from elasticdl.launch.child import exit_now
 
     program = f"elasticdl {command}"
     started = time.time()
@@ -90,6 +91,8 @@ def _run(argv: list[str], own_process: bool) -> int:
                 exit_now(code)
         return code
     print(report.to_json())
+    if own_process:  # the roles are stopped and the report written: see exit_now
+        exit_now(0)
     return 0
 
 

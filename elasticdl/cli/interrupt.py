@@ -12,7 +12,6 @@ report the job wrote (``checkpoint``, ``continue_command``).
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import sys
@@ -78,12 +77,3 @@ def continuation(report_file: str, since: float) -> str:
     if report.get("continue_command"):
         lines += f"; to continue from it:\n  {report['continue_command']}"
     return lines
-
-
-def exit_now(code: int) -> None:
-    """End this process with ``code`` now, its output and log files flushed, skipping the
-    interpreter's teardown."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

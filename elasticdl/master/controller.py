@@ -52,8 +52,6 @@ from elasticdl.master.events import (
     PSRelaunched,
     PSRollback,
     PSSilent,
-    RelaunchPS,
-    ReplacePS,
     ReplaceWorker,
     RoleExited,
     SaveLedger,
@@ -73,6 +71,7 @@ from elasticdl.master.events import (
 from elasticdl.master.failover import ReplicaRoles
 from elasticdl.master.instance_manager import GiveUp, InstanceManager, Launch, Stop
 from elasticdl.master.leveling import Leveling
+from elasticdl.master.ps_losses import PS_SILENT_SECONDS, PSLosses  # noqa: F401  (c.PS_SILENT_SECONDS)
 
 logger = logging.getLogger(__name__)
 
@@ -85,12 +84,9 @@ LIVE_WORKERS_SETTLE_SECONDS = 1.0
 # Once every task and evaluation is done, workers leave at their next request for a task; one
 # still there this long later is frozen or hung, and is killed rather than holding the job open.
 WORKERS_LEAVE_SECONDS = 10.0
-# A PS that answers no probe this long is frozen or hung (a gray failure): it is killed, and
-# relaunched like a PS that died. Long enough for a PS busy writing a large checkpoint.
-PS_SILENT_SECONDS = 60.0
 
 
-class Controller:
+class Controller(PSLosses):
     """The job's decisions for ``train``, ``evaluate`` and ``predict``.
 
     ``dispatcher`` holds the main task ledger (training or prediction; none for
@@ -113,6 +109,7 @@ class Controller:
         max_bad_records: int = 0,
         wait_for_epoch_callbacks: bool = False,
         replica_roles: ReplicaRoles | None = None,
+        saves_checkpoints: bool = False,
     ):
         self.command = command
         self.dispatcher = dispatcher
@@ -138,6 +135,8 @@ class Controller:
         self.ps_relaunches = 0
         self.rollbacks: list[PSRollback] = []
         self.replicas = replica_roles  # --ps_replicas: a PS death promotes backups (master/failover.py)
+        self.saves_checkpoints = saves_checkpoints  # --checkpoint_dir: a dead PS comes back from a cut
+        self._reopening = False  # a PS lost after the last task reopened the job: not all done yet
         self.stop_reason = ""
         self.epoch_done = -1  # the last training epoch whose end was handled
         self._opened = self.tasks.epoch if self.tasks is not None else 0  # the last epoch whose tasks were opened
@@ -173,6 +172,7 @@ class Controller:
     def step(self, event: Event) -> list[Decision]:
         if self.outcome is not None:
             return []
+        self._reopening = False  # its recovery was carried out before this event
         decisions = self._on(event)
         if self.outcome is None:
             decisions += self._advance()
@@ -213,7 +213,7 @@ class Controller:
         The epoch check matters: the last task may be reported between two events, and the
         final evaluation is only queued when the epoch end is handled.
         """
-        if not self.dispatcher.main_finished or self._ending is not None:
+        if not self.dispatcher.main_finished or self._ending is not None or self._reopening:
             return False
         if self.command == "train" and self.epoch_done < self.tasks.epoch:
             return False
@@ -285,31 +285,6 @@ class Controller:
         return self._carry(self.instances.on_exit(
             exit_.index, exit_.returncode, exit_.log_tail, job_done=self.dispatcher.finished
         ))
-
-    def _on_ps_silent(self, indices: tuple[int, ...]) -> list[Decision]:
-        now = self._clock()
-        self._ps_silent_since = {i: self._ps_silent_since.get(i, now) for i in indices}
-        decisions: list[Decision] = []
-        for index, since in sorted(self._ps_silent_since.items()):
-            if now - since >= PS_SILENT_SECONDS and index not in self._ps_replaced:
-                self._ps_replaced.add(index)
-                reason = f"it answered no probe for {now - since:.0f} s (frozen or hung)"
-                logger.warning("parameter server %d makes no progress: %s; killing it", index, reason)
-                decisions.append(ReplacePS(index, reason))
-        return decisions
-
-    def _on_ps_exit(self, exit_: ProcessExit) -> list[Decision]:
-        self._ps_replaced.discard(exit_.index)
-        self._ps_silent_since.pop(exit_.index, None)
-        if self.dispatcher.finished:
-            return []  # the job is ending: the PS is no longer needed
-        self.ps_relaunches += 1
-        if self.ps_relaunches > self.max_ps_relaunches or self.command != "train":
-            return [Fail(describe_exit(exit_, "died"))]
-        self._live_workers_told = -1  # the new PS knows nothing yet
-        self.leveling.ps_relaunched()
-        relaunch = [RelaunchPS(exit_)] if self.replicas is None else self.replicas.ps_exited(exit_, self._clock())
-        return relaunch + (self.rounds.ps_died() if self.rounds is not None else [])
 
     def _on_version(self, version: int) -> list[Decision]:
         # Monotone: worker reports and PS polls arrive out of order; a PS restored from a

@@ -48,6 +48,11 @@ class TaskDispatcher:
     def finish(self) -> None:
         self._finished = True
 
+    def reopen(self) -> None:
+        """Training goes on after all (a PS was lost before the model was saved): workers get
+        tasks again, not END."""
+        self._finished = False
+
     @property
     def finished(self) -> bool:
         """The job loop said so: workers get END."""

@@ -33,6 +33,7 @@ class Slot:
     priority: Priority
     crashes: int = 0
     stopping: bool = False  # asked to leave (scale-down): its exit ends the slot
+    ended: bool = False  # there when training ended, then reopened: may leave as told (END)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class InstanceManager:
         self.relaunches = 0
         self.preemptions = 0
         self._initial = desired
+        self._ended: list[Slot] = []  # whose workers left at the job's end (reopen fills them again)
 
     def initial(self) -> list[Decision]:
         return self.scale(self._initial)
@@ -101,8 +103,14 @@ class InstanceManager:
 
     def on_exit(self, index: int, returncode: int, log_tail: str = "", job_done: bool = False) -> list[Decision]:
         slot = self._slots.pop(index, None)
-        if slot is None or slot.stopping or job_done:
-            return []  # asked to leave, or the job is over: nothing to refill
+        if slot is None or slot.stopping:
+            return []  # asked to leave: nothing to refill
+        if job_done:
+            self._ended.append(slot)  # nothing to refill, unless the job reopens
+            return []
+        if slot.ended and returncode == 0:
+            slot.ended = False  # it left on the END it got before the job reopened
+            return [self._fill(slot)]
         if returncode < 0 or returncode == 0:
             # Killed by a signal (preempted, evicted, OOM-killed by the OS) or left cleanly on
             # a SIGTERM nobody here sent: capacity went away, the worker did nothing wrong.
@@ -116,6 +124,15 @@ class InstanceManager:
             )]
         self.relaunches += 1
         return [self._fill(slot)]
+
+    def reopen(self) -> list[Decision]:
+        """Training ended, then had to go on (a PS was lost before the model was saved): the
+        slots whose workers left at the end are filled again; a worker still there may leave
+        on the END it got, and its exit refills its slot (not counted as a preemption)."""
+        for slot in self._slots.values():
+            slot.ended = True
+        ended, self._ended = self._ended, []
+        return [self._fill(slot) for slot in ended]
 
     def _fill(self, slot: Slot) -> Launch:
         slot.index = self._next_index

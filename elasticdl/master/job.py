@@ -29,7 +29,6 @@ from elasticdl.launch.api import Backend
 from elasticdl.launch.local import LocalBackend
 from elasticdl.logs import master_log_handler
 from elasticdl.master import controller as c
-from elasticdl.master import embedding_stats
 from elasticdl.master.clocks import WorkerClocks
 from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
 from elasticdl.master.feed import feed
@@ -229,18 +228,11 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
                 self._rewind_to_restored_cut()
             self._step = "training" if self.command == "train" else self.command
             self._loop()
-            if self.command == "train":
-                stats = self._ps_stats()
-                report.staleness = self._epoch_telemetry(stats)
-                report.note_refusals()  # the gradient guard's (ps/gradient_guard.py)
-                report.embedding_tables = embedding_stats.summarize_tables(stats)
-                report.exactly_once = self._check_exactly_once(stats)
-                if self.stream is not None:
-                    report.stream = self.stream.summary(self.main_tasks)
-                if self.progressive is not None:
-                    report.progressive = self.progressive.finish()
-                if self.exports is not None:
-                    self.exports.wait()  # the final pull and export use the master's model after it
+            if self.exports is not None:
+                self.exports.wait()  # the final pull and export use the master's model after it
+            self._despite_ps_losses(lambda: self._take_the_model(report))
+            if self.progressive is not None:
+                report.progressive = self.progressive.finish()
             self._finish(report)
             if self.exports is not None:
                 report.exports = self.exports.summary()
@@ -288,7 +280,7 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
             if self.stream is not None:  # new records become tasks here, in the ledger's thread
                 self.stream.feed(self.main_tasks)
                 self.progress.records_per_epoch = self.main_tasks.records_per_epoch
-                if self.exports is not None:  # --export_every_secs: in the background when due
+                if self.exports is not None and self.main_tasks.stream_open:  # --export_every_secs: when due
                     self.exports.tick(lambda: capture_ledger(self.main_tasks),
                                       lambda: snapshot_model(self._ps, self._trainer))
             now = time.monotonic()

@@ -14,6 +14,7 @@ import grpc
 
 from elasticdl.data.sources import make_shards
 from elasticdl.errors import JobFailedError
+from elasticdl.master import controller as c
 from elasticdl.master import embedding_stats
 from elasticdl.master.continuation import continue_command, last_complete_checkpoint
 from elasticdl.master.cut_recovery import skipped_bad_records
@@ -26,6 +27,9 @@ logger = logging.getLogger(__name__)
 # After Ctrl-C, how long each kind of role (spares, workers, PS) gets to leave before SIGKILL:
 # the whole stop stays within the 2 s the user is promised (docs/getting_started.md).
 INTERRUPT_GRACE_SECS = 0.4
+# A call to a PS failed: how long the job looks for the PS's exit before it takes the failure as
+# the PS's answer (a PS killed shows its exit within milliseconds of its reaping).
+PS_EXIT_SHOWS_SECS = 2.0
 
 
 class JobEnd:
@@ -145,24 +149,69 @@ class JobEnd:
             logger.info("job consistency (%s): %s", self.config.consistency.description, total.describe())
         return total.to_dict()
 
+    def _despite_ps_losses(self, call) -> None:
+        """``call()``: the job's last calls to the PS, once the loop ended. If one found a PS
+        gone, that PS died after the last task but before the model was saved: the job goes on
+        as it would have had the PS died earlier (the controller reopens it: recovered, what was
+        rolled back trained again), then calls again."""
+        while True:
+            try:
+                return call()
+            except (grpc.RpcError, JobFailedError) as err:
+                failed = err if isinstance(err, grpc.RpcError) else err.__cause__
+                if not isinstance(failed, grpc.RpcError) or failed.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise  # a PS that answered (a full disk, say), not one gone
+                exits = self._exits_after_a_failed_call()
+                if not any(e.role == "ps" for e in exits) or not self.controller.reopen_after_finish():
+                    raise
+            for exit_ in exits:
+                self._feed(c.RoleExited(exit_))
+            self.requests.reopen()
+            self._loop()
+
+    def _exits_after_a_failed_call(self) -> list:
+        """The roles that exited, waiting up to PS_EXIT_SHOWS_SECS for a PS among them: a call
+        fails the moment a PS is killed, its exit shows once the OS has reaped it."""
+        deadline = time.monotonic() + PS_EXIT_SHOWS_SECS
+        exits = []
+        while True:
+            exits += self.backend.poll_exits()
+            if any(e.role == "ps" for e in exits) or time.monotonic() >= deadline:
+                return exits
+            time.sleep(0.05)
+
+    def _take_the_model(self, report: JobReport) -> None:
+        """What the job reads from the PS at its end: their counts (exactly once, staleness),
+        the model (for callbacks and export) and, training, the final checkpoint."""
+        cfg = self.config
+        if self.command == "train":
+            self._step = "final stats"
+            stats = self._ps_stats()
+            report.staleness = self._epoch_telemetry(stats)
+            report.note_refusals()  # the gradient guard's (ps/gradient_guard.py)
+            report.embedding_tables = embedding_stats.summarize_tables(stats)
+            report.exactly_once = self._check_exactly_once(stats)
+            if self.stream is not None:
+                report.stream = self.stream.summary(self.main_tasks)
+        self._step = "final model pull"
+        report.model_version = max(self._sync_model(), self.model_version)
+        if self.command == "train" and cfg.checkpoints.checkpoint_dir:
+            self._step = "final checkpoint"
+            try:
+                report.checkpoint = self._ps.save_checkpoint()[0]
+            except grpc.RpcError as err:
+                raise JobFailedError(
+                    f"the final checkpoint in --checkpoint_dir {cfg.checkpoints.checkpoint_dir} failed: "
+                    f"{err.details()}"
+                ) from err  # its code tells a PS gone (UNAVAILABLE: see _despite_ps_losses)
+            logger.info("final checkpoint: %s", report.checkpoint)
+
     def _finish(self, report: JobReport) -> None:
-        """Final checkpoint, callbacks, export, prediction outputs."""
+        """Callbacks, export, prediction outputs (the model was taken from the PS before)."""
         from elasticdl.model.export import export_saved_model
 
         cfg = self.config
-        self._step = "final model pull"
-        report.model_version = max(self._sync_model(), self.model_version)
         if self.command == "train":
-            if cfg.checkpoints.checkpoint_dir:
-                self._step = "final checkpoint"
-                try:
-                    report.checkpoint = self._ps.save_checkpoint()[0]
-                except grpc.RpcError as err:
-                    raise JobFailedError(
-                        f"the final checkpoint in --checkpoint_dir {cfg.checkpoints.checkpoint_dir} failed: "
-                        f"{err.details()}"
-                    ) from None
-                logger.info("final checkpoint: %s", report.checkpoint)
             self._step = "on_train_end"
             self.callbacks.on_train_end({"model_version": report.model_version})
             if cfg.outputs.output:

@@ -107,6 +107,7 @@ class JobSetup:
             sync_mode=not cfg.consistency.use_async, evaluation_steps=cfg.evaluation.evaluation_steps,
             keeps_ledger=self.state.keeps_ledger, max_bad_records=cfg.data.max_bad_records,
             wait_for_epoch_callbacks=_stops_early(user_callbacks), replica_roles=self._replica_roles(),
+            saves_checkpoints=bool(cfg.checkpoints.checkpoint_dir),
         )
         if self.controller.wait_for_epoch_callbacks and self.evaluation is not None:
             logger.info("an EarlyStopping callback is present: each epoch starts once the callbacks saw "

@@ -137,10 +137,17 @@ class Recovery:
         logger.error("%s; relaunching it on port %s from the checkpoint %s; every PS goes back to version %d",
                      c.describe_exit(exit_, "died"), self._ps_port(exit_.index), plan.cut.path, plan.version)
         self._start_ps(exit_.index, "--restore_from", plan.cut.path, "--fence", str(fence))
-        try:
-            self._ps.restore(plan.cut.path, fence, only=list(plan.survivors))
-        except grpc.RpcError as err:  # another PS is down too: its own relaunch restores the same cut
-            logger.error("a surviving PS could not go back to %s: %s", plan.cut.path, err.details())
+        for survivor in plan.survivors:
+            try:
+                self._ps.restore(plan.cut.path, fence, only=[survivor])
+            except grpc.RpcError as err:
+                # Dead too, or not serving yet (a spare relaunched after a promotion, its shards
+                # routed elsewhere): it must not go on from what it held, so it starts again from
+                # the cut. Left alone, a spare answered "moved" forever (a random-delay kill run).
+                logger.error("PS %d could not go back to %s (%s): it starts again from the cut", survivor,
+                             plan.cut.path, err.details())
+                self.backend.stop("ps", survivor)  # its exit, if any, is no death: replaced below
+                self._start_ps(survivor, "--restore_from", plan.cut.path, "--fence", str(fence))
         return self._rewind(exit_.index, plan, plan.cut.path, "rollback")
 
     def _start_over(self, exit_, plan: policy.StartOver) -> c.PSRelaunched:

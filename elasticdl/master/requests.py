@@ -117,3 +117,8 @@ class RequestLine:
         """The loop stopped: answer every later request with ``closing_answer(request)``."""
         with self._lock:
             self._closing = closing_answer
+
+    def reopen(self) -> None:
+        """The loop runs again (the job reopened after its end): requests go to it again."""
+        with self._lock:
+            self._closing = None

@@ -13,7 +13,7 @@ import time
 
 from elasticdl.config import JobConfig
 from elasticdl.errors import report_exit
-from elasticdl.launch.child import die_with_parent
+from elasticdl.launch.child import die_with_parent, exit_now
 from elasticdl.logs import configure_logging
 from elasticdl.model.optimizers import OptimizerSpec, make_optimizer
 from elasticdl.ps.server import SERVER_THREADS, ParameterServer, PSSettings
@@ -145,4 +145,4 @@ def main(argv: list[str] | None = None, assigned_at: float | None = None) -> int
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())  # see exit_now: a role leaves at once

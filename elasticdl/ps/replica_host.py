@@ -297,6 +297,17 @@ class ReplicaService:
         return json.dumps({**self._host.routes.to_dict(), "replica_address": self._host.replica_address}).encode()
 
 
+def backup_core(own: ParameterServer, shard: int, optimizer) -> ParameterServer:
+    """A backup core of ``shard`` on this PS: it writes no checkpoint, and it loads the checkpoint
+    its PS was started from (a resumed job's cut, --checkpoint_dir_for_init), so that it holds what
+    the shard's primary holds (the simulator found backups left empty after a master restart: the
+    first forwarded push failed on them, and the primary forwarded it again forever)."""
+    core = ParameterServer(dataclasses.replace(own.settings, ps_id=shard, checkpoint_dir=""), optimizer,
+                           verifier=own.verifier)
+    core.restore()
+    return core
+
+
 def serve_replicas(server: grpc.Server, own: ParameterServer, replicas: int, make_optimizer: Callable[[], object],
                    token: str | None, credential: str, moved_to: dict[int, int]) -> tuple[PServerServicer, grpc.Server]:
     """Add the routed PServer service and the PSReplica service to ``server``, and serve the
@@ -306,9 +317,7 @@ def serve_replicas(server: grpc.Server, own: ParameterServer, replicas: int, mak
     from elasticdl.rpc.channel import POD_IP_ENV, add_service, bind_role, make_server
 
     def make_backup(shard: int) -> ParameterServer:
-        settings = dataclasses.replace(own.settings, ps_id=shard, checkpoint_dir="", checkpoint_dir_for_init="",
-                                       restore_position=False)
-        return ParameterServer(settings, make_optimizer(), verifier=own.verifier)
+        return backup_core(own, shard, make_optimizer())
 
     host = ReplicaHost(own, replicas, make_backup, moved_to)
     add_service(server, "PServer", ShardRouter(host))

@@ -76,6 +76,11 @@ def newest_routes(channels: list[grpc.Channel]) -> Routes | None:
             tables[ps] = Routes.from_dict(command(channel, "routes", {}, timeout=ROUTES_SECONDS))
         except grpc.RpcError:
             continue  # that PS is down (the one that died, maybe)
+    return claimed_routes(tables)
+
+
+def claimed_routes(tables: dict[int, Routes]) -> Routes | None:
+    """``newest_routes`` from the tables PS told (PS -> its routes); also the simulator's rule."""
     if not tables:
         return None
     newest = max(tables.values(), key=lambda r: r.version)

@@ -21,7 +21,14 @@ class Nemesis:
         self.enabled = enabled
         self.end = 0.0
         self.ps_kills = 0
+        self.ps_freezes = 0
         self.kinds = KINDS
+        if world.mode.ps_replicas:
+            # PS deaths more often (a primary, a backup, or a shard's both replicas), and the
+            # network's faults: forwards lost, retried, duplicated and reordered.
+            self.kinds = KINDS + ("kill-ps",) * 3 + ("kill-ps-pair",) + ("network",) * 3
+        if world.mode.stream:  # the broker away: the source waits it out, its time is not idle time
+            self.kinds = KINDS + ("cut-broker",) * 2
         self._frozen_until: dict[int, float] = {}  # id of a frozen role -> when its last freeze ends
 
     def _freeze_for(self, role, seconds: float, thaw) -> None:
@@ -50,7 +57,10 @@ class Nemesis:
     def _note(self, what: str) -> None:
         self.world.result.faults.append(f"t={self.world.clock():.3f}s {what}")
 
-    def _inject(self, kind: str) -> None:
+    def _inject_at(self, delay: float, kind: str, target: int) -> None:
+        self.world.scheduler.at(delay, lambda: self._inject(kind, target))
+
+    def _inject(self, kind: str, target: int | None = None) -> None:
         world, rng = self.world, self.world.rng
         if world.outcome is not None:
             return
@@ -60,11 +70,21 @@ class Nemesis:
             world.kill_worker(index)
             self._note(f"kill worker {index}")
         elif kind == "kill-ps" and self.ps_kills < MAX_PS_KILLS:
-            ps_id = rng.randrange(mode.num_ps)
+            ps_id = rng.randrange(mode.num_ps) if target is None else target
             if world.ps[ps_id].alive:
                 self.ps_kills += 1
                 world.kill_ps(ps_id)
                 self._note(f"kill ps {ps_id}")
+        elif kind == "kill-ps-pair" and self.ps_kills == 0:
+            # A shard's primary and, a moment later, its backup (the next PS): every replica lost.
+            ps_id = rng.randrange(mode.num_ps)
+            self._inject_at(0.0, "kill-ps", ps_id)
+            self._inject_at(rng.uniform(0.0, 0.5), "kill-ps", (ps_id + 1) % mode.num_ps)
+        elif kind == "cut-broker" and world.topic is not None:
+            seconds = rng.uniform(0.2, 3.0)
+            world.topic.available = False
+            world.scheduler.at(seconds, self._restore_broker)
+            self._note(f"cut the broker off for {seconds:.2f}s")
         elif kind == "freeze-worker" and world.workers:
             index = rng.choice(sorted(world.workers))
             process = world.workers[index][1]
@@ -78,6 +98,7 @@ class Nemesis:
             ps = world.ps[ps_id]
             seconds = rng.uniform(0.1, 2.0)
             ps.frozen = True
+            self.ps_freezes += 1
             self._freeze_for(ps, seconds, lambda: self._thaw_ps(ps))
             self._note(f"freeze ps {ps_id} for {seconds:.2f}s")
         elif kind == "kill-master" and mode.store == "etcd" and world.master.alive:
@@ -134,6 +155,9 @@ class Nemesis:
         else:
             self.world.network.thawed("master")
             process.thaw()
+
+    def _restore_broker(self) -> None:
+        self.world.topic.available = True
 
     def _restore_store(self) -> None:
         self.world.store_backend.available, self.world.store_cut = True, False

@@ -27,11 +27,16 @@ from elasticdl.master.cut_recovery import (
 from elasticdl.master.evaluation_service import EvaluationService, TaskDispatcher
 from elasticdl.master.feed import FeedLivelock, feed
 from elasticdl.master.instance_manager import InstanceManager, Launch, Stop
+from elasticdl.master.stream_source import POLL_SECS as STREAM_POLL_SECONDS
+from elasticdl.master.stream_source import KafkaStreamSource
+from elasticdl.master.stream_tasks import StreamTaskManager
 from elasticdl.master.task_manager import Task, TaskManager
 from elasticdl.model import checkpoint
 from elasticdl.sim.leader import SimLeadership
+from elasticdl.sim.master_replicas import SimReplicaRecovery
 from elasticdl.sim.model import eval_metrics
 from elasticdl.sim.scheduler import Sleep
+from elasticdl.sim.stream import IDLE_SECONDS
 from elasticdl.sim.transport import Unavailable
 from elasticdl.store.errors import StateStoreError
 from elasticdl.store.memory import MemoryStateStore
@@ -46,7 +51,7 @@ FINGERPRINT = "sim"
 STORE_RETRY_BUDGET = 5.0  # RetryPolicy's default budget
 
 
-class SimMaster:
+class SimMaster(SimReplicaRecovery):
     """One master process (a restart makes a new one, of a higher term)."""
 
     def __init__(self, world, term: int) -> None:
@@ -58,9 +63,13 @@ class SimMaster:
         mode = world.mode
         shards = [Shard(world.data.path, s, min(s + RECORDS_PER_TASK, world.records))
                   for s in range(0, world.records, RECORDS_PER_TASK)]
-        self.tasks = TaskManager(shards, num_epochs=world.epochs, task_timeout=TASK_TIMEOUT, max_task_retries=3,
-                                 seed=world.seed, clock=world.clock, gate_epochs=True,
-                                 fences_pushes=True)
+        if world.topic is not None:  # master/stream_source.py stream_ledger: tasks come as records arrive
+            self.tasks = StreamTaskManager(task_timeout=TASK_TIMEOUT, max_task_retries=3, seed=world.seed,
+                                           clock=world.clock, gate_epochs=True, fences_pushes=True)
+        else:
+            self.tasks = TaskManager(shards, num_epochs=world.epochs, task_timeout=TASK_TIMEOUT, max_task_retries=3,
+                                     seed=world.seed, clock=world.clock, gate_epochs=True, fences_pushes=True)
+        self.source: KafkaStreamSource | None = None  # the stream's, opened once the ledger is back
         self.instances = InstanceManager(mode.num_workers)
         self.evaluation = None
         if world.validation is not None:
@@ -79,6 +88,7 @@ class SimMaster:
         self.unsaved = False  # a ledger write waits for the store to come back
         self.saved_seq = -1  # the ledger seq last written (a retry after an outage may have written it)
         self.resumed = False
+        self.routes = list(range(mode.num_ps))  # --ps_replicas: shard -> the PS of its primary
 
     # ------------------------------------------------------------ start (Job.run, _start)
 
@@ -103,11 +113,16 @@ class SimMaster:
                 self.tasks.restore(snapshot)
                 self.resumed = True
         self.tasks.start_term(self.term)
+        if world.topic is not None:  # open_stream: from the ledger's offsets (earliest for a new job)
+            self.source = KafkaStreamSource(world.topic, world.topic.partition_ids(), RECORDS_PER_TASK, IDLE_SECONDS,
+                                            clock=world.clock)
+            self.source.open(self.tasks.offsets(), watch=False)
         world.network.endpoints["master"] = self  # it serves once it leads and its ledger is back
         # Job._restore_latest_checkpoint and _rewind_to_restored_cut, on the shared cut_recovery.
         cut = latest_cut(world.checkpoint_dir) if self.resumed else None
         for ps_id in range(world.mode.num_ps):
             world.start_ps(ps_id, restore_from=cut.path if cut else "", fence=0, delay=0.0)
+        self._configure_replicas()
         if self.resumed:  # Job._rewind_to_restored_cut: the recovery policy's plan_resume
             found = None if cut is None else policy.CutFound(cut.path, cut.version, True, cut.marks,
                                                              tuple(cut.records_applied))
@@ -123,7 +138,8 @@ class SimMaster:
                         world.oracle.shards[ps_id].maybe_missing = False
         self.controller = c.Controller("train", self.dispatcher, self.instances, self.clocks,
                                        sync_mode=not world.mode.use_async, keeps_ledger=True, clock=world.clock,
-                                       evaluation_steps=world.evaluation_steps)
+                                       evaluation_steps=world.evaluation_steps, replica_roles=self._replica_roles(),
+                                       saves_checkpoints=bool(world.checkpoint_dir))
         for decision in self.controller.start():
             self.carry_out(decision)
 
@@ -131,7 +147,7 @@ class SimMaster:
 
     def run(self):
         yield from self.open()
-        last_version_poll = -1.0
+        last_version_poll = last_stream_poll = -1.0
         while self.controller.outcome is None:
             yield Sleep(POLL_SECONDS)
             if self.leadership is not None and not self.leadership.keep_alive():
@@ -152,6 +168,11 @@ class SimMaster:
                 last_version_poll = now
             if self.unsaved:
                 self._save_ledger()
+            if self.source is not None:  # the source's thread, then Job._run_loop's feed
+                if now - last_stream_poll >= STREAM_POLL_SECONDS:
+                    self.source.poll_once()
+                    last_stream_poll = now
+                self.source.feed(self.tasks)
             events.append(c.Tick())
             for event in events:
                 try:
@@ -175,8 +196,14 @@ class SimMaster:
                 return [c.HandoutsFenced(handouts, self._fence(list(handouts), list(task_ids)))]
             case c.ReplaceWorker(index=index):
                 world.kill_worker(index)  # request_stop with no grace: a frozen process takes no SIGTERM
+            case c.RelaunchPS(exit=exit_, moved_to=moved_to) if moved_to:
+                world.start_ps(exit_.index, restore_from="", fence=0, moved_to=moved_to)  # a spare
             case c.RelaunchPS(exit=exit_):
                 return [self._relaunch_ps(exit_)]
+            case c.PromoteBackup():
+                return self._promote_backups(decision)
+            case c.AddBackup():
+                return self._add_backup(decision)
             case c.TellLiveWorkers(count=count):
                 try:
                     self._each(lambda ps: ps.set_live_workers(count))
@@ -238,7 +265,7 @@ class SimMaster:
         if isinstance(plan, policy.StartOver):  # every PS empty at version 0; the old timeline's files go
             for ps_id in plan.restart:
                 if ps_id != exit_.index:
-                    world.ps_list()[ps_id].alive = False  # a planned stop, not a death: no exit
+                    world.ps[ps_id].alive = False  # a planned stop, not a death: no exit
                     world.network.killed(f"ps-{ps_id}")
             discard_abandoned(world.checkpoint_dir, 0, plan.restart, self.term)
             for ps_id in plan.restart:
@@ -252,7 +279,7 @@ class SimMaster:
         world.start_ps(exit_.index, restore_from=cut.path, fence=fence)
         for ps_id in plan.survivors:
             try:
-                world.ps_list()[ps_id].roll_back(cut.path, self.term, fence)
+                self.shard_servers()[ps_id].roll_back(cut.path, self.term, fence)
             except (Unavailable, checkpoint.CheckpointError, ValueError, OSError):
                 pass  # another PS is down too: its own relaunch restores the same cut
         rewound = rewind_ledger(self.tasks, plan.marks, plan.held, cut.path, "rollback")
@@ -277,23 +304,39 @@ class SimMaster:
         """One call per PS, as PSClient._each makes them (in parallel: every PS that answers
         carries it out); the first error is raised once all were made."""
         results, error = [], None
-        for ps in self.world.ps_list():
+        for ps in self.shard_servers(lenient=True):
             try:
                 results.append(call(ps))
             except Unavailable as err:
                 error = error or err
         if error is not None:
+            self._refresh_routes()
             raise error
         return results
 
+    def shard_servers(self, lenient: bool = False) -> list:
+        """Each shard's calls on the PS of its primary (the master's routes, as its PSClient's
+        after ``reroute``). ``lenient``: a shard held nowhere gives a stand-in that raises
+        Unavailable at its call (the others are still called), else Unavailable at once."""
+        servers = []
+        for shard, index in enumerate(self.routes):
+            try:
+                servers.append(self.world.ps[index].for_shard(shard))  # the PS's ShardRouter decides
+            except Unavailable:
+                if not lenient:
+                    self._refresh_routes()
+                    raise
+                servers.append(_Away(f"ps-{index}"))
+        return servers
+
     def _end_epoch(self, decision: c.EndEpoch) -> list:
         try:
-            versions = [ps.stats()[0] for ps in self.world.ps_list()]
+            versions = [ps.stats()[0] for ps in self.shard_servers()]
         except Unavailable:
             return [c.EpochEndDeferred(decision.epoch)]
         if self.world.checkpoint_dir and not decision.final:
             at = max(versions) + 1
-            for ps in self.world.ps_list():
+            for ps in self.shard_servers(lenient=True):
                 try:
                     ps.checkpoint_at(at, self.term)
                 except (Unavailable, checkpoint.CheckpointError):
@@ -302,7 +345,7 @@ class SimMaster:
 
     def _poll_version(self) -> int:
         try:
-            return min(ps.version() for ps in self.world.ps_list())
+            return min(ps.version() for ps in self.shard_servers())
         except Unavailable:
             return 0
 
@@ -325,3 +368,15 @@ class SimMaster:
     def rpc_report_clock(self, worker_id: int, clock: int, blocked: float):
         view = self.clocks.report(worker_id, clock, self.tasks.active_workers(), blocked)
         return view.clock, view.slowest
+
+
+class _Away:
+    """A shard whose PS holds no replica of it now: every call fails as for a PS that is down."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __getattr__(self, method: str):
+        def away(*args, **kwargs):
+            raise Unavailable(f"{self.name} is not serving")
+        return away

@@ -9,6 +9,12 @@ Each is the behaviour of the code before its fix, patched in for the duration of
   same feed, forever: the master never polled the exit that brings the PS back (issue 25).
 - ``no-leveling``: a sync job's shards were never leveled to one version once training was
   over (LevelVersions): after faults they ended at different versions (issue 25).
+- ``backup-twice`` (``--mode replicas``): a backup applied a forwarded update again when it came
+  twice (a retransmission, or the primary's retry of a forward whose answer was lost): the
+  backup's shard drifted from its primary's (issue 26).
+- ``trust-watermark`` (``--mode stream``): the stream source took a partition's high watermark
+  for its end and never read past it, so the records a broker left out of its watermark (Tansu
+  0.6) were never trained (issue 27).
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from collections.abc import Iterator
 
 from elasticdl.master import controller as c
 from elasticdl.master.leveling import Leveling
+from elasticdl.master.stream_source import KafkaStreamSource
+from elasticdl.ps.replication import BackupApplier, apply_entry
 from elasticdl.worker.consistency import ConsistencyPolicy
 
 
@@ -78,7 +86,44 @@ def _no_leveling() -> Iterator[None]:
         Leveling.due = saved
 
 
-PLANTS = {"async-reconnect": _async_reconnect, "tell-livelock": _tell_livelock, "no-leveling": _no_leveling}
+@contextlib.contextmanager
+def _backup_twice() -> Iterator[None]:
+    saved = BackupApplier.receive
+
+    def receive(self, entry) -> None:
+        if entry.seq <= self.applied and not self.closed:  # the check it forgot: "a second copy: nothing"
+            apply_entry(self.core, entry)
+            return
+        saved(self, entry)
+
+    BackupApplier.receive = receive
+    try:
+        yield
+    finally:
+        BackupApplier.receive = saved
+
+
+@contextlib.contextmanager
+def _trust_watermark() -> Iterator[None]:
+    saved = KafkaStreamSource.poll_once
+
+    def poll_once(self) -> None:
+        probe = self.topic.probe
+        self.topic.probe = lambda starts, limit, wait=0.0: dict(starts)  # nothing found past the watermark
+        try:
+            saved(self)
+        finally:
+            self.topic.probe = probe
+
+    KafkaStreamSource.poll_once = poll_once
+    try:
+        yield
+    finally:
+        KafkaStreamSource.poll_once = saved
+
+
+PLANTS = {"async-reconnect": _async_reconnect, "tell-livelock": _tell_livelock, "no-leveling": _no_leveling,
+          "backup-twice": _backup_twice, "trust-watermark": _trust_watermark}
 
 
 def planted(name: str | None):

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 
-from elasticdl.sim.modes import FAMILIES
+from elasticdl.sim.modes import ALL_FAMILIES, FAMILIES
 from elasticdl.sim.planted import PLANTS, planted
 from elasticdl.sim.world import RunResult, World
 
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      allow_abbrev=False)
     parser.add_argument("--seeds", type=int, default=100, help="how many seeds to run")
     parser.add_argument("--seed", type=int, default=0, help="the first seed")
-    parser.add_argument("--mode", choices=FAMILIES, default=None, help="run only this mode family")
+    parser.add_argument("--mode", choices=ALL_FAMILIES, default=None, help="run only this mode family")
     parser.add_argument("--plant", choices=sorted(PLANTS), default=None,
                         help="plant a known bug back (elasticdl/sim/planted.py): the run should find it")
     parser.add_argument("--jobs", type=int, default=1, help="processes to run seeds in")
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  also: {extra}")
             print(f"  replay: {replay_command(result, args.mode, args.plant)}")
     if args.by_mode:
-        for family in FAMILIES:
+        for family in (f for f in ALL_FAMILIES if f in FAMILIES or f in families):  # extra ones if run
             seeds, family_faults, family_violations = families.get(family, [0, 0, 0])
             print(f"  {family}: {seeds} seeds, {family_faults} faults, {family_violations} invariant violations")
     print(f"{args.seeds} seeds, {faults} faults, {violations} invariant violations")

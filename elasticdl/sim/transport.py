@@ -27,6 +27,15 @@ class Call:
     args: tuple = ()
     blocking: bool = True  # False: the caller gets the Future and Awaits it later
     timeout: float = 5.0
+    shard: int | None = None  # --ps_replicas: the shard a PS call is for (SHARD_HEADER); None: its own
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A handler's answer that is not ready yet: sent once ``future`` resolves (a primary answers
+    a push once every backup took its update)."""
+
+    future: Future
 
 
 class Endpoint(Protocol):
@@ -83,9 +92,15 @@ class Network:
             self.parked.setdefault(call.target, []).append((call, future))
             return
         try:
+            if call.shard is not None:  # ShardRouter: served only where the shard's primary is
+                endpoint = endpoint.for_shard(call.shard)
             value, error = getattr(endpoint, "rpc_" + call.method)(*call.args), None
         except Unavailable as err:
             value, error = None, err
+        if isinstance(value, Deferred):
+            later = value.future
+            later.waiters.append(lambda: self._answer(future, later.value, later.error))
+            return
         self._answer(future, value, error)
 
     def _answer(self, future: Future, value: Any, error: BaseException | None) -> None:

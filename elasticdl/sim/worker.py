@@ -20,6 +20,7 @@ from elasticdl.master.task_manager import NoTask, TaskType
 from elasticdl.model.embedding.table import IndexedRows
 from elasticdl.model.metrics import MetricsAccumulator
 from elasticdl.rpc.batch_position import BatchPosition
+from elasticdl.rpc.replica_commands import ROUTES_SECONDS, Routes, claimed_routes
 from elasticdl.sim.model import EMBEDDING_IDS, Dataset, LinearModel, eval_metrics, split
 from elasticdl.sim.modes import Mode
 from elasticdl.sim.scheduler import Await, Sleep
@@ -72,7 +73,7 @@ class Accumulated:
 
 class SimWorker:
     def __init__(self, index: int, mode: Mode, data: Dataset, names: list[str],
-                 validation: Dataset | None = None) -> None:
+                 validation: Dataset | None = None, topic=None) -> None:
         self.index = index
         self.mode = mode
         self.data = data
@@ -94,6 +95,8 @@ class SimWorker:
         self.pause = self.blocked = 0.0  # SSP: the next pause, and the time blocked not reported yet
         self.now = lambda: 0.0  # set by the world: the simulated clock
         self.probed_at = 0.0  # the last look for an empty PS while waiting for a task (from the start)
+        self.routes = Routes.initial(mode.num_ps) if mode.ps_replicas else None  # --ps_replicas
+        self.topic = topic  # --mode stream: a task's offsets are records of a partition
 
     # ------------------------------------------------------------ the task loop
 
@@ -132,6 +135,8 @@ class SimWorker:
             while done < end - start:
                 indices = list(range(start + done, min(end, start + done + MINIBATCH)))
                 position = BatchPosition(order.task_id, order.handout, start + done + len(indices), len(indices))
+                if self.topic is not None:  # offsets of a partition: the job's records they hold
+                    indices = self.topic.records_at(order.shard.path, indices)
                 keys = [(order.epoch, i) for i in indices]
                 yield from self.train_batch(indices, position, keys)
                 done += len(indices)
@@ -160,13 +165,14 @@ class SimWorker:
                 yield from self._initialize_ps()
                 self.built = True
             for ps in range(self.num_ps):
-                pulled = yield Call(f"ps-{ps}", "pull_snapshot", (order.snapshot_id, ids))
+                pulled = yield self._ps_call(ps, "pull_snapshot", (order.snapshot_id, ids))
                 if pulled is None:
                     raise Unavailable(f"ps-{ps} holds no snapshot {order.snapshot_id}")
                 self.model.set_params(pulled[1])
                 self.model.rows.update(pulled[2])
             self.policy.snapshot_loaded()  # the next training batch pulls first
         except Unavailable:
+            yield from self._refresh_routes()
             yield Sleep(WAIT_SECONDS)
             yield from self._master("report", (order.task_id, self.index, "", 0, True, 0, None))
             return
@@ -194,6 +200,7 @@ class SimWorker:
                     deadline, pause = self.now() + PS_RECONNECT_SECONDS, 0.2
                 if self.now() > deadline:
                     raise
+                yield from self._refresh_routes()
                 yield Sleep(pause)
                 pause = min(pause * 2, 2.0)
                 policy.ps_reconnected()  # it may come back older or empty: pull everything
@@ -206,6 +213,7 @@ class SimWorker:
             except Unavailable:
                 if self.now() > deadline:
                     raise
+                yield from self._refresh_routes()
                 yield Sleep(pause)
                 pause = min(pause * 2, 2.0)
                 self.policy.ps_reconnected()
@@ -329,7 +337,7 @@ class SimWorker:
         for ps, (version, wait) in enumerate(zip(request.versions, request.wait_for_newer)):
             deadline = self.now() + SYNC_WAIT_SECONDS
             while True:  # a waiting pull polls, as rpc/ps_client.py's _pull_newer does
-                result = yield Call(f"ps-{ps}", "pull", (version, self._ids()))
+                result = yield self._ps_call(ps, "pull", (version, self._ids()))
                 if not wait or result[1] != version or self.now() > deadline:
                     break
                 yield Sleep(0.01)
@@ -372,7 +380,7 @@ class SimWorker:
     def _start_push(self, parts: dict, versions, want_params: bool, position, keys) -> dict:
         futures = {}
         for ps, grads in parts.items():
-            call = Call(f"ps-{ps}", "push", (grads, versions[ps], want_params, position, tuple(keys)), blocking=False)
+            call = self._ps_call(ps, "push", (grads, versions[ps], want_params, position, tuple(keys)), blocking=False)
             futures[ps] = self._started(call)
         return futures
 
@@ -388,9 +396,28 @@ class SimWorker:
         return answers
 
     def _each(self, method: str, args: list):
-        futures = {ps: self._started(Call(f"ps-{ps}", method, a, blocking=False)) for ps, a in enumerate(args)}
+        futures = {ps: self._started(self._ps_call(ps, method, a, blocking=False)) for ps, a in enumerate(args)}
         results = yield from self._answers(futures)
         return [results[ps] for ps in range(len(args))]
+
+    def _ps_call(self, shard: int, method: str, args: tuple, blocking: bool = True) -> Call:
+        """A call for ``shard``, to the PS of its primary (--ps_replicas: the routes last heard)."""
+        if self.routes is None:
+            return Call(f"ps-{shard}", method, args, blocking=blocking)
+        return Call(f"ps-{self.routes.primary[shard]}", method, args, blocking=blocking, shard=shard)
+
+    def _refresh_routes(self):
+        """PSClient.refresh_routes: after a PS call failed, the routes every PS that answers
+        tells, merged by elasticdl/rpc/replica_commands.py's rule."""
+        if self.routes is None:
+            return
+        tables = {}
+        for ps in range(self.num_ps):
+            try:
+                tables[ps] = yield Call(f"ps-{ps}", "routes", (), timeout=ROUTES_SECONDS)
+            except Unavailable:
+                continue
+        self.routes = claimed_routes(tables) or self.routes
 
     def _started(self, call):
         return self.send(call)

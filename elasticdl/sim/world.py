@@ -20,7 +20,9 @@ from elasticdl.sim.model import Dataset, variable_names
 from elasticdl.sim.modes import Mode
 from elasticdl.sim.oracle import Oracle
 from elasticdl.sim.ps import SimPS, settings_for
+from elasticdl.sim.replicas import ReplicaLedger
 from elasticdl.sim.scheduler import Process, Scheduler
+from elasticdl.sim.stream import SimTopic
 from elasticdl.sim.transport import Network
 from elasticdl.sim.worker import SimWorker
 from elasticdl.store.errors import RetryPolicy
@@ -55,18 +57,26 @@ class World:
         self.epochs = self.rng.randint(1, 3)
         self.names = variable_names(self.mode.num_ps)
         self.data = Dataset.generate(self.rng, self.records, len(self.names))
+        self.topic: SimTopic | None = None  # --mode stream: the broker the records arrive in
+        if self.mode.stream:  # no epochs: every record once, as it arrives
+            self.records, self.epochs = self.rng.choice((12, 20, 28)), 1
+            self.data = Dataset.generate(self.rng, self.records, len(self.names))
+            self.topic = SimTopic.generate(self.clock, self.rng, self.records)
         # Evaluation from a generator of its own (derived from the seed): the schedules of seeds
         # without it stay as they were before evaluation was simulated.
         evaluation = random.Random(f"{seed}-evaluation")
         self.validation: Dataset | None = None
         self.val_records, self.evaluation_steps = 0, 0
-        if evaluation.random() < EVALUATION_SHARE:
+        if evaluation.random() < EVALUATION_SHARE and not self.mode.stream:
             self.val_records = evaluation.choice((4, 6))
             self.evaluation_steps = evaluation.choice((0, 3))
             self.validation = Dataset.generate(evaluation, self.val_records, len(self.names))
             self.validation.path = "sim://validation"
         self.network = Network(self.scheduler)
         self.oracle = Oracle(self.mode.num_ps, now=self.clock)
+        self.replica_ledger = ReplicaLedger()  # --ps_replicas: each primary's states, what it acknowledged
+        self.rollbacks = 0  # PS relaunches that went back to a cut or started over (not a spare's)
+        self.masters_started = 0
         self.checkpoint_dir = f"memory://elasticdl-sim/{seed}/ckpt" if self.mode.checkpoints else ""
         self.no_retry = RetryPolicy(budget=0.0)
         self.store_backend = MemoryBackend(clock=self.clock)
@@ -115,6 +125,7 @@ class World:
 
     def start_master(self) -> None:
         """A master process; it serves and acts once it holds the leader lock (etcd-like store)."""
+        self.masters_started += 1
         self.master = SimMaster(self, self.term + 1)
         self.master_process = Process(self.scheduler, self.master.run(), self.network.send, self._master_exited)
         self.master.process = self.master_process
@@ -148,10 +159,11 @@ class World:
     def _children_gone(self) -> None:
         for index in list(self.workers):
             self.kill_worker(index, report=False)
-        for ps_id, ps in enumerate(self.ps):
+        for ps in self.ps:
             if ps is not None and ps.alive:
                 ps.alive = False
-                self.oracle.lost_pending(ps_id)
+                for shard in ps.led():
+                    self.oracle.lost_pending(shard)
         self.exits.clear()
 
     def is_leader(self, master: SimMaster) -> bool:
@@ -179,11 +191,15 @@ class World:
 
     # ------------------------------------------------------------ the backend
 
-    def start_ps(self, ps_id: int, restore_from: str, fence: int, delay: float | None = None) -> None:
+    def start_ps(self, ps_id: int, restore_from: str, fence: int, delay: float | None = None,
+                 moved_to: tuple[tuple[int, int], ...] = ()) -> None:
+        """``moved_to`` (--ps_replicas): a spare, serving none of the shards it led (promoted elsewhere)."""
         ps = SimPS(ps_id, settings_for(self.mode, ps_id, self.checkpoint_dir, self.term, restore_from, fence),
-                   self.oracle)
+                   self.oracle, self, self.mode.ps_replicas, moved_to)
         old, self.ps[ps_id] = self.ps[ps_id], ps
-        if old is not None and not restore_from:
+        if not moved_to and old is not None:
+            self.rollbacks += 1
+        if old is not None and not restore_from and not moved_to:
             self.oracle.emptied(ps_id)
         self.network.endpoints[f"ps-{ps_id}"] = ps
         if delay == 0.0:
@@ -208,11 +224,12 @@ class World:
             return
         ps.alive = False
         self.network.killed(f"ps-{ps_id}")
-        self.oracle.lost_pending(ps_id)
+        for shard in ps.led():
+            self.oracle.lost_pending(shard)
         self.exits.append(ProcessExit("ps", ps_id, -9, ""))
 
     def start_worker(self, index: int) -> None:
-        worker = SimWorker(index, self.mode, self.data, self.names, self.validation)
+        worker = SimWorker(index, self.mode, self.data, self.names, self.validation, self.topic)
         worker.now, worker.send = self.clock, self.network.send
 
         def exited(returncode: int, tail: str) -> None:

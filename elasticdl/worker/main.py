@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import sys
 
 from elasticdl.config import JobConfig
 from elasticdl.errors import REPORTED, report_exit
-from elasticdl.launch.child import die_with_parent
+from elasticdl.launch.child import die_with_parent, exit_now
 from elasticdl.logs import configure_logging
 from elasticdl.model.tf_runtime import configure_tensorflow, default_threads
 from elasticdl.rpc.auth import TokenError, require_token
@@ -182,4 +181,4 @@ def _progressive(config: JobConfig, spec, command: str):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())  # see exit_now: a role leaves at once

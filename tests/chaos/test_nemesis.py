@@ -21,7 +21,15 @@ from elasticdl.model.checkpoint import ShardState, save_shard
 from tests.chaos.checks import Verdict, check, final_cut
 from tests.chaos.job import Events
 from tests.chaos.modes import DIGITS, MODES, Plan, mode_named, version_bounds
-from tests.chaos.nemesis import Settings, replay_command, run_seed, summary
+from tests.chaos.nemesis import (
+    REPLICA_MODES,
+    Settings,
+    any_mode,
+    replay_command,
+    replica_problems,
+    run_seed,
+    summary,
+)
 from tests.chaos.proxy import HealableProxy
 from tests.chaos.runner import Nemesis, Outcome, StallWatch, damage_newest_cut
 from tests.chaos.schedule import Fault, plan_for, schedule_for
@@ -213,6 +221,21 @@ def test_the_proxy_cuts_and_heals_on_the_same_port():
     finally:
         proxy.close()
         server.close()
+
+
+def test_a_replicas_run_with_one_ps_kill_that_rolled_back_is_a_violation():
+    plan = Plan(seed=3, mode=any_mode("replicas-sync"), store="memory", num_ps=2, epochs=2)
+    assert plan.mode in REPLICA_MODES and plan.mode.flags["ps_replicas"] == 1
+    one_kill = Outcome(returncode=0, injected=["kill_ps[1]@cutx1", "kill_worker[0]@epochx1"], ps_kills=1)
+    failover = [{"shard": 1, "old_primary": 1, "new_primary": 0, "pause_seconds": 0.3, "version": 40}]
+    assert replica_problems(plan, one_kill, {"ps_rollbacks": [], "ps_failovers": failover}) == []
+    rolled = replica_problems(plan, one_kill, {"ps_rollbacks": [{"ps": 1, "to_version": 20}], "ps_failovers": []})
+    assert len(rolled) == 2 and "rolled back" in rolled[0] and "no failover" in rolled[1]
+    # Faults that may send it back to the cut by design: the promise is not asked of them.
+    for other in ("kill_ps[0]@relaunchx1", "stop_ps[0]@cutx1 for <=3s", "damage_cut+kill_ps@cutx1"):
+        outcome = Outcome(returncode=0, injected=["kill_ps[1]@cutx1", other], ps_kills=1)
+        assert replica_problems(plan, outcome, {"ps_rollbacks": [{"ps": 1}]}) == []
+    assert replica_problems(_plan(), one_kill, {"ps_rollbacks": [{"ps": 1}]}) == []  # no replicas: not asked
 
 
 # Short seeds that pass today (docs/reliability.md#chaos), 2 epochs and one fault each: a PS
