@@ -221,13 +221,13 @@ class _Clock:
         return self.now
 
 
-def _source(cut_marks=None):
+def _source(cut_marks=None, compact_freely=False):
     from elasticdl.data.kafka_client import KafkaTopic
     from elasticdl.master.stream_source import KafkaStreamSource
 
     clock = _Clock()  # the source never calls the broker here: no open, no poll
     return KafkaStreamSource(KafkaTopic.of("kafka://b:9092/t"), [0, 1], 10, 5.0, clock=clock,
-                             cut_marks=cut_marks), clock
+                             cut_marks=cut_marks, compact_freely=compact_freely), clock
 
 
 def test_the_source_compacts_the_ledger_with_the_newest_cuts_marks_every_compact_secs():
@@ -251,7 +251,11 @@ def test_the_source_compacts_the_ledger_with_the_newest_cuts_marks_every_compact
     ledger = StreamTaskManager()  # no --checkpoint_dir: the done prefix is compacted as it is
     ledger.add([Shard(P0, 0, 10), Shard(P0, 10, 20)])
     _train_all(ledger)
-    source, clock = _source()
+    source, clock = _source()  # neither: never (the simulator's source: its job has checkpoints)
+    clock.now += COMPACT_SECS
+    source.feed(ledger)
+    assert len(ledger._done) == 2
+    source, clock = _source(compact_freely=True)
     clock.now += COMPACT_SECS
     source.feed(ledger)
     assert [(t.task_id < 0, t.shard.start, t.shard.end) for t in ledger._done.values()] == [(True, 0, 20)]

@@ -44,7 +44,7 @@ class KafkaStreamSource:
                  start: str = "earliest", clock: Callable[[], float] = time.monotonic,
                  poll_secs: float = POLL_SECS, timeout: float = BROKER_TIMEOUT_SECS,
                  group: GroupOffsets | None = None,
-                 cut_marks: Callable[[], dict[int, int] | None] | None = None):
+                 cut_marks: Callable[[], dict[int, int] | None] | None = None, compact_freely: bool = False):
         self.topic = topic
         self.partitions = partitions
         self.records_per_task = records_per_task
@@ -70,9 +70,11 @@ class KafkaStreamSource:
         self._consumed_at = float("-inf")
         self._commit_lock = threading.Lock()
         # Compaction (StreamTaskManager.compact): ``cut_marks`` reads the newest checkpoint cut's
-        # data position on the watching thread (None: none yet); without it (no --checkpoint_dir)
-        # the done prefix is compacted as it is. The marks found wait here for the job loop.
+        # data position on the watching thread (None: none yet); ``compact_freely`` (no
+        # --checkpoint_dir: no rollback is exact anyway) compacts the done prefix as it is;
+        # neither: never. The marks found wait here for the job loop.
         self.cut_marks = cut_marks
+        self.compact_freely = compact_freely
         self._marks: queue.SimpleQueue = queue.SimpleQueue()
         self._compact_at = clock() + COMPACT_SECS
         self._marks_at = clock() + COMPACT_SECS
@@ -203,7 +205,7 @@ class KafkaStreamSource:
                 found = self._marks.get_nowait()
             except queue.Empty:
                 break
-        if found is None and self.cut_marks is None and self.clock() >= self._compact_at:
+        if found is None and self.compact_freely and self.clock() >= self._compact_at:
             self._compact_at = self.clock() + COMPACT_SECS
             ledger.compact(None)
         elif found is not None:
@@ -303,7 +305,7 @@ def open_stream(config, ledger, term_floor: int = -1) -> KafkaStreamSource | Non
     group = GroupOffsets(topic.address, config.stream.kafka_group) if config.stream.kafka_group else None
     source = KafkaStreamSource(topic, topic.partitions(), config.effective_records_per_task,
                                config.stream.stream_idle_secs, config.stream.stream_start, group=group,
-                               cut_marks=cut_marks)
+                               cut_marks=cut_marks, compact_freely=not directory)
     source.open(ledger.offsets())
     return source
 
