@@ -36,6 +36,8 @@ from benchmarks.common import (
 )
 
 CASES = ("training", "ps_data_plane", "embedding", "elastic_recovery", "parquet_s3")
+# Cases run only when named (--cases): not in the default suite or its smoke test.
+OPT_IN_CASES = ("stream",)
 
 # (row name, driver spec). ElasticDL 2w runs async (--use_async), the consistency of
 # ParameterServerStrategy; its default, sync SGD with one gradient per worker per version, is
@@ -493,6 +495,10 @@ def build_rows(results: dict) -> tuple[list[dict], list[dict]]:
             targets.append(_target("parquet_s3: elasticdl_reader / pyarrow_direct", ratio, TARGETS["vs_pyarrow"]))
         else:
             rows.append(_status_row("parquet_s3", "-", "error: see errors"))
+    if results.get("stream") is not None:
+        from benchmarks.stream import add_rows
+
+        add_rows(results["stream"], rows, targets)
     return rows, targets
 
 
@@ -627,9 +633,9 @@ def parse_args(argv):
     parser.add_argument("--out", default=os.path.join("runs", "benchmarks"), help="results, logs and data")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per child process")
     args = parser.parse_args(argv)
-    unknown = set(args.cases.split(",")) - set(CASES)
+    unknown = set(args.cases.split(",")) - set(CASES) - set(OPT_IN_CASES)
     if unknown:
-        parser.error(f"unknown case(s) {', '.join(sorted(unknown))}; choose from {', '.join(CASES)}")
+        parser.error(f"unknown case(s) {', '.join(sorted(unknown))}; choose from {', '.join(CASES + OPT_IN_CASES)}")
     args.reps = args.reps or (1 if args.quick else 3)
     return args
 
@@ -644,6 +650,10 @@ def run_case(case: str, args, out_dir: str) -> dict:
             return run_embedding(args, out_dir)
         if case == "parquet_s3":
             return run_parquet_s3(args, out_dir)
+        if case == "stream":
+            from benchmarks.stream import run_case as run_stream
+
+            return run_stream(args, out_dir)
         return run_recovery(args, out_dir)
     except Exception as err:  # one broken case must not hide the others
         log(f"{case} failed: {traceback.format_exc()}")

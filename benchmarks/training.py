@@ -218,6 +218,7 @@ def run_elasticdl(spec_json: dict) -> dict:
             "tasks": len(events), "workers_reporting": len(workers), "model_version": report.model_version,
             "job_s": report.seconds, "total_s": events[-1][0] - t0, "first_report_s": events[0][0] - t0,
             "staleness": getattr(report, "staleness", None), "log_dir": os.path.abspath(report.log_dir),
+            "exports": getattr(report, "exports", {}),  # --export_every_secs (benchmarks/stream.py)
         }
     return out
 

@@ -28,6 +28,7 @@ NON_DEFAULT = {
     "training_data": "/data/train", "validation_data": "/data/val", "prediction_data": "/data/pred",
     "data_reader_params": "has_header=True", "num_minibatches_per_task": 4, "records_per_task": 100,
     "shuffle_seed": 7, "max_bad_records": 2, "stream_idle_secs": 30.0, "stream_start": "latest",
+    "kafka_group": "lag-monitored", "export_every_secs": 60.0, "keep_exports": 3, "window_records": 1000,
     "keras_version": "2", "feed": "my_feed", "loss": "my_loss", "optimizer": "my_optimizer",
     "eval_metrics_fn": "my_metrics", "callbacks": "my_callbacks", "custom_data_reader": "my_reader",
     "prediction_outputs_processor": "MyProcessor",
@@ -64,7 +65,8 @@ def test_every_flag_is_in_exactly_one_section():
     # the flags of the flat JobConfig, none lost or added; + --max_bad_records; + 8 model_zoo_functions; + --push_steps;
     # + --wire_dtype, --tensor_transport; + --overlap_communication; + --max_gradient_norm_ratio
     # + --stream_idle_secs, --stream_start; + --ps_replicas
-    assert len(FLAGS) == 79
+    # + --class_weight; + --kafka_group, --export_every_secs, --keep_exports, --window_records
+    assert len(FLAGS) == 83
 
 
 def test_jobconfig_holds_only_the_sections():

@@ -23,6 +23,8 @@ from elasticdl.launch.kubernetes.client import K8sError, K8sForbidden
 OUTSIDE_THE_TREE = {
     # The simulator's UNAVAILABLE: a simulated role answers it and the simulated caller rides it out.
     "elasticdl.sim.transport.Unavailable",
+    # The simulated Kafka broker cut off: the simulated stream source rides it out as the real one does.
+    "elasticdl.sim.stream.BrokerDown",
     # A failed compare-and-set inside a store write; becomes LedgerConflictError/LeadershipError.
     "elasticdl.store.api._CasFailed",
     # The memory store's simulated outage; the store's retries turn it into StoreUnavailableError.

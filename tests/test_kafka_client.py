@@ -64,3 +64,36 @@ def test_a_range_past_what_the_partition_holds_fails_after_its_timeout(kafka_bro
     topic = KafkaTopic.of(f"kafka://{kafka_broker.bootstrap}/short")
     with pytest.raises(DataError, match=r"short#0 offsets 1-4: only 1 of 4 records arrived within 1 s"):
         topic.read(0, 1, 5, timeout=1.0)
+
+
+def test_a_records_kafka_timestamp_is_read_at_its_offset(kafka_broker):  # noqa: F811
+    from confluent_kafka import Producer
+
+    kafka_broker.create_topic("stamped", 2)
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    for i in range(6):  # CreateTime set by the producer: 1,700,000,000 s + i on partition i % 2
+        producer.produce("stamped", value=b"%d" % i, partition=i % 2, timestamp=1_700_000_000_000 + 1000 * i)
+    assert producer.flush(30) == 0
+    topic = KafkaTopic.of(f"kafka://{kafka_broker.bootstrap}/stamped")
+    assert topic.timestamps({0: 2, 1: 1}) == {0: 1_700_000_004.0, 1: 1_700_000_003.0}
+    assert topic.timestamps({0: 50}, timeout=0.5) == {}  # not there (yet): left out
+
+
+def test_the_masters_fetch_helper_dies_with_it_and_leaves_no_pipe_open():
+    """The helper process (kafka_client.FetchHelper) of a master SIGKILLed must not live on
+    holding the master's stdout and stderr: whoever waits for their end (a test, a shell)
+    would wait for ever. It did before it asked Linux to kill it with its parent."""
+    import subprocess
+    import sys
+
+    code = ("import time\nfrom elasticdl.data.kafka_client import FetchHelper\n"
+            "print(FetchHelper().call(abs, -3), flush=True)\ntime.sleep(600)\n")
+    master = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert master.stdout.readline().strip() == "3"  # the helper answered: it runs
+        master.kill()
+        out, _ = master.communicate(timeout=30)  # the pipes' end: no process holds them any more
+    finally:
+        if master.poll() is None:
+            master.kill()
+    assert master.returncode == -9 and out == ""

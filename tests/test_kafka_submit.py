@@ -24,6 +24,12 @@ def _config(training_data: str, **flags) -> JobConfig:
     ({"stream_start": "newest"}, "--stream_start must be earliest or latest. Received: 'newest'"),
     ({"training_data": "data/digits/train", "stream_idle_secs": 5.0},
      "--stream_idle_secs applies to a stream .* drop --stream_idle_secs"),
+    ({"training_data": "data/digits/train", "kafka_group": "g"}, "--kafka_group applies to a stream .* drop --kafka_group"),
+    ({"export_every_secs": 10.0}, r"--export_every_secs writes versioned exports .* set --output"),
+    ({"export_every_secs": 10.0, "output": "s3://bucket/models"}, r"--export_every_secs renames .* local or mounted"),
+    ({"training_data": "data/digits/train", "export_every_secs": 10.0, "output": "out"},
+     "--export_every_secs applies to a stream"),
+    ({"keep_exports": 0}, "--keep_exports must be 1 or more. Received: 0"),
 ])
 def test_the_stream_flags_are_checked_naming_the_flag(flags, message):
     config = _config(**{"training_data": "kafka://127.0.0.1:9/t", **flags})

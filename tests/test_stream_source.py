@@ -3,12 +3,15 @@ on the test's own clock: what it cuts, where it starts, when it calls the stream
 
 from __future__ import annotations
 
+import pytest
 from kafka_fixture import kafka_broker  # noqa: F401  (pytest finds fixtures by name)
 
 from elasticdl.data.kafka_client import KafkaTopic
+from elasticdl.errors import JobFailedError
 from elasticdl.master.stream_cutter import LINGER_SECS
 from elasticdl.master.stream_source import KafkaStreamSource
 from elasticdl.master.stream_tasks import StreamTaskManager
+from elasticdl.master.tasks import NoTask
 
 
 class Clock:
@@ -151,3 +154,79 @@ def test_the_summary_gives_each_partitions_start_cut_seen_and_lag(kafka_broker):
     source.feed(ledger)
     assert source._stop.is_set()
     assert source.summary(ledger)["partitions"]["0"] == {"start": 0, "cut_to": 0, "seen": 125, "lag": 125}
+
+
+def test_kafka_group_commits_the_ledgers_consumed_offsets_to_the_broker(kafka_broker):  # noqa: F811
+    from elasticdl.data.kafka_client import GroupOffsets
+    from elasticdl.master.stream_source import COMMIT_SECS
+
+    kafka_broker.create_topic("grouped", 2)
+    kafka_broker.produce("grouped", (b"%d" % i for i in range(500)), partitions=2)  # 250 a partition
+    clock = Clock()
+    kafka = KafkaTopic.of(f"kafka://{kafka_broker.bootstrap}/grouped")
+    group = GroupOffsets(kafka.address, "lag-monitored")
+    source = KafkaStreamSource(kafka, kafka.partitions(), records_per_task=100, idle_secs=5.0, clock=clock,
+                               timeout=1.0, group=group)
+    source.open({}, watch=False)
+    ledger = StreamTaskManager()
+    assert _cut_all(source, ledger) == 500
+    monitor = GroupOffsets(kafka.address, "lag-monitored")  # what a lag monitor reads
+    tasks = {}
+    while (task := ledger.get_task(len(tasks))) is not NoTask.WAIT:
+        tasks[(task.shard.path[-1], task.shard.start)] = (task, len(tasks))
+
+    def report(partition: str, start: int) -> None:
+        task, worker = tasks[(partition, start)]
+        assert ledger.report(task.task_id, worker).accepted
+
+    def commit() -> dict[int, int]:
+        clock.now += COMMIT_SECS
+        source.feed(ledger)
+        source.commit_consumed()  # the watching thread's call
+        return monitor.committed([0, 1])
+
+    assert commit() == {0: 0, 1: 0}  # nothing trained: the start of each partition
+    report("0", 0), report("0", 200), report("1", 100)
+    assert commit() == {0: 100, 1: 0}  # partition 0's 100-199 and partition 1's 0-99 are not done
+    report("0", 100), report("1", 0)
+    assert commit() == {0: 250, 1: 200}
+    report("1", 200)
+    clock.now += COMMIT_SECS / 2  # handed over at most once a COMMIT_SECS; the end commits at once
+    source.feed(ledger)
+    source.close()
+    consumed = ledger.consumed()
+    assert monitor.committed([0, 1]) == {0: 250, 1: 250} == {
+        p: consumed[kafka.address.partition_path(p)] for p in (0, 1)}
+    monitor.close()
+
+
+def test_a_deleted_topic_stops_the_stream_and_the_process_that_probed_it_lives_on(kafka_broker):  # noqa: F811
+    from confluent_kafka.admin import AdminClient
+
+    kafka_broker.create_topic("doomed", 2)
+    kafka_broker.produce("doomed", (b"%d" % i for i in range(300)), partitions=2)
+    clock = Clock()
+    # The master's topic: records are fetched in a helper process (a consumer of this process
+    # fetching when the topic is deleted would take it down with SIGSEGV, on Tansu).
+    kafka = KafkaTopic.of(f"kafka://{kafka_broker.bootstrap}/doomed", keep_consumers=False, fetch_elsewhere=True)
+    source = KafkaStreamSource(kafka, kafka.partitions(), records_per_task=100, idle_secs=0.0, clock=clock,
+                               timeout=1.0)
+    source.open({}, watch=False)
+    ledger = StreamTaskManager()
+    assert _cut_all(source, ledger) == 300
+    first = ledger.get_task(0)  # in progress when the topic goes
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})  # kept until its answer
+    for future in admin.delete_topics(["doomed"]).values():
+        future.result(timeout=20)
+    source.poll_once()
+    assert source.deleted == f"the topic 'doomed' was deleted from {kafka_broker.bootstrap} while the job ran"
+    source.feed(ledger)
+    assert not ledger.stream_open and ledger.close_reason == source.deleted
+    # The task in progress fails (its records cannot be read): not tried again; the rest was dropped.
+    assert ledger.report(first.task_id, 0, "DataError: unknown topic").accepted
+    ledger.fenced(*ledger.pending_fences()[:1], {})
+    assert ledger.get_task(0) is NoTask.END and ledger.finished
+    assert ledger.epochs[0].dropped == [] and ledger.records_done == 0
+    with pytest.raises(JobFailedError, match=r"'doomed' was deleted .* final checkpoint and export"):
+        source.raise_if_deleted()
+    source.close()

@@ -169,7 +169,7 @@ class JobConfig:
             )
         if command == "train" and not data.training_data:
             raise ConfigError("--training_data is required for `elasticdl train`.")
-        self.stream.check(data.training_data)
+        self.stream.check(data.training_data, self.outputs.output)
         if command == "evaluate" and not data.validation_data:
             raise ConfigError("--validation_data is required for `elasticdl evaluate`.")
         if command == "predict" and not data.prediction_data:

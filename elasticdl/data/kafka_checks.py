@@ -19,7 +19,7 @@ def check_stream(flag: str, url: str, command: str) -> list[tuple[str, int]]:
 
 def sample_stream(url: str, n: int) -> list[bytes]:
     """The first ``n`` records of the stream, for the one-batch check; a DataError when it has none."""
-    topic = KafkaTopic.of(url)
+    topic = KafkaTopic.of(url, keep_consumers=False)  # the master's process: see kafka_client._fetching
     records = topic.sample(n)
     if not records:
         raise DataError(

@@ -38,11 +38,13 @@ from elasticdl.master.job_setup import JobSetup, write_job_config
 from elasticdl.master.job_state import JobState, job_fingerprint
 from elasticdl.master.preflight import CheckedJob
 from elasticdl.master.progress import TrainingProgress
+from elasticdl.master.progressive import progressive_windows, to_tensorboard
 from elasticdl.master.recovery import Recovery
 from elasticdl.master.replica_recovery import ReplicaRecovery
 from elasticdl.master.report import CheckpointFailures, JobReport
 from elasticdl.master.request_desk import RequestDesk
 from elasticdl.master.requests import RequestLine
+from elasticdl.master.stream_export import capture_ledger, continuous_export, snapshot_model
 from elasticdl.master.stream_source import open_stream, stream_ledger
 from elasticdl.master.task_manager import TaskManager, TaskType
 from elasticdl.master.telemetry import StalenessSummary
@@ -93,6 +95,7 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
 
         self.main_tasks: TaskManager | None = stream_ledger(cfg, command)  # a Kafka stream's, or None
         self.stream = None  # its source (opened once the ledger is resumed)
+        self.exports = None  # --export_every_secs: its continuous export (master/stream_export.py)
         if command in ("train", "predict") and self.main_tasks is None:
             self.main_tasks = TaskManager(
                 make_shards(checked.files, cfg.effective_records_per_task),
@@ -118,7 +121,9 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
         self._events: queue.SimpleQueue = queue.SimpleQueue()  # from gRPC and store threads
         # The workers' requests: gRPC threads ask through the line, the loop serves them at the desk.
         self.requests = RequestLine(self._events.put)
-        self.desk = RequestDesk(self.dispatcher, self.progress)
+        self.progressive = progressive_windows(cfg.stream.window_records, checked.spec, command,
+                                               sink=lambda window: to_tensorboard(self.tensorboard, window))
+        self.desk = RequestDesk(self.dispatcher, self.progress, progressive=self.progressive)
         self._follow_ups: collections.deque = collections.deque()  # from callbacks, in the loop's thread
         self.state = JobState(cfg, command, job_fingerprint(cfg, checked.files), on_lost=self._store_lost)
         self.ps_addresses: list[str] = []
@@ -216,7 +221,8 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
             resumed = self.state.open(self.main_tasks)
             if self.main_tasks is not None:
                 self.main_tasks.start_term(self.state.term)
-            self.stream = open_stream(cfg, self.main_tasks)
+            self.stream = open_stream(cfg, self.main_tasks, self.state.term_floor)
+            self.exports = continuous_export(cfg, self.stream.topic) if self.stream is not None else None
             if resumed and cfg.checkpoints.checkpoint_dir:
                 self._restore_latest_checkpoint()
             self._note_restore(report)
@@ -225,8 +231,17 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
                 self._rewind_to_restored_cut()
             self._step = "training" if self.command == "train" else self.command
             self._loop()
+            if self.exports is not None:
+                self.exports.wait()  # the final pull and export use the master's model after it
             self._despite_ps_losses(lambda: self._take_the_model(report))
+            if self.progressive is not None:
+                report.progressive = self.progressive.finish()
             self._finish(report)
+            if self.exports is not None:
+                report.exports = self.exports.summary()
+            if self.stream is not None:
+                self._step = "stream"
+                self.stream.raise_if_deleted()  # after the final checkpoint and export: nothing trained is lost
             succeeded = True
         except BaseException as err:
             report.failed(self._step, err)
@@ -269,6 +284,9 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
             if self.stream is not None:  # new records become tasks here, in the ledger's thread
                 self.stream.feed(self.main_tasks)
                 self.progress.records_per_epoch = self.main_tasks.records_per_epoch
+                if self.exports is not None and self.main_tasks.stream_open:  # --export_every_secs: when due
+                    self.exports.tick(lambda: capture_ledger(self.main_tasks),
+                                      lambda: snapshot_model(self._ps, self._trainer))
             now = time.monotonic()
             events.append(c.Tick())
             for event in events:

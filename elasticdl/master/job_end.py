@@ -19,6 +19,7 @@ from elasticdl.master import embedding_stats
 from elasticdl.master.continuation import continue_command, last_complete_checkpoint
 from elasticdl.master.cut_recovery import skipped_bad_records
 from elasticdl.master.report import JobReport
+from elasticdl.master.stream_export import capture_ledger
 from elasticdl.master.telemetry import summarize
 
 logger = logging.getLogger(__name__)
@@ -219,7 +220,11 @@ class JobEnd:
             if cfg.outputs.output:
                 self._step = "export"
                 try:
-                    report.saved_model = export_saved_model(self._serving_model(), cfg.outputs.output)
+                    if self.exports is not None:  # --export_every_secs: OUTPUT/<version>/ as the others
+                        report.saved_model = self.exports.final(self._serving_model(), report.model_version,
+                                                                capture_ledger(self.main_tasks))
+                    else:
+                        report.saved_model = export_saved_model(self._serving_model(), cfg.outputs.output)
                 except OSError as err:
                     raise JobFailedError(
                         f"exporting the SavedModel to --output {cfg.outputs.output} failed: {err}"

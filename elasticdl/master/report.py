@@ -86,6 +86,12 @@ class JobReport:
     # A stream job (--training_data kafka://...): how it closed and, per partition, the offsets it
     # started at, cut to, and saw (elasticdl/master/stream_source.py); {} for files.
     stream: dict = field(default_factory=dict)
+    # --window_records: progressive validation, each window of records scored before they were
+    # trained: {index, first_record, records, tasks, model_version, metrics} (master/progressive.py).
+    progressive: list[dict] = field(default_factory=list)
+    # --export_every_secs: every export (version, path, records, newest offsets, freshness) and the
+    # median and largest freshness (master/stream_export.py); {} without the flag.
+    exports: dict = field(default_factory=dict)
     state_store: str = "memory"
     resumed: bool = False  # continued a ledger a previous master left in etcd
     # The checkpoint the parameter servers started from (--checkpoint_dir_for_init, or the

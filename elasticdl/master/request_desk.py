@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from elasticdl.master.controller import Event, TaskReported, VersionReported
 from elasticdl.master.dispatcher import TaskDispatcher
 from elasticdl.master.progress import TrainingProgress
+from elasticdl.master.progressive import ProgressiveWindows
 from elasticdl.master.requests import (
     END,
     WAIT,
@@ -56,9 +57,11 @@ class RequestDesk:
         dispatcher: TaskDispatcher,
         progress: TrainingProgress | None = None,
         clock: Callable[[], float] = time.monotonic,
+        progressive: ProgressiveWindows | None = None,
     ):
         self._dispatcher = dispatcher
         self._progress = progress
+        self._progressive = progressive  # --window_records: training reports' scores, per window
         self._clock = clock
         self._parked: list[_Parked] = []
         self._mark: tuple = ()
@@ -194,6 +197,8 @@ class RequestDesk:
         if (outcome.accepted and not request.err_message and request.task_id < EVAL_ID_BASE
                 and self._progress is not None):
             self._progress.record(request.records, request.loss_sum, request.batches, request.model_version)
+            if self._progressive is not None:
+                self._progressive.add(request.records, request.states, request.model_version)
         request.future.set_result(outcome)
         return [TaskReported(request.task_id, request.worker_id, outcome.accepted)]
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from elasticdl.data.kafka_address import is_kafka
-from elasticdl.data.kafka_client import KafkaTopic
+from elasticdl.data.kafka_client import GroupOffsets, KafkaTopic
 from elasticdl.master.stream_cutter import StreamCutter
 from elasticdl.master.stream_tasks import StreamTaskManager
 
@@ -31,6 +31,10 @@ POLL_SECS = 0.5
 BROKER_TIMEOUT_SECS = 5.0
 # A probe past the watermarks reads at most about this many tasks' records of a partition per poll.
 PROBE_TASKS = 8
+# --kafka_group: the consumed offsets are committed at most this often (and once at the end).
+COMMIT_SECS = 1.0
+# How often the ledger's done prefix is compacted (after a look for a newer checkpoint cut).
+COMPACT_SECS = 30.0
 
 
 class KafkaStreamSource:
@@ -38,7 +42,9 @@ class KafkaStreamSource:
 
     def __init__(self, topic: KafkaTopic, partitions: list[int], records_per_task: int, idle_secs: float,
                  start: str = "earliest", clock: Callable[[], float] = time.monotonic,
-                 poll_secs: float = POLL_SECS, timeout: float = BROKER_TIMEOUT_SECS):
+                 poll_secs: float = POLL_SECS, timeout: float = BROKER_TIMEOUT_SECS,
+                 group: GroupOffsets | None = None,
+                 cut_marks: Callable[[], dict[int, int] | None] | None = None, compact_freely: bool = False):
         self.topic = topic
         self.partitions = partitions
         self.records_per_task = records_per_task
@@ -53,7 +59,25 @@ class KafkaStreamSource:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._outage = ""
+        self.deleted = ""  # why the stream ended when its topic was deleted ('' while it exists)
         self.starts: dict[int, int] = {}
+        # --kafka_group: the ledger's consumed offsets, committed by the watching thread (the
+        # job loop only hands them over), and once more at the end (``close``).
+        self.group = group
+        self._ledger: StreamTaskManager | None = None
+        self._to_commit: dict[int, int] = {}
+        self._committed: dict[int, int] = {}
+        self._consumed_at = float("-inf")
+        self._commit_lock = threading.Lock()
+        # Compaction (StreamTaskManager.compact): ``cut_marks`` reads the newest checkpoint cut's
+        # data position on the watching thread (None: none yet); ``compact_freely`` (no
+        # --checkpoint_dir: no rollback is exact anyway) compacts the done prefix as it is;
+        # neither: never. The marks found wait here for the job loop.
+        self.cut_marks = cut_marks
+        self.compact_freely = compact_freely
+        self._marks: queue.SimpleQueue = queue.SimpleQueue()
+        self._compact_at = clock() + COMPACT_SECS
+        self._marks_at = clock() + COMPACT_SECS
 
     def open(self, committed: dict[str, int], watch: bool = True) -> dict[int, int]:
         """Start watching from the ledger's ``committed`` offsets (path -> end cut), or, for a
@@ -91,10 +115,15 @@ class KafkaStreamSource:
                 break
             ledger.add(shards)
             added += sum(s.records for s in shards)
+        if self.deleted and ledger.stream_open:
+            ledger.topic_deleted(self.deleted)
         if self._idle.is_set() and ledger.stream_open:
             ledger.close_stream(f"no new record for {self.idle_secs:g} s (--stream_idle_secs)")
+        if self.group is not None:
+            self._hand_over_consumed(ledger)
+        self._compact(ledger)
         if not ledger.stream_open:  # idle, or closed by a stop: nothing more is cut
-            self.close()
+            self._stop_watching()
         return added
 
     def summary(self, ledger: StreamTaskManager) -> dict:
@@ -110,21 +139,117 @@ class KafkaStreamSource:
                 "records_cut": ledger.records_per_epoch, "partitions": partitions}
 
     def close(self) -> None:
+        """The job ended: stop watching; with --kafka_group, commit the ledger's consumed offsets
+        as they are at the end (also after a failure: what the ledger counts done is done)."""
+        self._stop_watching()
+        if self.group is None:
+            return
+        if self._ledger is not None:
+            self._hand_over_consumed(self._ledger, force=True)
+        self.commit_consumed()
+        self.group.close()
+        self.group = None
+
+    def _stop_watching(self) -> None:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
+        self.topic.close()  # its helper process, if any (the exports' timestamps start it again)
 
     def _watch(self) -> None:
         while not self._stop.is_set():
             self.poll_once()
+            self.commit_consumed()
+            self.look_for_cut()
             if self._idle.is_set():
                 return
             self._stop.wait(self.poll_secs)
+
+    def _topic_gone(self) -> None:
+        address = self.topic.address
+        self.deleted = (f"the topic {address.topic!r} was deleted from {address.brokers} while the job ran")
+        logger.error("stream %s: %s: training stops; the records trained so far go into the final checkpoint "
+                     "and export, and the job then fails", address.url, self.deleted)
+        self._stop.set()  # nothing more to watch
+
+    def raise_if_deleted(self) -> None:
+        """After the job's end (its final checkpoint, export and report): fail it if the topic went."""
+        if self.deleted:
+            from elasticdl.errors import JobFailedError
+
+            raise JobFailedError(
+                f"{self.deleted} (--training_data {self.topic.address.url}): the records trained before are in the "
+                "final checkpoint and export; report.json's stream gives each partition's offsets trained; the "
+                "records cut and not trained went with the topic. Recreate the topic and start a new job (the "
+                "offsets of a new topic start over), or restore the topic and resume with --etcd_endpoints")
+
+    def look_for_cut(self) -> None:
+        """On the watching thread, every COMPACT_SECS: the newest cut's marks, for ``feed`` to compact."""
+        if self.cut_marks is None or self.clock() < self._marks_at:
+            return
+        self._marks_at = self.clock() + COMPACT_SECS
+        try:
+            marks = self.cut_marks()
+        except Exception as err:  # a checkpoint being written, a store away: the next look tries again
+            logger.info("stream %s: no checkpoint cut read for compaction (%s)", self.topic.address.url, err)
+            return
+        if marks is not None:
+            self._marks.put(marks)
+
+    def _compact(self, ledger: StreamTaskManager) -> None:
+        """In the job loop: fold the done prefix the newest cut holds (without checkpoints, every
+        COMPACT_SECS, all of it)."""
+        found = None
+        while True:
+            try:
+                found = self._marks.get_nowait()
+            except queue.Empty:
+                break
+        if found is None and self.compact_freely and self.clock() >= self._compact_at:
+            self._compact_at = self.clock() + COMPACT_SECS
+            ledger.compact(None)
+        elif found is not None:
+            ledger.compact(found)
+
+    def _hand_over_consumed(self, ledger: StreamTaskManager, force: bool = False) -> None:
+        """In the job loop: the ledger's consumed offsets for the committing thread (at most every
+        COMMIT_SECS: the ledger is walked for them)."""
+        self._ledger = ledger
+        now = self.clock()
+        if not force and now - self._consumed_at < COMMIT_SECS:
+            return
+        self._consumed_at = now
+        consumed = ledger.consumed()
+        offsets = {p: consumed[self.topic.address.partition_path(p)] for p in self.partitions
+                   if self.topic.address.partition_path(p) in consumed}
+        with self._commit_lock:
+            self._to_commit = offsets
+
+    def commit_consumed(self) -> None:
+        """Commit the consumed offsets handed over, if they moved since the last commit. A broker
+        that refuses is logged and tried again at the next call: the group's offsets are for
+        lag monitors, the ledger holds the truth."""
+        with self._commit_lock:  # held for the copy only: the job loop never waits on the broker
+            offsets = dict(self._to_commit)
+        group = self.group
+        if group is None or offsets == self._committed:
+            return
+        try:
+            group.commit(offsets)
+        except Exception as err:  # the broker away: training goes on, the next call tries again
+            logger.warning("stream %s: consumed offsets not committed under --kafka_group %s (%s); "
+                           "trying again", self.topic.address.url, group.group, err)
+            return
+        self._committed = offsets
 
     def poll_once(self) -> None:
         """One look at the partitions: cut what is new, and tell when the stream went idle."""
         cutter = self.cutter
         try:
+            # Listed first: a deleted topic's watermarks may read (0, 0) (Tansu), which would look idle.
+            if not self.topic.exists(self.timeout):
+                self._topic_gone()
+                return
             ends: dict[int, int] = {}
             for partition in self.partitions:
                 _low, high = self.topic.watermarks(partition, self.timeout)
@@ -167,13 +292,42 @@ def stream_ledger(config, command: str) -> StreamTaskManager | None:
     )
 
 
-def open_stream(config, ledger) -> KafkaStreamSource | None:
+def open_stream(config, ledger, term_floor: int = -1) -> KafkaStreamSource | None:
     """Start watching the stream of a stream job's ledger (after the ledger was resumed: it
-    goes on from the ledger's offsets); None for a file job."""
+    goes on from the ledger's offsets); None for a file job. ``term_floor``: the checkpoint
+    lineage of this job (its cuts have terms above it)."""
     if not isinstance(ledger, StreamTaskManager):
         return None
-    topic = KafkaTopic.of(config.data.training_data)
+    directory = config.checkpoints.checkpoint_dir
+    cut_marks = NewestCutMarks(directory, term_floor) if directory else None
+    # Records are fetched in a helper process: the master outlives a deleted topic (kafka_client._fetching).
+    topic = KafkaTopic.of(config.data.training_data, keep_consumers=False, fetch_elsewhere=True)
+    group = GroupOffsets(topic.address, config.stream.kafka_group) if config.stream.kafka_group else None
     source = KafkaStreamSource(topic, topic.partitions(), config.effective_records_per_task,
-                               config.stream.stream_idle_secs, config.stream.stream_start)
+                               config.stream.stream_idle_secs, config.stream.stream_start, group=group,
+                               cut_marks=cut_marks, compact_freely=not directory)
     source.open(ledger.offsets())
     return source
+
+
+class NewestCutMarks:
+    """The data position of the newest verified cut of a lineage; None before there is one.
+    The directory is listed each call, and a cut is read (verified) only when a newer one is complete."""
+
+    def __init__(self, directory: str, term_floor: int = -1):
+        self.directory = directory
+        self.term_floor = term_floor
+        self._seen = -1
+        self._marks: dict[int, int] | None = None
+
+    def __call__(self) -> dict[int, int] | None:
+        from elasticdl.master.cut_recovery import latest_cut
+        from elasticdl.model.checkpoint import complete_versions
+
+        versions = complete_versions(self.directory, self.term_floor)  # oldest first
+        if versions and versions[-1] != self._seen:
+            self._seen = versions[-1]
+            cut = latest_cut(self.directory, self.term_floor)  # the newest that verifies
+            if cut is not None:
+                self._marks = dict(cut.marks)
+        return self._marks

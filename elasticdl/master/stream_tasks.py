@@ -15,13 +15,23 @@ resuming from the state store) is the file ledger's, with offsets for record ind
 ledger holds every task cut, so ``offsets`` (each partition's end of what was cut) is where a
 resumed master goes on cutting: the ledger, not the broker, holds the committed offsets.
 
+Bounded over a long stream: ``compact`` folds each partition's done prefix into one done task
+of its own, with a negative id (no worker, no PS mark ever names one), once a checkpoint cut
+holds those records (``marks``: the cut's data position; None without --checkpoint_dir, where
+no rollback is exact anyway). The ledger then holds, per partition, one compacted task plus
+the tasks cut since the cut: its snapshot in the state store stays small for a job that runs
+for days, and a resumed master finds the compacted offsets in it as in any done task. A
+rollback goes back to the newest cut, which holds every compacted record: they stay done.
+(Should that cut turn out damaged, the rollback to an older one counts the records it lacks
+in ``records_possibly_missing``, as for a file job's older epochs.)
+
 Pure Python, like the file ledger: no clock, no thread, no call out.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from elasticdl.data.sources import Shard
 from elasticdl.master.task_manager import TaskManager
@@ -39,6 +49,7 @@ class StreamTaskManager(TaskManager):
         super().__init__([], num_epochs=1, task_type=TaskType.TRAINING, shuffle=False, **kwargs)
         self.stream_open = True
         self.close_reason = ""
+        self.gone = ""  # the topic was deleted (``topic_deleted``): why
 
     # ------------------------------------------------------------ the source
 
@@ -64,6 +75,21 @@ class StreamTaskManager(TaskManager):
                         reason, self.records_per_epoch)
             self._bump()
 
+    def topic_deleted(self, reason: str) -> None:
+        """The stream's topic is gone: no task that is not done can be read any more. The stream
+        closes, the tasks not started are dropped, and a task that fails now (its records cannot
+        be read) is not tried again. The tasks in progress may still finish (a read ahead)."""
+        self.gone = reason
+        self.close_stream(reason)
+        self.stop()
+
+    def _retry(self, task: Task, why: str) -> None:
+        if self.gone:
+            logger.warning("task %d (%s offsets %d-%d) is not tried again: %s", task.task_id, task.shard.path,
+                           task.shard.start, task.shard.end - 1, self.gone)
+            return
+        super()._retry(task, why)
+
     def offsets(self) -> dict[str, int]:
         """Partition path -> one past the last offset cut into a task (kept or done): where the
         source goes on cutting after a resume."""
@@ -73,6 +99,67 @@ class StreamTaskManager(TaskManager):
         for task in tasks:
             ends[task.shard.path] = max(ends.get(task.shard.path, 0), task.shard.end)
         return ends
+
+    @property
+    def records_done(self) -> int:
+        """Records done (trained, or skipped as bad): what an export taken now holds at least."""
+        return self.epochs[0].records_done
+
+    def newest_done(self) -> dict[str, int]:
+        """Partition path -> one past the newest offset of a done task (an export's newest record)."""
+        ends: dict[str, int] = {}
+        for task in self._done.values():
+            ends[task.shard.path] = max(ends.get(task.shard.path, 0), task.shard.end)
+        return ends
+
+    def compact(self, marks: Mapping[int, int] | None) -> int:
+        """Fold each partition's done prefix, as far as a checkpoint cut with data position
+        ``marks`` holds it (None: no cut to wait for), into the partition's compacted task; how
+        many done tasks were folded. The prefix stops at the first offset not done (todo, in
+        progress, fencing, dropped) and at the first done task the cut does not hold whole."""
+        stops: dict[str, int] = {}
+        busy = [*self._todo, *(d.task for d in self._in_flight), *(t for e in self.epochs for t in e.dropped)]
+        for task in busy:
+            stops[task.shard.path] = min(stops.get(task.shard.path, task.shard.start), task.shard.start)
+        for task in self._done.values():
+            if marks is not None and task.task_id >= 0 and marks.get(task.task_id, task.origin) < task.shard.end:
+                stops[task.shard.path] = min(stops.get(task.shard.path, task.origin), task.origin)
+        folded = 0
+        for path in {t.shard.path for t in self._done.values()}:
+            mine = [t for t in self._done.values() if t.shard.path == path]
+            compacted = next((t for t in mine if t.task_id < 0), None)
+            upto = min(stops.get(path, max(t.shard.end for t in mine)), max(t.shard.end for t in mine))
+            fold = [t for t in mine if t.task_id >= 0 and t.shard.end <= upto]
+            if not fold:
+                continue
+            first = min([t.origin for t in fold] + ([compacted.origin] if compacted else []))
+            end = max([t.shard.end for t in fold] + ([compacted.shard.end] if compacted else []))
+            task_id = compacted.task_id if compacted else self._compacted_id()
+            for task in fold:
+                del self._done[task.task_id]
+            self._done[task_id] = Task(task_id, TaskType.TRAINING, Shard(path, first, end), self.epoch, origin=first)
+            folded += len(fold)
+        if folded:
+            self._bump()
+        return folded
+
+    def rewind(self, marks: dict[int, int], cause: str = "rollback") -> int:
+        # Compacted records are in the cut (see ``compact``): they stay done.
+        held = {t.task_id: t.shard.end for t in self._done.values() if t.task_id < 0}
+        return super().rewind({**marks, **held}, cause)
+
+    def _compacted_id(self) -> int:
+        return min((i for i in self._done if i < 0), default=0) - 1
+
+    def consumed(self) -> dict[str, int]:
+        """Partition path -> the first offset not consumed: every offset before it is done (or
+        was dropped after --max_task_retries: never read again), none of todo or in progress.
+        What --kafka_group commits to the broker. It goes back when a rollback puts done
+        records back to todo, as the ledger does."""
+        firsts: dict[str, int] = {}
+        for task in [*self._todo, *(d.task for d in self._in_flight)]:
+            firsts[task.shard.path] = min(firsts.get(task.shard.path, task.shard.start), task.shard.start)
+        return {path: min(end, firsts.get(path, end)) for path, end in self.offsets().items()}
 
     # ------------------------------------------------------------ the ledger, open-ended
 

@@ -88,6 +88,14 @@ class SimTopic:
     def partition_ids(self) -> list[int]:
         return list(range(self.partitions))
 
+    def exists(self, timeout: float = 5.0) -> bool:
+        """The source lists the topics at every poll (a deleted topic ends the job): never deleted here."""
+        self._check()
+        return True
+
+    def close(self) -> None:
+        """KafkaTopic's: its fetch helper process (none here)."""
+
     # ------------------------------------------------------------ the workers' reads
 
     def records_at(self, path: str, offsets: list[int]) -> list[int]:

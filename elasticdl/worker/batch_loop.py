@@ -159,6 +159,8 @@ class BatchLoop:
 
     def _compute_step(self, step: Step) -> None:
         features, labels, sample_weight = self._batch
+        if self.progressive is not None:  # scored on the parameters its gradients are computed on
+            self.progressive.score(self._batch_position, self.trainer, features, labels)
         if sample_weight is None:  # the two-argument call that trainers without weights take
             loss, grads = self.trainer.compute_gradients(features, labels)
         else:

@@ -164,11 +164,21 @@ def main(argv: list[str] | None = None, assigned_at: float | None = None) -> int
         may_initialize_ps=args.command == "train",
         max_bad_records=config.data.max_bad_records if args.command != "predict" else 0,
         startup=startup,
+        progressive=_progressive(config, spec, args.command),
     )
     # Preemption is a scale-down, not a failure: finish the batch, report, leave (exit 0).
     signal.signal(signal.SIGTERM, lambda *_: worker.request_stop())
     worker.run()
     return 0
+
+
+def _progressive(config: JobConfig, spec, command: str):
+    """--window_records: the scorer of each training batch (None: off)."""
+    if command != "train" or not config.stream.window_records or spec.eval_metrics_fn is None:
+        return None
+    from elasticdl.worker.progressive import ProgressiveScore
+
+    return ProgressiveScore(spec.eval_metrics_fn)
 
 
 if __name__ == "__main__":

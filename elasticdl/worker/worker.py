@@ -35,6 +35,7 @@ from elasticdl.worker.batch_loop import (
 )
 from elasticdl.worker.consistency import ConsistencyPolicy, TaskTakenBackError
 from elasticdl.worker.overlap import Exchange
+from elasticdl.worker.progressive import ProgressiveScore
 from elasticdl.worker.startup import StartupClock
 from elasticdl.worker.task_data import BatchStream
 
@@ -74,6 +75,7 @@ class Worker(BatchLoop):
         may_initialize_ps: bool = True,
         max_bad_records: int = 0,
         startup: StartupClock | None = None,
+        progressive: ProgressiveScore | None = None,
     ):
         self.worker_id = worker_id
         self.spec = spec
@@ -119,6 +121,7 @@ class Worker(BatchLoop):
         # Sync: a training task's first pull, asked for while its records are read.
         self._prefetched_pull: Exchange | None = None
         self._startup = startup or StartupClock()
+        self.progressive = progressive  # --window_records: each training batch scored before it is trained
         self._init_batch_loop()
         # The next task's records, read while this one trains (the master's read_ahead promise).
         self._task_reads = TaskPrefetch(self._load_records, dispose=_close_records)
@@ -373,6 +376,8 @@ class Worker(BatchLoop):
             return True
 
         self._prefetch_first_pull()
+        if self.progressive is not None:
+            self.progressive.start()
         try:
             self._run_batches(order, Mode.TRAINING, step)
             self._finish_task_pushes()  # done, or left on SIGTERM: the master counts its records as trained
@@ -388,6 +393,8 @@ class Worker(BatchLoop):
         if not result.interrupted:
             # Chunks that dataset_fn filtered out entirely are done too; skipped bad records are not.
             result.records = total - len(self._task_bad)
+        if self.progressive is not None:
+            result.metric_states = self.progressive.take()  # merged per window by the master
         return result
 
 
