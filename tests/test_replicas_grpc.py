@@ -98,6 +98,18 @@ def replica_addresses(addresses: list[str]) -> list[str]:
     return [master_call(address, "routes", {})["replica_address"] for address in addresses]
 
 
+def configured(addresses: list[str]) -> tuple[PSClient, dict]:
+    """What the master does once every PS serves (the identity routes), then a worker's client
+    and the model it pushed."""
+    for address in addresses:
+        master_call(address, "configure", {"addresses": replica_addresses(addresses),
+                                           "routes": wire.Routes.initial(2).to_dict()})
+    client = PSClient(addresses, master_credential=trust.master_credential(KEY), replicas=1)
+    model = variables()
+    client.push_model(model)
+    return client, model
+
+
 def push(client: PSClient, model: dict, rng, step: int) -> None:
     grads = {n: rng.normal(size=v.shape).astype(np.float32) for n, v in model.items()}
     versions = [s.version for s in client.stats()]
@@ -166,12 +178,7 @@ def test_a_backup_equals_its_primary_bit_for_bit_and_takes_over_when_it_dies(two
 
 def test_the_relaunched_ps_catches_up_as_a_backup_and_takes_over_at_a_second_death(two_ps):
     start, addresses, processes, ckpt = two_ps
-    for address in addresses:
-        master_call(address, "configure", {"addresses": replica_addresses(addresses),
-                                           "routes": wire.Routes.initial(2).to_dict()})
-    client = PSClient(addresses, master_credential=trust.master_credential(KEY), replicas=1)
-    model = variables()
-    client.push_model(model)
+    client, model = configured(addresses)
     rng = np.random.default_rng(1)
     for step in range(6):
         push(client, model, rng, step)
@@ -217,12 +224,7 @@ def test_embedding_rows_a_lookup_made_are_on_the_backup_that_takes_over(two_ps):
     from elasticdl.model.embedding.table import IndexedRows, TableInfo
 
     _start, addresses, processes, ckpt = two_ps
-    for address in addresses:
-        master_call(address, "configure", {"addresses": replica_addresses(addresses),
-                                           "routes": wire.Routes.initial(2).to_dict()})
-    client = PSClient(addresses, master_credential=trust.master_credential(KEY), replicas=1)
-    model = variables()
-    client.push_model(model)
+    client, model = configured(addresses)
     client.push_embedding_table_infos([TableInfo("ids", 3, policy=TablePolicy(max_rows=30))])
     rng = np.random.default_rng(4)
 
