@@ -35,7 +35,7 @@ from benchmarks.common import (
     run_child,
 )
 
-CASES = ("training", "ps_data_plane", "embedding", "elastic_recovery", "parquet_s3")
+CASES = ("training", "ps_data_plane", "embedding", "elastic_recovery", "parquet_s3", "replicas")
 
 # (row name, driver spec). ElasticDL 2w runs async (--use_async), the consistency of
 # ParameterServerStrategy; its default, sync SGD with grads_to_wait=1, is shown too.
@@ -155,6 +155,8 @@ TARGETS = {
     "data_plane_mb_per_s": 2000.0,  # 20 MB round trips (the 5M row; every size is held to it)
     "first_gradient_s": 3.0,  # ElasticDL 1 worker: from the job's start to the first applied gradient
     "scale_up_s": 3.0,  # a new worker's first gradient after `elasticdl scale`
+    "replicas_vs_none": 0.8,  # DeepFM, 2 workers, 2 PS: --ps_replicas 1 / none (benchmarks/replicas.py)
+    "replica_failover_s": 1.0,  # --ps_replicas 1: from a PS SIGKILL to training again (elastic_recovery)
 }
 
 
@@ -173,7 +175,8 @@ def log(message: str) -> None:
 # ---------------------------------------------------------------- case: training
 
 
-def run_training(args, out_dir: str) -> dict:
+def run_training(args, out_dir: str, competitors_of: list | None = None) -> dict:
+    """``competitors_of``: another list than COMPETITORS (the replicas case's)."""
     from benchmarks.data import prepare
 
     models = training_models(args.quick)
@@ -190,7 +193,8 @@ def run_training(args, out_dir: str) -> dict:
             "batch_size": m["batch_size"], "epochs": m["epochs"], "job_flags": m.get("job_flags", {}),
         }
     env = {"BENCH_DENSE_INPUT_DIM": str(next((m["input_dim"] for m in models.values() if "input_dim" in m), 768))}
-    competitors = [(n, c) for n, c in COMPETITORS if not args.competitors or n in args.competitors.split(",")]
+    competitors = [(n, c) for n, c in (competitors_of or COMPETITORS)
+                   if not args.competitors or n in args.competitors.split(",")]
     budget = args.threads or cores()
     raw: dict = {m: {c: [None] * args.reps for c, _ in competitors} for m in model_cfgs}
     errors: list[str] = []
@@ -427,6 +431,8 @@ def build_rows(results: dict) -> tuple[list[dict], list[dict]]:
             ("kill_worker_s", "digits, 2 workers", "kill_worker", "s to requeued task on another worker"),
             ("scale_up_s", "digits, 1 -> 2 workers", "scale_up", "s to new worker's first gradient"),
             ("kill_ps_s", "digits, 1 worker, 2 PS, sync", "kill_ps", "s from a PS SIGKILL to training again"),
+            ("kill_ps_replicas_s", "digits, 1 worker, 2 PS, sync, --ps_replicas 1", "kill_ps_replicas",
+             "s from a PS SIGKILL to training again"),
         ):
             values = [r[key] if r else None for r in recovery["runs"]]  # a failed repetition: None
             if any(v is not None for v in values):
@@ -435,6 +441,9 @@ def build_rows(results: dict) -> tuple[list[dict], list[dict]]:
                 if key == "scale_up_s":
                     targets.append(_target("elastic_recovery: new worker's first gradient", median(values),
                                            TARGETS["scale_up_s"], unit="s"))
+                if key == "kill_ps_replicas_s":
+                    targets.append(_target("elastic_recovery: --ps_replicas 1, PS SIGKILL to training again",
+                                           median(values), TARGETS["replica_failover_s"], unit="s"))
             else:
                 rows.append(_status_row("elastic_recovery", model, f"{competitor} error: see errors"))
     parquet = results.get("parquet_s3")
@@ -456,6 +465,11 @@ def build_rows(results: dict) -> tuple[list[dict], list[dict]]:
             targets.append(_target("parquet_s3: elasticdl_reader / pyarrow_direct", ratio, TARGETS["vs_pyarrow"]))
         else:
             rows.append(_status_row("parquet_s3", "-", "error: see errors"))
+    if results.get("replicas") is not None:
+        from benchmarks.replicas import replica_rows
+
+        more = replica_rows(results["replicas"], TARGETS["replicas_vs_none"])
+        rows, targets = rows + more[0], targets + more[1]
     return rows, targets
 
 
@@ -582,6 +596,10 @@ def run_case(case: str, args, out_dir: str) -> dict:
             return run_embedding(args, out_dir)
         if case == "parquet_s3":
             return run_parquet_s3(args, out_dir)
+        if case == "replicas":
+            from benchmarks.replicas import run_replicas
+
+            return run_replicas(args, out_dir)
         return run_recovery(args, out_dir)
     except Exception as err:  # one broken case must not hide the others
         log(f"{case} failed: {traceback.format_exc()}")
