@@ -301,7 +301,8 @@ def run_recovery(args, out_dir: str) -> dict:
         if r:
             log(f"  rep {rep + 1}: scale-up {r['scale_up_s']:.2f} s, killed worker's task again "
                 f"after {r['kill_worker_s']:.3f} s, training again {r['kill_ps_s']:.2f} s after a PS SIGKILL "
-                f"({r['ps_records_retrained']} records trained again)")
+                f"({r['ps_records_retrained']} records trained again; "
+                f"{r['kill_ps_replicas_s']:.2f} s with --ps_replicas 1)")
     return {"runs": result["runs"], "errors": result["errors"]}
 
 
