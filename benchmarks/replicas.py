@@ -18,13 +18,15 @@ BASE = {"competitor": "elasticdl", "num_workers": 2, "num_ps": 2, "use_async": T
 COMPETITORS = [("replicas_0", dict(BASE, ps_replicas=0)), ("replicas_1", dict(BASE, ps_replicas=1))]
 LABELS = {"replicas_0": "ElasticDL 2 workers + 2 PS (--use_async), no replicas",
           "replicas_1": "ElasticDL 2 workers + 2 PS (--use_async --ps_replicas 1)"}
-MODELS = {True: "dense_tiny,deepfm_10k_ids", False: "dense5m,deepfm_1m_ids"}  # by --quick
+# By --quick; --models keeps some of them (e.g. python -m benchmarks --cases replicas --models deepfm_1m_ids).
+MODELS = {True: "dense_tiny,deepfm_10k_ids", False: "dense5m,deepfm_1m_ids"}
 
 
 def run_replicas(args, out_dir: str) -> dict:
     from benchmarks.runner import run_training
 
-    own = argparse.Namespace(**{**vars(args), "models": MODELS[args.quick], "competitors": ""})
+    chosen = [m for m in MODELS[args.quick].split(",") if not args.models or m in args.models.split(",")]
+    own = argparse.Namespace(**{**vars(args), "models": ",".join(chosen), "competitors": ""})
     return run_training(own, out_dir, COMPETITORS)
 
 
