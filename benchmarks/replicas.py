@@ -18,7 +18,7 @@ BASE = {"competitor": "elasticdl", "num_workers": 2, "num_ps": 2, "use_async": T
 COMPETITORS = [("replicas_0", dict(BASE, ps_replicas=0)), ("replicas_1", dict(BASE, ps_replicas=1))]
 LABELS = {"replicas_0": "ElasticDL 2 workers + 2 PS (--use_async), no replicas",
           "replicas_1": "ElasticDL 2 workers + 2 PS (--use_async --ps_replicas 1)"}
-# By --quick; --models keeps some of them (e.g. python -m benchmarks --cases replicas --models deepfm_1m_ids).
+# By --quick; the runner's --models keeps some of them (one model at a time: deepfm_1m_ids).
 MODELS = {True: "dense_tiny,deepfm_10k_ids", False: "dense5m,deepfm_1m_ids"}
 
 
