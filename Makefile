@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test lint proto bench bench-smoke clean simulate chaos
+.PHONY: install demo test lint proto bench bench-smoke clean simulate chaos replicas-acceptance
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,11 @@ clean:
 # make bench QUICK=1 (tiny sizes, the smoke test), CASES=training,ps_data_plane, REPS=5
 bench: $(STAMP)
 	$(PY) -m benchmarks $(if $(QUICK),--quick) $(if $(CASES),--cases $(CASES)) $(if $(REPS),--reps $(REPS))
+
+# Issue 26's acceptance runs of --ps_replicas in full (docs/replicas.md): sync and async, digits,
+# 20 epochs, ps-1 SIGKILLed at epoch 6, each against its fault-free job; minutes, not in make test.
+replicas-acceptance: $(STAMP)
+	$(PY) -m benchmarks.replicas_acceptance
 
 # The deterministic simulator (docs/reliability.md, "Simulation"): SEEDS seeds of the whole job
 # under random faults; prints a replay command per failing seed and "N seeds, F faults, V invariant violations".

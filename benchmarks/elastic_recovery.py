@@ -278,26 +278,36 @@ _WENT_BACK = re.compile(r"went back to the checkpoint's data position: (\d+) rec
 CUT_STEPS = 40
 
 
+def cut_flags(workdir: str, job: str) -> list[str]:
+    """The PS jobs' checkpoints: a fresh directory, a cut every CUT_STEPS versions."""
+    ckpt = os.path.join(workdir, f"{job}-ckpt")
+    shutil.rmtree(ckpt, ignore_errors=True)
+    return ["--checkpoint_dir", ckpt, "--checkpoint_steps", str(CUT_STEPS)]
+
+
+def at_first_cut(spec: dict, job: str, workdir: str, proc: subprocess.Popen) -> tuple[str, tuple, str, int]:
+    """Once the job's first cut is complete: (the master's log, the PS addresses, the job's
+    token, PS 1's pid)."""
+    run_dir = os.path.join(workdir, "runs", job)
+    cut = os.path.join(workdir, f"{job}-ckpt", f"version-{CUT_STEPS}")
+    _wait_for("the first complete cut", lambda: os.path.isdir(cut) and len(os.listdir(cut)) >= 2, spec["timeout"], proc)
+    master = os.path.join(run_dir, "logs", "master.log")
+    addresses = next(m.groups() for line in _lines(master) if (m := _PS_AT.search(line)))
+    with open(os.path.join(run_dir, "token")) as f:
+        token = f.read().strip()
+    return master, addresses, token, _role_pids(proc.pid, os.path.join(run_dir, "logs"), "ps")[1]
+
+
 def ps_rep(spec: dict, rep: int, workdir: str) -> dict:
     """1 worker, 2 PS, sync: SIGKILL PS 1 once a cut is complete; seconds until training goes on."""
     from elasticdl.rpc.ps_client import PSClient
 
     job = f"ps-recovery-r{rep}"
-    run_dir = os.path.join(workdir, "runs", job)
-    ckpt = os.path.join(workdir, f"{job}-ckpt")
-    shutil.rmtree(ckpt, ignore_errors=True)
-    proc = _start_job(spec, job, workdir, "--num_ps", "2", "--checkpoint_dir", ckpt,
-                      "--checkpoint_steps", str(CUT_STEPS))
+    proc = _start_job(spec, job, workdir, "--num_ps", "2", *cut_flags(workdir, job))
     try:
-        cut = os.path.join(ckpt, f"version-{CUT_STEPS}")
-        _wait_for("the first complete cut", lambda: os.path.isdir(cut) and len(os.listdir(cut)) >= 2,
-                  spec["timeout"], proc)
-        master = os.path.join(run_dir, "logs", "master.log")
-        addresses = next(m.groups() for line in _lines(master) if (m := _PS_AT.search(line)))
-        with open(os.path.join(run_dir, "token")) as f:
-            survivor = PSClient([addresses[0]], token=f.read().strip())
+        master, addresses, token, victim = at_first_cut(spec, job, workdir, proc)
+        survivor = PSClient([addresses[0]], token=token)
         try:
-            victim = _role_pids(proc.pid, os.path.join(run_dir, "logs"), "ps")[1]
             before = survivor.stats()[0].version
             killed = time.time()
             os.kill(victim, signal.SIGKILL)
@@ -329,7 +339,10 @@ def run(spec: dict) -> dict:
     errors: list[str] = []
     for rep in range(spec["reps"]):
         try:
-            runs.append({**one_rep(spec, rep, workdir), **ps_rep(spec, rep, workdir)})
+            from benchmarks.replicas_recovery import replica_ps_rep  # --ps_replicas 1: the same kill
+
+            runs.append({**one_rep(spec, rep, workdir), **ps_rep(spec, rep, workdir),
+                         **replica_ps_rep(spec, rep, workdir)})
         except Exception as err:  # a failed repetition is left out of the medians, never a figure
             _log(f"rep {rep + 1} failed: {type(err).__name__}: {err}")
             runs.append(None)

@@ -35,7 +35,7 @@ from benchmarks.common import (
     run_child,
 )
 
-CASES = ("training", "ps_data_plane", "embedding", "elastic_recovery", "parquet_s3")
+CASES = ("training", "ps_data_plane", "embedding", "elastic_recovery", "parquet_s3", "replicas")
 # Cases run only when named (--cases): not in the default suite or its smoke test.
 OPT_IN_CASES = ("stream",)
 
@@ -172,6 +172,8 @@ TARGETS = {
     "embedding_new_ids_per_s": 2_000_000.0,
     "embedding_grpc_vs_core": 0.8,
     "embedding_bytes_vs_physical": 1.3,  # at most
+    "replicas_vs_none": 0.8,  # DeepFM, 2 workers, 2 PS: --ps_replicas 1 / none (benchmarks/replicas.py)
+    "replica_failover_s": 1.0,  # --ps_replicas 1: from a PS SIGKILL to training again (elastic_recovery)
 }
 # The default-flag sync jobs held to rejected_stale_pct (digits and DeepFM; issue 29).
 REJECTED_STALE_MODELS = ("digits", "deepfm")
@@ -192,7 +194,8 @@ def log(message: str) -> None:
 # ---------------------------------------------------------------- case: training
 
 
-def run_training(args, out_dir: str) -> dict:
+def run_training(args, out_dir: str, competitors_of: list | None = None) -> dict:
+    """``competitors_of``: another list than COMPETITORS (the replicas case's)."""
     from benchmarks.data import prepare
 
     models = training_models(args.quick)
@@ -209,7 +212,8 @@ def run_training(args, out_dir: str) -> dict:
             "batch_size": m["batch_size"], "epochs": m["epochs"], "job_flags": m.get("job_flags", {}),
         }
     env = {"BENCH_DENSE_INPUT_DIM": str(next((m["input_dim"] for m in models.values() if "input_dim" in m), 768))}
-    competitors = [(n, c) for n, c in COMPETITORS if not args.competitors or n in args.competitors.split(",")]
+    competitors = [(n, c) for n, c in (competitors_of or COMPETITORS)
+                   if not args.competitors or n in args.competitors.split(",")]
     budget = args.threads or cores()
     raw: dict = {m: {c: [None] * args.reps for c, _ in competitors} for m in model_cfgs}
     errors: list[str] = []
@@ -316,7 +320,8 @@ def run_recovery(args, out_dir: str) -> dict:
         if r:
             log(f"  rep {rep + 1}: scale-up {r['scale_up_s']:.2f} s, killed worker's task again "
                 f"after {r['kill_worker_s']:.3f} s, training again {r['kill_ps_s']:.2f} s after a PS SIGKILL "
-                f"({r['ps_records_retrained']} records trained again)")
+                f"({r['ps_records_retrained']} records trained again; "
+                f"{r['kill_ps_replicas_s']:.2f} s with --ps_replicas 1)")
     return {"runs": result["runs"], "errors": result["errors"]}
 
 
@@ -466,14 +471,22 @@ def build_rows(results: dict) -> tuple[list[dict], list[dict]]:
             ("kill_worker_s", "digits, 2 workers", "kill_worker", "s to requeued task on another worker"),
             ("scale_up_s", "digits, 1 -> 2 workers", "scale_up", "s to new worker's first gradient"),
             ("kill_ps_s", "digits, 1 worker, 2 PS, sync", "kill_ps", "s from a PS SIGKILL to training again"),
+            ("kill_ps_replicas_s", "digits, 1 worker, 2 PS, sync, --ps_replicas 1", "kill_ps_replicas",
+             "s from a PS SIGKILL to training again"),
         ):
-            values = [r[key] if r else None for r in recovery["runs"]]  # a failed repetition: None
+            measured = [r for r in recovery["runs"] if r]
+            if measured and all(key not in r for r in measured):
+                continue  # not measured in this run (a result file from before the row existed)
+            values = [r.get(key) if r else None for r in recovery["runs"]]  # a failed repetition: None
             if any(v is not None for v in values):
                 rows.append({"case": "elastic_recovery", "model": model, "competitor": competitor, "metric": metric,
                              "median": median(values), "runs": values, "ratio": None, "ratio_to": ""})
                 if key == "scale_up_s":
                     targets.append(_target("elastic_recovery: new worker's first gradient", median(values),
                                            TARGETS["scale_up_s"], unit="s"))
+                if key == "kill_ps_replicas_s":
+                    targets.append(_target("elastic_recovery: --ps_replicas 1, PS SIGKILL to training again",
+                                           median(values), TARGETS["replica_failover_s"], unit="s"))
             else:
                 rows.append(_status_row("elastic_recovery", model, f"{competitor} error: see errors"))
     parquet = results.get("parquet_s3")
@@ -499,6 +512,11 @@ def build_rows(results: dict) -> tuple[list[dict], list[dict]]:
         from benchmarks.stream import add_rows
 
         add_rows(results["stream"], rows, targets)
+    if results.get("replicas") is not None:
+        from benchmarks.replicas import replica_rows
+
+        more = replica_rows(results["replicas"], TARGETS["replicas_vs_none"])
+        rows, targets = rows + more[0], targets + more[1]
     return rows, targets
 
 
@@ -654,6 +672,10 @@ def run_case(case: str, args, out_dir: str) -> dict:
             from benchmarks.stream import run_case as run_stream
 
             return run_stream(args, out_dir)
+        if case == "replicas":
+            from benchmarks.replicas import run_replicas
+
+            return run_replicas(args, out_dir)
         return run_recovery(args, out_dir)
     except Exception as err:  # one broken case must not hide the others
         log(f"{case} failed: {traceback.format_exc()}")

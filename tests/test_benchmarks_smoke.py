@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-CASES = {"training", "ps_data_plane", "embedding", "elastic_recovery", "parquet_s3"}
+CASES = {"training", "ps_data_plane", "embedding", "elastic_recovery", "parquet_s3", "replicas"}
 QUICK_COMPETITORS = {"keras_fit", "elasticdl_1w1ps", "elasticdl_2w1ps", "elasticdl_1w1ps_push4", "pss_1w1ps",
                      "pss_2w1ps"}
 QUICK_MODELS = {"dense_tiny", "deepfm_10k_ids"}  # deepfm: DeepFM, its tables on the PS in ElasticDL
@@ -23,12 +23,12 @@ def _is_number(value) -> bool:
 
 
 @pytest.mark.bench  # `make bench-smoke`, outside `make test`'s budget
-@pytest.mark.timeout(300)  # about a minute on an idle 2-core machine; other test jobs slow it down
+@pytest.mark.timeout(420)  # about two minutes on an idle 2-core machine; other test jobs slow it down
 def test_quick_suite_reports_every_case(tmp_path):
     out = tmp_path / "bench"
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--quick", "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=280,
+        cwd=REPO, capture_output=True, text=True, timeout=400,  # the replicas case and its failover row: 5 jobs more
     )
     assert result.returncode == 0, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-5000:]}"
     doc = json.loads((out / "results.json").read_text())
@@ -50,7 +50,10 @@ def test_quick_suite_reports_every_case(tmp_path):
     parquet = {r["competitor"] for r in rows if r["case"] == "parquet_s3"}
     assert parquet == {"elasticdl_reader", "pyarrow_direct", "pyarrow_s3fs"}
     recovery = {r["competitor"]: r for r in rows if r["case"] == "elastic_recovery"}
-    assert set(recovery) == {"kill_worker", "scale_up", "kill_ps"}
+    assert set(recovery) == {"kill_worker", "scale_up", "kill_ps", "kill_ps_replicas"}
+    replicas = {(r["model"], r["competitor"]): r for r in rows if r["case"] == "replicas"}
+    assert set(replicas) == {(m, c) for m in QUICK_MODELS for c in ("replicas_0", "replicas_1")}
+    assert all(_is_number(r["ratio"]) for (_, c), r in replicas.items() if c == "replicas_1"), replicas
     for row in rows:
         assert _is_number(row["median"]) and row["median"] > 0, row
         assert row["runs"] and all(_is_number(v) and v > 0 for v in row["runs"]), row
@@ -67,13 +70,15 @@ def test_quick_suite_reports_every_case(tmp_path):
     assert recovery["kill_worker"]["median"] < 60, recovery
     assert recovery["scale_up"]["median"] < 300, recovery
     assert recovery["kill_ps"]["median"] < 300, recovery
+    assert recovery["kill_ps_replicas"]["median"] < 300, recovery
 
     # 2 models x (2 vs PSS + first gradient), dense vs model.fit (sync, --push_steps 4),
-    # 2 sizes x data plane (vs gRPC, MB/s), the new worker's first gradient, Parquet reader.
-    assert len(doc["targets"]) == 14
+    # 2 sizes x data plane (vs gRPC, MB/s), the new worker's first gradient, the failover with
+    # replicas, Parquet reader, DeepFM with replicas / without.
+    assert len(doc["targets"]) == 16
     assert {t["target"] for t in doc["targets"]} >= {
         "training deepfm_10k_ids: elasticdl_1w1ps / pss_1w1ps", "training deepfm_10k_ids: elasticdl_2w1ps / pss_2w1ps",
-        "parquet_s3: elasticdl_reader / pyarrow_direct",
+        "parquet_s3: elasticdl_reader / pyarrow_direct", "replicas deepfm_10k_ids: replicas_1 / replicas_0",
     }
     for target in doc["targets"]:
         assert _is_number(target["ratio"]) and target["result"] in ("PASS", "MISS"), target
@@ -209,7 +214,7 @@ def test_ratios_and_targets_from_paired_runs():
     failed = build_rows({"elastic_recovery": {"runs": [None]}, "embedding": {"runs": {}}})[0]
     assert {r["status"] for r in failed} == {
         "error: see errors", "kill_worker error: see errors", "scale_up error: see errors",
-        "kill_ps error: see errors",
+        "kill_ps error: see errors", "kill_ps_replicas error: see errors",
     }
 
 

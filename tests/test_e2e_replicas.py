@@ -89,3 +89,40 @@ def test_a_ps_sigkill_with_replicas_promotes_its_backup_and_rolls_nothing_back(d
     if mode == "sync":
         assert failover["version"] >= 2 * STEPS
         _check_lineages(tmp_path)
+
+
+def test_deepfm_with_replicas_loses_a_ps_and_goes_on_from_the_backup_s_tables(tmp_path):
+    """The acceptance run's embedding variant, shortened: DeepFM (its tables' rows on the PS,
+    made by lookups), 2 workers, 2 PS, --ps_replicas 1, ps-1 SIGKILLed in the second epoch: the
+    backup on ps-0 holds the rows ps-1 made, nothing is rolled back or trained again."""
+    from tests.test_e2e_deepctr import MODEL_ZOO
+
+    sys.path.insert(0, MODEL_ZOO)
+    try:
+        from deepctr.generate_data import generate
+    finally:
+        sys.path.remove(MODEL_ZOO)
+    data = tmp_path / "deepctr"
+    generate(str(data), train_records=3000, test_records=500)
+    job, epochs = "replicas-deepfm", 2
+    command = [sys.executable, "-m", "elasticdl", "train", "--model_zoo", MODEL_ZOO,
+               "--model_def", "deepctr.deepfm.custom_model", "--training_data", str(data / "train"),
+               "--num_workers", "2", "--num_ps", "2", "--ps_replicas", "1", "--minibatch_size", "64",
+               "--records_per_task", "256", "--num_epochs", str(epochs), "--checkpoint_dir", str(tmp_path / "ckpt"),
+               "--checkpoint_steps", "10", "--job_name", job]
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    report = _report_after_ps_kill(proc, tmp_path, lambda: f"epoch 2 of {epochs} starts" in _master_log(tmp_path, job),
+                                   "epoch 2", ps=1)
+    assert report["status"] == "succeeded"
+    records = report["records_per_epoch"]
+    assert report["exactly_once"] == {
+        "records_applied": [epochs * records] * 2, "records_done": epochs * records, "holds": True,
+    }
+    assert report["ps_rollbacks"] == [] and report["records_possibly_missing"] == 0
+    assert sum(sum(v for k, v in e.items() if k != "epoch") for e in report["records_retrained"]) == 0, \
+        report["records_retrained"]
+    (failover,) = report["ps_failovers"]
+    print(f"DeepFM with replicas: {report['seconds']:.1f}s, failover {failover}, tables {report['embedding_tables']}")
+    assert (failover["shard"], failover["old_primary"], failover["new_primary"]) == (1, 1, 0)
+    assert failover["version"] > 0 and failover["pause_seconds"] < 10
+    assert all(table["rows"] > 0 for table in report["embedding_tables"].values()), report["embedding_tables"]

@@ -4,6 +4,7 @@ backup is promoted, the client re-routes, and the shard goes on from where it wa
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ import pytest
 
 from elasticdl.config import JobConfig
 from elasticdl.model import checkpoint
+from elasticdl.model.checkpoint_integrity import CHECKSUM_KEY
 from elasticdl.model.optimizers import OptimizerSpec
 from elasticdl.model.sharding import ps_for_variable
 from elasticdl.rpc import auth, trust
@@ -96,6 +98,18 @@ def replica_addresses(addresses: list[str]) -> list[str]:
     return [master_call(address, "routes", {})["replica_address"] for address in addresses]
 
 
+def configured(addresses: list[str]) -> tuple[PSClient, dict]:
+    """What the master does once every PS serves (the identity routes), then a worker's client
+    and the model it pushed."""
+    for address in addresses:
+        master_call(address, "configure", {"addresses": replica_addresses(addresses),
+                                           "routes": wire.Routes.initial(2).to_dict()})
+    client = PSClient(addresses, master_credential=trust.master_credential(KEY), replicas=1)
+    model = variables()
+    client.push_model(model)
+    return client, model
+
+
 def push(client: PSClient, model: dict, rng, step: int) -> None:
     grads = {n: rng.normal(size=v.shape).astype(np.float32) for n, v in model.items()}
     versions = [s.version for s in client.stats()]
@@ -105,12 +119,14 @@ def push(client: PSClient, model: dict, rng, step: int) -> None:
 
 
 def shard_state(directory: str, version: int, shard: int) -> dict:
-    state = checkpoint.load_shard(f"{directory}/version-{version}", shard, 2)
-    return {
-        "params": {n: v.tobytes() for n, v in state.params.items()},
-        "slots": {n: {s: v.tobytes() for s, v in slots.items()} for n, slots in state.slots.items()},
-        "step": state.step, "version": state.version, "marks": state.marks, "records": state.records_applied,
-    }
+    """Every array of the file shard ``shard`` wrote last at ``version`` (the newest term's: a
+    promoted backup writes under the promoting master's term, and a cut of files of two terms
+    would not load), but its term and checksum: parameters, slots, step, data position, and each
+    embedding table's rows, slots, row versions and counters."""
+    files = glob.glob(f"{directory}/version-{version}/ps-{shard}-of-2*.npz")
+    newest = max(files, key=lambda f: int(f.rsplit(".term-", 1)[1][:-4]) if ".term-" in f else 0)
+    with np.load(newest) as data:
+        return {key: data[key].tobytes() for key in data.files if key not in ("__term__", CHECKSUM_KEY)}
 
 
 def test_a_backup_equals_its_primary_bit_for_bit_and_takes_over_when_it_dies(two_ps):
@@ -141,6 +157,7 @@ def test_a_backup_equals_its_primary_bit_for_bit_and_takes_over_when_it_dies(two
 
     client.save_checkpoint()  # now the promoted backup writes shard 1 at the same version
     assert shard_state(ckpt, before, 1) == primary_1  # every bit, slots and data position included
+    assert len(glob.glob(f"{ckpt}/version-{before}/ps-1-of-2*.npz")) == 2  # the primary's file and the backup's
 
     # The worker's retry of the last push: the data position says it was taken already.
     retry = client.push_gradients(dict(enumerate(client.split(model))), [before, before], None, 0,
@@ -161,12 +178,7 @@ def test_a_backup_equals_its_primary_bit_for_bit_and_takes_over_when_it_dies(two
 
 def test_the_relaunched_ps_catches_up_as_a_backup_and_takes_over_at_a_second_death(two_ps):
     start, addresses, processes, ckpt = two_ps
-    for address in addresses:
-        master_call(address, "configure", {"addresses": replica_addresses(addresses),
-                                           "routes": wire.Routes.initial(2).to_dict()})
-    client = PSClient(addresses, master_credential=trust.master_credential(KEY), replicas=1)
-    model = variables()
-    client.push_model(model)
+    client, model = configured(addresses)
     rng = np.random.default_rng(1)
     for step in range(6):
         push(client, model, rng, step)
@@ -202,3 +214,48 @@ def test_the_relaunched_ps_catches_up_as_a_backup_and_takes_over_at_a_second_dea
     assert [shard_state(ckpt, version, shard) for shard in (0, 1)] == primaries  # bit for bit
     push(client, model, rng, 14)
     assert [s.version for s in client.stats()] == [version + 1, version + 1]
+
+
+def test_embedding_rows_a_lookup_made_are_on_the_backup_that_takes_over(two_ps):
+    """Lookups create rows on the primary (some never pushed: a worker died), under a row cap
+    that evicts: the promoted backup's tables, rows, slots, row versions and counters are the
+    primary's, bit for bit, and training goes on from them."""
+    from elasticdl.model.embedding.policy import TablePolicy
+    from elasticdl.model.embedding.table import IndexedRows, TableInfo
+
+    _start, addresses, processes, ckpt = two_ps
+    client, model = configured(addresses)
+    client.push_embedding_table_infos([TableInfo("ids", 3, policy=TablePolicy(max_rows=30))])
+    rng = np.random.default_rng(4)
+
+    def step(index: int) -> None:
+        ids = np.unique(rng.integers(0, 200, size=16)).astype(np.int64)
+        client.lookup("ids", ids, create=True)
+        if index % 3 == 2:
+            return  # looked up, never pushed: the rows exist on the primary all the same
+        grads = {**{n: rng.normal(size=v.shape).astype(np.float32) for n, v in model.items()},
+                 "ids": IndexedRows(ids, rng.normal(size=(ids.size, 3)).astype(np.float32))}
+        versions = [s.version for s in client.stats()]
+        batch = BatchPosition(task_id=1, handout=1, records_end=(index + 1) * 8, records=8, ticket=TICKET)
+        answers = client.push_gradients(dict(enumerate(client.split(grads))), versions, None, 0, batch=batch)
+        assert all(a.outcome is PushOutcome.APPLIED for a in answers.values()), answers
+
+    for index in range(15):
+        step(index)
+    [before] = {s.version for s in client.stats()}
+    client.save_checkpoint()
+    primary_1 = shard_state(ckpt, before, 1)
+    counters = checkpoint.load_shard(f"{ckpt}/version-{before}", 1, 2).embeddings["ids"].meta["counters"]
+    assert counters[0] > 30 and counters[3] > 0  # rows were made, and evicted (admissions, evictions_max_rows)
+
+    processes[1].send_signal(signal.SIGKILL)
+    processes[1].wait()
+    master_call(addresses[0], "promote", {"shard": 1, "term": 1, "routes": {"version": 1, "primary": [0, 0]}})
+    master_call(addresses[0], "set_backups", {"shard": 0, "backups": [], "term": 1})
+    client.refresh_routes()
+    client.term = 1
+    client.save_checkpoint()  # the promoted backup writes shard 1 at the same version
+    assert shard_state(ckpt, before, 1) == primary_1
+    for index in range(15, 18):
+        step(index)
+    assert [s.version for s in client.stats()] == [before + 2, before + 2]

@@ -52,7 +52,7 @@ def fingerprint(core: ParameterServer) -> dict:
     """Every bit of state a push or a command changes: parameters, slots, step, version, the
     data position, the sync average in progress, the gradient guard's running norm."""
     shard, strategy = core.shard, core.strategy
-    sums = {n: np.asarray(getattr(v, "values", v)).tobytes() for n, v in getattr(strategy, "_sums", {}).items()}
+    sums = {n: _sum_bytes(v) for n, v in getattr(strategy, "_sums", {}).items()}
     return {
         "params": {n: v.tobytes() for n, v in shard.params.items()},
         "slots": {n: {s: v.tobytes() for s, v in slots.items()} for n, slots in shard.slots.items()},
@@ -60,6 +60,14 @@ def fingerprint(core: ParameterServer) -> dict:
         "records": core.position.records_applied, "pending": strategy.pending, "sums": sums,
         "grads_to_wait": strategy.grads_to_wait, "norm": core.guard.running_norm, "fenced": set(core.position.fenced),
     }
+
+
+def _sum_bytes(value) -> bytes:
+    """A sync average's running sum: an array, or an embedding table's rows (RowGradientSum)."""
+    parts = getattr(value, "_parts", None)
+    if parts is not None:
+        return b"".join(p.ids.tobytes() + np.asarray(p.values).tobytes() for p in parts)
+    return np.asarray(getattr(value, "values", value)).tobytes()
 
 
 @pytest.mark.parametrize("settings", [
@@ -278,31 +286,27 @@ def test_the_client_routes_each_shard_to_the_ps_that_claims_it_in_the_newest_tab
     assert wire.newest_routes([0, 1]) == wire.Routes(2, (1, 1))
 
 
-def test_a_ps_with_replicas_refuses_embedding_tables_naming_the_flag():
-    """Rows a lookup creates on the primary would differ on its backup: refused, not diverged."""
-    import grpc
-
+def test_a_ps_with_replicas_takes_embedding_tables_for_its_own_shard():
+    """Refused before lookups were replicated; now the router hands them to the shard's core."""
     from elasticdl.proto import elasticdl_pb2
     from elasticdl.ps.replica_host import ReplicaHost, ShardRouter
-
-    class Aborted(Exception):
-        pass
 
     class Context:
         def invocation_metadata(self):
             return ()
 
         def abort(self, code, details):
-            raise Aborted(code, details)
+            raise AssertionError(code, details)
 
     own = ParameterServer(PSSettings(ps_id=0, num_ps=2), adam())
     router = ShardRouter(ReplicaHost(own, 1, lambda shard: ParameterServer(PSSettings(ps_id=shard, num_ps=2), adam())))
-    tables = elasticdl_pb2.EmbeddingTableInfos(tables=[elasticdl_pb2.EmbeddingTableInfo(name="t", dim=4)])
-    with pytest.raises(Aborted) as info:
-        router.push_embedding_table_infos(tables, Context())
-    assert info.value.args[0] is grpc.StatusCode.INVALID_ARGUMENT and "without --ps_replicas" in info.value.args[1]
-    assert own.shard.embeddings == {}
-    router.push_embedding_table_infos(elasticdl_pb2.EmbeddingTableInfos(), Context())  # none: as before
+    from elasticdl.model.embedding.table import TableInfo
+
+    info = TableInfo("t", 4)
+    tables = elasticdl_pb2.EmbeddingTableInfos(tables=[
+        elasticdl_pb2.EmbeddingTableInfo(name=info.name, dim=info.dim, initializer=info.to_json())])
+    router.push_embedding_table_infos(tables, Context())
+    assert [(info.name, info.dim) for info in own.embedding_tables()] == [("t", 4)]
 
 
 def test_a_client_follows_the_claims_after_a_fallback_even_from_an_older_table():

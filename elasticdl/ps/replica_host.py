@@ -179,15 +179,6 @@ class ShardRouter:
 
         return route
 
-    def push_embedding_table_infos(self, request, context):
-        # A lookup creates a table's rows (initialized at random, admitted by its policy) on the
-        # primary alone: its backup would hold other rows. Refused until lookups are replicated.
-        if request.tables:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          "--ps_replicas does not replicate embedding tables yet (a lookup creates their rows on "
-                          "the primary only): train this model without --ps_replicas (docs/replicas.md)")
-        return self._servicer(context).push_embedding_table_infos(request, context)
-
     @property
     def bulk_port(self) -> int:
         return self._host.servicers[self._host.ps_id].bulk_port

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 
 import grpc
+import numpy as np
 
-from elasticdl.model.embedding.table import IndexedRows
+from elasticdl.model.embedding.table import IndexedRows, TableInfo
 from elasticdl.model.non_trainable import NonTrainableChange
 from elasticdl.proto import elasticdl_pb2
 from elasticdl.ps.replication import Entry
@@ -51,6 +52,13 @@ def encode_entry(entry: Entry) -> tuple[str, bytes]:
         params, version, non_trainable = entry.args
         head = elasticdl_pb2.Model(version=version, variables=sorted(params), non_trainable=sorted(non_trainable))
         payload = tensor_codec.serialize_with_tensors(head, _MODEL_TENSORS, params)
+    elif entry.op == "tables":
+        (infos,) = entry.args
+        header["args"] = [[info.name, info.dim, info.to_json()] for info in infos]
+    elif entry.op == "lookup":  # the ids as raw int64 bytes: no JSON for thousands of numbers
+        name, ids, create = entry.args
+        header["args"] = [name, bool(create)]
+        payload = np.ascontiguousarray(ids, dtype="<i8").tobytes()
     else:
         header["args"] = list(entry.args)
     return json.dumps(header), bytes(payload)
@@ -75,6 +83,11 @@ def decode_entry(header: str, payload: bytes) -> Entry:
         head = elasticdl_pb2.Model.FromString(payload)
         params = tensor_codec.decode_list(head.dense_parameters, writable=True)
         return Entry(shard, seq, op, (params, head.version, list(head.non_trainable)))
+    if op == "tables":
+        return Entry(shard, seq, op, ([TableInfo.from_json(n, int(d), j) for n, d, j in fields["args"]],))
+    if op == "lookup":
+        name, create = fields["args"]
+        return Entry(shard, seq, op, (name, np.frombuffer(payload, "<i8").astype(np.int64), bool(create)))
     return Entry(shard, seq, op, tuple(fields.get("args", ())))
 
 

@@ -25,7 +25,9 @@ GAP_WAIT_SECONDS = 10.0
 # The primary tries a failed forward again after this long, while the backup is still listed.
 FORWARD_RETRY_SECONDS = 0.2
 
-OPS = ("push", "model", "live_workers", "learning_rate", "fence", "level")
+# "tables" and "lookup": embedding tables made, and a lookup that created or evicted rows
+# (elasticdl/ps/replica_tables.py).
+OPS = ("push", "model", "live_workers", "learning_rate", "fence", "level", "tables", "lookup")
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,12 @@ def apply_entry(core, entry: Entry) -> None:
             core.fence(*args)
         case "level":
             core.level_version(*args)
+        case "tables":
+            core.push_embedding_table_infos(*args)
+        case "lookup":
+            from elasticdl.ps.replica_tables import apply_lookup
+
+            apply_lookup(core, *args)
         case _:
             raise ValueError(f"unknown replicated update {entry.op!r}: one of {', '.join(OPS)}")
 

@@ -18,8 +18,7 @@ import numpy as np
 from elasticdl import fs
 from elasticdl.model import checkpoint
 from elasticdl.model.checkpoint_owner import lineage_floor
-from elasticdl.model.embedding.policy import TableStats
-from elasticdl.model.embedding.table import EmbeddingError, FrozenTable, TableInfo, check_ids
+from elasticdl.model.embedding.table import EmbeddingError, FrozenTable
 from elasticdl.model.optimizers import Optimizer, learning_rate_problem
 from elasticdl.ps.checkpointing import ShardCheckpoints
 from elasticdl.ps.data_position import DataPosition
@@ -27,6 +26,7 @@ from elasticdl.ps.gradient_guard import DEFAULT_MAX_NORM_RATIO, GradientGuard
 from elasticdl.ps.leveling import ShardLeveling
 from elasticdl.ps.parameters import GradientError, ParameterShard
 from elasticdl.ps.push_checks import check_push
+from elasticdl.ps.replica_tables import ShardTables
 from elasticdl.ps.replication import ShardReplication
 from elasticdl.ps.strategies import (
     AverageUpdatingStrategy,
@@ -97,7 +97,7 @@ def make_updating_strategy(settings: PSSettings) -> GradientUpdatingStrategy:
     )
 
 
-class ParameterServer(ShardCheckpoints, ShardLeveling, ShardReplication):
+class ParameterServer(ShardCheckpoints, ShardLeveling, ShardReplication, ShardTables):
     def __init__(
         self,
         settings: PSSettings,
@@ -281,44 +281,6 @@ class ParameterServer(ShardCheckpoints, ShardLeveling, ShardReplication):
         with self._lock:
             self._snapshots.pop(snapshot_id, None)
             self._table_snapshots.pop(snapshot_id, None)
-
-    # ------------------------------------------------------------ embedding tables
-
-    def push_embedding_table_infos(self, infos: list[TableInfo]) -> None:
-        """Create the model's tables (idempotent; a table restored from a checkpoint keeps its rows)."""
-        with self._lock:
-            for name in self.shard.add_tables(infos):
-                logger.info("embedding table %s (dim %d)", name, self.shard.embeddings[name].dim)
-
-    def lookup_embeddings(self, name: str, ids: np.ndarray, create: bool, snapshot_id: int = 0) -> np.ndarray:
-        """Rows of ``ids`` in table ``name``: unseen ids are initialized when ``create`` (training),
-        else read as zero rows. With ``snapshot_id`` the rows of that evaluation snapshot."""
-        with self._lock:
-            table = self.shard.table(name)
-            check_ids(name, ids, self.settings.ps_id, self.settings.num_ps)
-            if snapshot_id > 0:
-                frozen = self._table_snapshots.get(snapshot_id)
-                if frozen is None:
-                    raise KeyError(f"no snapshot {snapshot_id} on this PS (already dropped?)")
-                if name not in frozen:  # a table made after the snapshot: nothing trained yet
-                    return np.zeros((ids.size, table.dim), np.float32)
-                return frozen[name].lookup(ids)
-            return table.lookup(ids, create)
-
-    def embedding_table(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, rows): every row of table ``name`` this PS holds (a copy, for export)."""
-        with self._lock:
-            ids, rows, _ = self.shard.table(name).state()
-            return ids, rows
-
-    def embedding_stats(self) -> list[TableStats]:
-        """Each table's rows and admission/eviction counters (the master's report)."""
-        with self._lock:
-            return [t.stats() for t in self.shard.embeddings.values()]
-
-    def embedding_tables(self) -> list[TableInfo]:
-        with self._lock:
-            return [t.info for t in self.shard.embeddings.values()]
 
     def pull_snapshot(self, snapshot_id: int) -> tuple[bool, int, dict[str, np.ndarray]]:
         with self._lock:
