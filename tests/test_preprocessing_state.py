@@ -1,0 +1,136 @@
+"""The master's preprocessing state, handed to a worker (elasticdl/model/preprocessing_state.py).
+
+Two "processes" are two imports of the same module text adapted on different data: the
+worker's layers must end with the master's state, and their digests must match.
+"""
+
+import types
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+
+from elasticdl.model import preprocessing_state as ps  # noqa: E402
+
+MODULE_TEXT = '''
+import numpy as np
+import keras
+
+rng = np.random.default_rng(SEED)
+normalize = keras.layers.Normalization()
+normalize.adapt(rng.normal(size=(64, 3)).astype("float32"))
+cities = keras.layers.StringLookup()
+cities.adapt(np.array([f"city{i}" for i in rng.integers(0, 40, size=50)]))
+lookups = {"age": keras.layers.Discretization(num_bins=4)}
+lookups["age"].adapt(rng.normal(size=(64,)).astype("float32"))
+
+
+def custom_model():
+    own = keras.layers.IntegerLookup()
+    own.adapt(np.random.default_rng(SEED).integers(0, 100, size=30))
+    inputs = keras.Input((3,))
+    x = normalize(inputs)
+    x = keras.layers.Dense(1)(x)
+    model = keras.Model(inputs, x)
+    model.own = own
+    return model
+'''
+
+
+def _process(seed: int):
+    module = types.ModuleType(f"zoo_{seed}")
+    exec(MODULE_TEXT.replace("SEED", str(seed)), vars(module))  # noqa: S102  (the test's own text)
+    return module
+
+
+def _spec(module):
+    return types.SimpleNamespace(model_fn=types.SimpleNamespace(__module__=module.__name__))
+
+
+def test_a_worker_takes_the_masters_state(tmp_path, monkeypatch):
+    master = _process(1)
+    master_model = master.custom_model()
+    worker = _process(2)
+    for module in (master, worker):
+        monkeypatch.setitem(__import__("sys").modules, module.__name__, module)
+    job_config = str(tmp_path / "job_config.json")
+    sent = ps.hand_off(_spec(master), master_model, job_config)
+    assert sent.layers == 4  # three in the module (one in a dict), one of the model's own
+    assert ps.collect(worker, worker.custom_model()).digest() != sent.digest()  # adapted on other data
+
+    takeover = ps.Takeover(_spec(worker), job_config)
+    takeover.before_build()
+    model = worker.custom_model()
+    takeover.after_build(model)
+
+    assert ps.collect(worker, model).digest() == sent.digest()
+    assert worker.cities.get_vocabulary() == master.cities.get_vocabulary()
+    assert list(worker.lookups["age"].bin_boundaries) == list(master.lookups["age"].bin_boundaries)
+    assert model.own.get_vocabulary() == master_model.own.get_vocabulary()
+    x = np.ones((2, 3), "float32")
+    np.testing.assert_allclose(worker.normalize(x), master.normalize(x), rtol=1e-6)
+    np.testing.assert_array_equal(worker.lookups["age"](np.array([0.1, -0.4])),
+                                  master.lookups["age"](np.array([0.1, -0.4])))
+
+
+def test_without_the_masters_file_a_worker_keeps_its_own_state_and_says_so(tmp_path, caplog):
+    worker = _process(3)
+    __import__("sys").modules[worker.__name__] = worker
+    takeover = ps.Takeover(_spec(worker), str(tmp_path / "job_config.json"))
+    before = worker.cities.get_vocabulary()
+    takeover.before_build()
+    takeover.after_build(worker.custom_model())
+    assert worker.cities.get_vocabulary() == before
+    assert "no preprocessing state from the master" in caplog.text
+
+
+def test_a_model_without_preprocessing_hands_nothing_on(tmp_path):
+    inputs = keras.Input((2,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    (tmp_path / ps.FILE_NAME).write_bytes(b"an earlier run's")
+    state = ps.hand_off(types.SimpleNamespace(model_fn=types.SimpleNamespace(__module__="plain")), model,
+                        str(tmp_path / "job_config.json"))
+    assert not state.arrays and not (tmp_path / ps.FILE_NAME).exists()
+
+
+FEATURE_SPACE_TEXT = '''
+import numpy as np
+import keras
+from keras.utils import FeatureSpace
+
+rng = np.random.default_rng(SEED)
+data = {"age": rng.normal(40, 10, size=(200,)).astype("float32"),
+        "city": np.array([f"c{i}" for i in rng.integers(0, 30, size=200)]),
+        "kids": rng.integers(0, 5, size=200)}
+feature_space = FeatureSpace(
+    features={"age": FeatureSpace.float_discretized(num_bins=8), "city": "string_categorical",
+              "kids": "integer_categorical", "income": "float_normalized"},
+    output_mode="concat",
+)
+data["income"] = rng.normal(size=(200,)).astype("float32")
+import tensorflow as tf
+feature_space.adapt(tf.data.Dataset.from_tensor_slices(data).batch(50))
+'''
+
+
+def test_feature_space_bins_and_vocabularies_come_from_the_master(tmp_path, monkeypatch):
+    modules = []
+    for seed in (11, 12):
+        module = types.ModuleType(f"fs_{seed}")
+        exec(FEATURE_SPACE_TEXT.replace("SEED", str(seed)), vars(module))  # noqa: S102
+        monkeypatch.setitem(__import__("sys").modules, module.__name__, module)
+        modules.append(module)
+    master, worker = modules
+    job_config = str(tmp_path / "job_config.json")
+    sent = ps.hand_off(_spec(master), None, job_config)
+    age = worker.feature_space.preprocessors["age"]
+    assert list(age.bin_boundaries) != list(master.feature_space.preprocessors["age"].bin_boundaries)
+
+    ps.Takeover(_spec(worker), job_config).before_build()
+
+    assert ps.collect(worker, None).digest() == sent.digest()
+    assert list(age.bin_boundaries) == list(master.feature_space.preprocessors["age"].bin_boundaries)
+    row = {"age": np.array([35.0], "float32"), "city": np.array(["c3"]), "kids": np.array([2]),
+           "income": np.array([0.5], "float32")}
+    np.testing.assert_allclose(worker.feature_space(row), master.feature_space(row), rtol=1e-6)
