@@ -134,3 +134,57 @@ def test_feature_space_bins_and_vocabularies_come_from_the_master(tmp_path, monk
     row = {"age": np.array([35.0], "float32"), "city": np.array(["c3"]), "kids": np.array([2]),
            "income": np.array([0.5], "float32")}
     np.testing.assert_allclose(worker.feature_space(row), master.feature_space(row), rtol=1e-6)
+
+
+KERAS2_SCRIPT = """import os, sys, types
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import numpy as np
+from elasticdl.model import preprocessing_state as ps
+
+TEXT = '''
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
+rng = np.random.default_rng(SEED)
+normalize = keras.layers.Normalization()
+normalize.adapt(rng.normal(size=(64, 3)).astype("float32"))
+cities = keras.layers.StringLookup()
+cities.adapt(np.array([f"city{i}" for i in rng.integers(0, 40, size=50)]))
+bins = keras.layers.Discretization(num_bins=4)
+bins.adapt(rng.normal(size=(64,)).astype("float32"))
+fs = keras.utils.FeatureSpace(features={"age": keras.utils.FeatureSpace.float_discretized(num_bins=5),
+    "city": "string_categorical"}, output_mode="concat")
+fs.adapt(tf.data.Dataset.from_tensor_slices({"age": rng.normal(size=(100,)).astype("float32"),
+    "city": np.array([f"c{i}" for i in rng.integers(0, 9, size=100)])}).batch(20))
+'''
+mods = []
+for seed in (1, 2):
+    m = types.ModuleType(f"k2_{seed}"); exec(TEXT.replace("SEED", str(seed)), vars(m)); sys.modules[m.__name__] = m; mods.append(m)
+spec = lambda m: types.SimpleNamespace(model_fn=types.SimpleNamespace(__module__=m.__name__))
+sent = ps.hand_off(spec(mods[0]), None, sys.argv[1] + "/job_config.json")
+assert ps.collect(mods[1], None).digest() != sent.digest()
+ps.Takeover(spec(mods[1]), sys.argv[1] + "/job_config.json").before_build()
+assert ps.collect(mods[1], None).digest() == sent.digest(), "digest"
+x = np.ones((2, 3), "float32")
+np.testing.assert_allclose(mods[1].normalize(x), mods[0].normalize(x), rtol=1e-6)
+v = np.array([0.1, -0.4, 1.2], "float32")
+np.testing.assert_array_equal(mods[1].bins(v), mods[0].bins(v))
+np.testing.assert_array_equal(mods[1].cities(np.array(["city3", "city9"])), mods[0].cities(np.array(["city3", "city9"])))
+row = {"age": np.array([0.3], "float32"), "city": np.array(["c2"])}
+np.testing.assert_allclose(mods[1].fs(row), mods[0].fs(row))
+print("keras2 ok", sent.layers, sent.digest())
+"""
+
+
+def test_keras2_layers_take_the_masters_state_too(tmp_path):
+    """tf_keras (TF_USE_LEGACY_KERAS=1) must be chosen before TensorFlow's import: a process of its own."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("tf_keras")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run([sys.executable, "-c", KERAS2_SCRIPT, str(tmp_path)], capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "PYTHONPATH": repo, "TF_USE_LEGACY_KERAS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "keras2 ok 5" in result.stdout

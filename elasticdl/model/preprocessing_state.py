@@ -115,10 +115,13 @@ def _sublayers(layer: Any) -> int:
 def layer_state(layer: Any) -> dict[str, np.ndarray]:
     """What ``adapt()`` set in ``layer``, by kind: weights, vocabulary, bin boundaries."""
     state: dict[str, np.ndarray] = {}
-    if not _sublayers(layer):  # a container's (FeatureSpace's) weights are its sublayers'
+    lookup = callable(getattr(layer, "get_vocabulary", None)) and callable(getattr(layer, "set_vocabulary", None))
+    # A container's (FeatureSpace's) weights are its sublayers'; a lookup's state is its
+    # vocabulary (Keras 2's get_weights is its table's keys, as Python objects).
+    if not _sublayers(layer) and not lookup:
         for i, weight in enumerate(layer.get_weights()):
             state[f"weight/{i}"] = np.asarray(weight)
-    if callable(getattr(layer, "get_vocabulary", None)) and callable(getattr(layer, "set_vocabulary", None)):
+    if lookup:
         try:
             vocabulary = layer.get_vocabulary(include_special_tokens=True)
         except Exception:  # noqa: BLE001  (not adapted, no vocabulary yet: nothing to hand on)
