@@ -19,6 +19,7 @@ import hashlib
 import logging
 import os
 import sys
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +79,8 @@ def _module_layers(module: Any) -> list[tuple[str, Any]]:
     global dicts, lists and tuples (``lookups = {"city": StringLookup(), ...}``)."""
     found = []
     for name, value in sorted(vars(module).items()):
+        if isinstance(value, types.ModuleType | type) or (isinstance(value, dict | list | tuple) and len(value) > 1000):
+            continue  # imports, classes, and data (not a handful of layers)
         items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else None
         candidates = [(name, value)] if items is None else [(f"{name}[{k}]", v) for k, v in items]
         for label, candidate in candidates:
