@@ -94,6 +94,20 @@ def test_a_model_without_preprocessing_hands_nothing_on(tmp_path):
     assert not state.arrays and not (tmp_path / ps.FILE_NAME).exists()
 
 
+def test_a_layer_the_worker_cannot_take_keeps_its_own_state_with_a_warning(tmp_path, monkeypatch, caplog):
+    master, worker = _process(4), _process(5)
+    worker.normalize = keras.layers.Normalization()  # another width than the master's: its weights do not fit
+    worker.normalize.adapt(np.zeros((4, 2), "float32"))
+    for module in (master, worker):
+        monkeypatch.setitem(__import__("sys").modules, module.__name__, module)
+    job_config = str(tmp_path / "job_config.json")
+    ps.hand_off(_spec(master), None, job_config)
+    ps.Takeover(_spec(worker), job_config).before_build()
+    assert worker.cities.get_vocabulary() == master.cities.get_vocabulary()  # the others are taken
+    assert worker.normalize.mean.shape[-1] == 2
+    assert "cannot take (module.normalize/0:Normalization (ValueError" in caplog.text
+
+
 FEATURE_SPACE_TEXT = '''
 import numpy as np
 import keras

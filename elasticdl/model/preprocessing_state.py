@@ -174,7 +174,10 @@ def restore(state: PreprocessingState, module: Any, model: Any) -> list[str]:
         if key not in layers:
             missing.append(key)
             continue
-        set_layer_state(layers[key], by_layer[key])
+        try:
+            set_layer_state(layers[key], by_layer[key])
+        except Exception as err:  # noqa: BLE001  (another shape, an unbuilt layer: it keeps its own)
+            missing.append(f"{key} ({type(err).__name__}: {err})")
     return missing
 
 
@@ -231,6 +234,6 @@ class Takeover:
     def _report(self, missing: list[str]) -> None:
         if missing:
             logger.warning(
-                "the master's preprocessing state names layers this worker does not have (%s): those keep the "
-                "state this worker adapted. Create the same preprocessing layers in every process (no "
+                "the master's preprocessing state names layers this worker does not have or cannot take (%s): "
+                "those keep the state this worker adapted. Create the same preprocessing layers in every process (no "
                 "process-dependent branches in the module or custom_model())", ", ".join(sorted(missing)[:5]))
