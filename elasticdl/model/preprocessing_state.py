@@ -38,7 +38,7 @@ class PreprocessingState:
 
     @property
     def layers(self) -> int:
-        return len({key.split("|", 1)[0] for key in self.arrays})
+        return len({key.rsplit("|", 1)[0] for key in self.arrays})
 
     def digest(self) -> str:
         """A short hash of every array (name, dtype, shape, bytes): equal states, equal digests."""
@@ -164,7 +164,7 @@ def restore(state: PreprocessingState, module: Any, model: Any) -> list[str]:
     or into the model's own (those not in the module); the keys of ``state`` it has no layer for."""
     by_layer: dict[str, dict[str, np.ndarray]] = {}
     for key, value in state.arrays.items():
-        layer_key, kind = key.split("|", 1)
+        layer_key, kind = key.rsplit("|", 1)
         by_layer.setdefault(layer_key, {})[kind] = value
     layers = dict(_layers_of(module, model))
     # The module's layers are set before the model is built, the model's own ones after.
