@@ -24,6 +24,8 @@ cities = keras.layers.StringLookup()
 cities.adapt(np.array([f"city{i}" for i in rng.integers(0, 40, size=50)]))
 lookups = {"age": keras.layers.Discretization(num_bins=4)}
 lookups["age"].adapt(rng.normal(size=(64,)).astype("float32"))
+preprocess = keras.Sequential([keras.layers.Normalization(name="scale")])  # a module-level model of them
+preprocess.layers[0].adapt(rng.normal(size=(32, 2)).astype("float32"))
 
 
 def custom_model():
@@ -56,7 +58,7 @@ def test_a_worker_takes_the_masters_state(tmp_path, monkeypatch):
         monkeypatch.setitem(__import__("sys").modules, module.__name__, module)
     job_config = str(tmp_path / "job_config.json")
     sent = ps.hand_off(_spec(master), master_model, job_config)
-    assert sent.layers == 4  # three in the module (one in a dict), one of the model's own
+    assert sent.layers == 5  # four in the module (one in a dict, one in a Sequential), one of the model's own
     assert ps.collect(worker, worker.custom_model()).digest() != sent.digest()  # adapted on other data
 
     takeover = ps.Takeover(_spec(worker), job_config)
@@ -68,6 +70,7 @@ def test_a_worker_takes_the_masters_state(tmp_path, monkeypatch):
     assert worker.cities.get_vocabulary() == master.cities.get_vocabulary()
     assert list(worker.lookups["age"].bin_boundaries) == list(master.lookups["age"].bin_boundaries)
     assert model.own.get_vocabulary() == master_model.own.get_vocabulary()
+    np.testing.assert_array_equal(worker.preprocess.layers[0].mean, master.preprocess.layers[0].mean)
     x = np.ones((2, 3), "float32")
     np.testing.assert_allclose(worker.normalize(x), master.normalize(x), rtol=1e-6)
     np.testing.assert_array_equal(worker.lookups["age"](np.array([0.1, -0.4])),

@@ -75,8 +75,8 @@ def _flatten(layer: Any) -> list:
 
 
 def _module_layers(module: Any) -> list[tuple[str, Any]]:
-    """(name, layer) of the module's preprocessing layers: its globals, and the values of its
-    global dicts, lists and tuples (``lookups = {"city": StringLookup(), ...}``)."""
+    """(name, layer) of the module's preprocessing layers: in its global layers and models,
+    and in the values of its global dicts, lists and tuples (``lookups = {"city": StringLookup()}``)."""
     found = []
     for name, value in sorted(vars(module).items()):
         if isinstance(value, types.ModuleType | type) or (isinstance(value, dict | list | tuple) and len(value) > 1000):
@@ -84,7 +84,9 @@ def _module_layers(module: Any) -> list[tuple[str, Any]]:
         items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else None
         candidates = [(name, value)] if items is None else [(f"{name}[{k}]", v) for k, v in items]
         for label, candidate in candidates:
-            for i, layer in enumerate(_flatten(candidate) if is_preprocessing(candidate) else []):
+            if isinstance(candidate, type) or not hasattr(candidate, "_flatten_layers"):
+                continue  # not a Keras layer or model
+            for i, layer in enumerate(_flatten(candidate)):  # a FeatureSpace's, a Sequential's layers too
                 if is_preprocessing(layer) or _leaf_state(layer):
                     found.append((f"module.{label}/{i}:{type(layer).__name__}", layer))
     return found
