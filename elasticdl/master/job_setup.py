@@ -81,6 +81,9 @@ class JobSetup:
         )
         self._trainer.ensure_built(self.checked.sample_features)
         self._model = self._trainer.model
+        from elasticdl.model.preprocessing_state import hand_off
+
+        hand_off(self.checked.spec, self._model, config_file)  # every worker preprocesses as this model does
         self.ps_addresses = self._wait_for_ps()
         logger.info(
             "parameter servers at %s%s", ", ".join(self.ps_addresses),

@@ -143,11 +143,16 @@ def main(argv: list[str] | None = None, assigned_at: float | None = None) -> int
     startup.mark("elasticdl")
     spec = load_model_spec(config.training.model_zoo, config.training.model_def,
                            config.model_zoo_functions.names(), config.training.class_weight)
+    from elasticdl.model.preprocessing_state import Takeover
+
+    takeover = Takeover(spec, args.job_config)  # the master's adapted preprocessing state, not this import's
+    takeover.before_build()
     startup.mark("model zoo")
     ps = PSClient(args.ps_addrs.split(","), wire_dtype=config.training.wire_dtype,
                   tensor_transport=config.training.tensor_transport, replicas=config.elasticity.ps_replicas)
     trainer = Trainer(spec, config.training.model_params, config.training.embedding_swap_threshold_mb,
                       embedding_policy=swap_policy(config.training))
+    takeover.after_build(trainer.model)
     startup.mark("model")
     worker = Worker(
         worker_id=args.worker_id,
