@@ -745,6 +745,21 @@ def test_a_round_that_cannot_start_while_a_ps_restarts_starts_later():
     assert ctl.evaluation.current.reason == "final"
 
 
+def test_a_round_whose_snapshot_failed_again_as_it_started_is_asked_again():
+    """Its snapshot asked at the epoch's end failed, then again when the round was to start (the
+    PS still restarting): the round was left waiting for an answer that had come, and the job
+    waited for its final evaluation forever."""
+    ctl, dispatcher, ps, _ = make(workers=1, epochs=1, tasks=1, with_eval=True)
+    ctl.start()
+    ps.down = True
+    answer(ctl, report(ctl, dispatcher, take(dispatcher, 0), 0))  # asked at the epoch's end: failed
+    ctl.step(c.Tick())  # asked again to start the round: failed again
+    assert not ctl.evaluation.busy
+    ps.down = False
+    ctl.step(c.Tick())
+    assert ctl.evaluation.busy and ctl.evaluation.current.reason == "final"
+
+
 def test_evaluation_start_delay_and_throttle_follow_the_injected_clock():
     clock = FakeClock()
     ps = FakePS()

@@ -100,7 +100,11 @@ class EvaluationRounds:
         if isinstance(event, SnapshotFailed):
             self._held = True  # a PS is restarting: a later Tick asks again
             if starting is not None:
-                self._queue.insert(0, starting)  # still the next round to run
+                # Still the next round to run, asked again at a later Tick: left marked as waiting
+                # for this answer, it was never asked again, and the job waited for its final
+                # evaluation forever (a PS killed at an epoch's end; CI's hang of the chaos test).
+                starting.asked = 0
+                self._queue.insert(0, starting)
             return [DropSnapshot(round_id, best_effort=True)]  # a PS that did take it frees it
         frozen = FrozenSnapshot(round_id, event.version)
         if queued is not None:
