@@ -30,7 +30,7 @@ from elasticdl.sim.transport import Call, Unavailable
 def fingerprint(core) -> str:
     """What a backup must hold exactly as its primary: model, version, data position, the sync
     average's pending gradients."""
-    digest = hashlib.sha1()
+    digest = hashlib.sha1(usedforsecurity=False)  # a fingerprint of state, not a secret
     shard, position = core.shard, core.position
     digest.update(repr((shard.initialized, shard.version, shard.step, position.records_applied,
                         sorted(position.marks.items()), position.fence_floor, sorted(position.fenced),
