@@ -125,3 +125,19 @@ def test_local_layer_penalizes_the_whole_table_as_keras_does():
     config = layer.get_config()
     restored = RowRegularizer.from_keras(keras.regularizers.deserialize(config["embeddings_regularizer"]))
     assert (restored.l1, restored.l2) == (pytest.approx(0.01), 0.0)
+
+
+def test_keras2_layer_penalizes_touched_rows_and_local_tables():
+    """The Keras 2 (tf_keras) layer shares the lookup: the same penalty and row gradient."""
+    import json
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "keras2_regularizer_check.py")
+    result = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "TF_USE_LEGACY_KERAS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["penalty"] == pytest.approx(out["expected_penalty"], rel=1e-5) and out["penalty"] > 0
+    assert out["gradient_error"] < 1e-6
+    assert out["local_penalty"] == pytest.approx(out["expected_local"], rel=1e-5)
