@@ -27,8 +27,10 @@ rows = backend.source.tables["e/embeddings"].lookup(np.array([1, 2, 5]), False)
 grad = tape.gradient(loss, recorder.sources)[0].numpy()
 local = Embedding(3, input_dim=10, embeddings_regularizer="l1")
 local(x)
+restored = Embedding.from_config(local.get_config())
 print(json.dumps({
     "penalty": float(loss), "expected_penalty": float(0.5 * (rows**2).sum()),
     "gradient_error": float(np.abs(grad - rows).max()),  # 2 * 0.5 * row
     "local_penalty": float(tf.add_n(local.losses)), "expected_local": float(0.01 * np.abs(local.embeddings.numpy()).sum()),
+    "restored_l1": restored._regularizer.l1,
 }))

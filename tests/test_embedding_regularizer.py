@@ -142,3 +142,4 @@ def test_keras2_layer_penalizes_touched_rows_and_local_tables():
     assert out["penalty"] == pytest.approx(out["expected_penalty"], rel=1e-5) and out["penalty"] > 0
     assert out["gradient_error"] < 1e-6
     assert out["local_penalty"] == pytest.approx(out["expected_local"], rel=1e-5)
+    assert out["restored_l1"] == pytest.approx(0.01)  # get_config keeps the regularizer

@@ -104,6 +104,10 @@ class Embedding(tf_keras.layers.Layer):
         config = super().get_config()
         config.update(output_dim=self.output_dim, input_dim=self.input_dim, mask_zero=self.mask_zero,
                       input_length=self.input_length, combiner=self.combiner, **self.policy.to_dict())
+        if self._regularizer:  # in Keras 3's form, which __init__ reads back
+            import keras
+
+            config["embeddings_regularizer"] = keras.regularizers.serialize(self._regularizer.to_keras())
         return config
 
 
