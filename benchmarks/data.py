@@ -10,6 +10,9 @@
   training split its ``generate(train_records=records)`` writes), ``ids`` = 8 int64 ids
   folded modulo ``vocabulary`` (the hashing trick, so that a table of exactly that many
   rows holds every id), ``label`` = 0/1.
+- ratings: ``ids`` = (user, movie) pairs, ``label`` = 0/1 drawn from hidden 4-wide user and
+  movie factors (a sigmoid of their dot product), for the keras-io collaborative-filtering
+  model (benchmarks/model_zoo/collab).
 
 The Example protobuf is encoded by hand (a few varints around packed float bytes), so
 the runner does not import TensorFlow. A manifest next to each folder says what was
@@ -81,6 +84,19 @@ def write_ctr(folder: str, records: int, vocabulary: int, files: int = 2) -> str
             f"({VOCABULARY:,} ids folded modulo {vocabulary:,}; {np.unique(ids).size:,} distinct)")
 
 
+def write_ratings(folder: str, records: int, users: int, movies: int, files: int = 2, seed: int = 0) -> str:
+    """(user, movie) pairs with a 0/1 label from hidden factors: a learnable rating."""
+    rng = np.random.default_rng(seed)
+    user_factors, movie_factors = rng.normal(size=(users, 4)), rng.normal(size=(movies, 4))
+    pairs = np.stack([rng.integers(0, users, records), rng.integers(0, movies, records)], axis=1)
+    logits = (user_factors[pairs[:, 0]] * movie_factors[pairs[:, 1]]).sum(axis=1)
+    labels = (rng.random(records) < 1 / (1 + np.exp(-logits))).astype(np.int64)
+    for part, idx in enumerate(np.array_split(np.arange(records), files)):
+        write_records(os.path.join(folder, f"ratings-{part:03d}.tfrecord"),
+                      (encode_ids_example(pairs[i], labels[i]) for i in idx))
+    return f"synthetic ratings, {records} records of {users:,} users x {movies:,} movies"
+
+
 def _write(folder: str, prefix: str, name: str, xs: np.ndarray, ys: np.ndarray, files: int = 2) -> None:
     for part, idx in enumerate(np.array_split(np.arange(len(ys)), files)):
         write_records(
@@ -116,7 +132,8 @@ def write_digits(folder: str, copies: int = 1) -> str:
 
 def prepare(root: str, datasets: dict) -> dict:
     """``datasets``: name -> {"kind": "digits"} (optionally "copies": n), {"kind": "dense",
-    "records": n, "dim": d} or {"kind": "ctr", "records": n, "vocabulary": v}."""
+    "records": n, "dim": d}, {"kind": "ctr", "records": n, "vocabulary": v} or {"kind": "ratings",
+    "records": n, "users": u, "movies": m}."""
     out = {}
     for name, want in datasets.items():
         folder = os.path.join(root, name)
@@ -134,6 +151,8 @@ def prepare(root: str, datasets: dict) -> dict:
             source = write_digits(folder, want.get("copies", 1))
         elif want["kind"] == "ctr":
             source = write_ctr(folder, want["records"], want["vocabulary"])
+        elif want["kind"] == "ratings":
+            source = write_ratings(folder, want["records"], want["users"], want["movies"])
         else:
             xs, ys = _synthetic(want["records"], want["dim"], seed=1)
             _write(folder, "dense", "x", xs, ys)

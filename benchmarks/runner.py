@@ -63,9 +63,13 @@ COMPETITORS = [
                                  "overlap_communication": True}),
     ("pss_1w1ps", {"competitor": "pss", "num_workers": 1}),
     ("pss_2w1ps", {"competitor": "pss", "num_workers": 2}),
+    # Issue 28's collaborative-filtering acceptance: 2 workers + 2 PS against model.fit.
+    ("elasticdl_2w2ps", {"competitor": "elasticdl", "num_workers": 2, "num_ps": 2}),
 ]
+# Competitors that run only on some models (every other competitor runs on every model).
+ONLY_ON = {"elasticdl_2w2ps": ("collab_50k_users",)}
 # Informational; --quick leaves them out to stay fast.
-QUICK_SKIPS = ("elasticdl_2w1ps_sync", "elasticdl_2w1ps_sync_gtw1", "elasticdl_1w1ps_bf16", "elasticdl_1w1ps_tcp", "elasticdl_1w1ps_async",
+QUICK_SKIPS = ("elasticdl_2w2ps", "elasticdl_2w1ps_sync", "elasticdl_2w1ps_sync_gtw1", "elasticdl_1w1ps_bf16", "elasticdl_1w1ps_tcp", "elasticdl_1w1ps_async",
                "elasticdl_1w1ps_overlap", "elasticdl_2w1ps_overlap")
 COMPETITOR_LABELS = {
     "keras_fit": "Keras model.fit, 1 process",
@@ -81,6 +85,7 @@ COMPETITOR_LABELS = {
     "elasticdl_2w1ps_overlap": "ElasticDL 2 workers + 1 PS (--use_async --overlap_communication)",
     "pss_1w1ps": "ParameterServerStrategy 1 worker + 1 PS",
     "pss_2w1ps": "ParameterServerStrategy 2 workers + 1 PS",
+    "elasticdl_2w2ps": "ElasticDL 2 workers + 2 PS (default: sync)",
 }
 
 WARMUP_BATCHES = 8  # one ElasticDL task (--num_minibatches_per_task 8)
@@ -108,6 +113,10 @@ def training_models(quick: bool) -> dict[str, dict]:
         # The zoo's CTR minibatch (model_zoo/deepctr); 40,000 records x 2 epochs = 314 minibatches.
         "deepfm_1m_ids": {"data": "ctr", "batch_size": 256, "epochs": 2,
                           "model_params": "vocabulary=1000000", "job_flags": PS_TABLES},
+        # keras-io collaborative filtering (L2-regularized 50-wide Embeddings), its batch size;
+        # every table on the PS (the 8,000-movie table is below the default threshold).
+        "collab_50k_users": {"data": "ratings", "batch_size": 64, "epochs": 1, "job_flags": PS_TABLES,
+                             "competitors": ("keras_fit", "elasticdl_2w2ps")},
     }
 
 
@@ -118,6 +127,7 @@ DATASETS = {
     "dense_quick": {"kind": "dense", "records": 768, "dim": 32},
     "ctr": {"kind": "ctr", "records": 40_000, "vocabulary": 1_000_000},
     "ctr_quick": {"kind": "ctr", "records": 1024, "vocabulary": 10_000},
+    "ratings": {"kind": "ratings", "records": 90_000, "users": 50_000, "movies": 8_000},  # keras-io's 90% split
 }
 MODEL_DEFS = {
     "digits": (os.path.join(REPO, "model_zoo"), "digits.digits_functional.custom_model"),
@@ -125,6 +135,7 @@ MODEL_DEFS = {
     "dense_tiny": (BENCH_MODEL_ZOO, "dense.dense_mlp.custom_model"),
     "deepfm_1m_ids": (BENCH_MODEL_ZOO, "deepfm.deepfm_keras.custom_model"),
     "deepfm_10k_ids": (BENCH_MODEL_ZOO, "deepfm.deepfm_keras.custom_model"),
+    "collab_50k_users": (BENCH_MODEL_ZOO, "collab.recommender.custom_model"),
 }
 DATAPLANE_SIZES = {
     # 5M floats: the 20 MB of the dense benchmark model, the issue's data plane target.
@@ -174,6 +185,7 @@ TARGETS = {
     "embedding_bytes_vs_physical": 1.3,  # at most
     "replicas_vs_none": 0.8,  # DeepFM, 2 workers, 2 PS: --ps_replicas 1 / none (benchmarks/replicas.py)
     "replica_failover_s": 1.0,  # --ps_replicas 1: from a PS SIGKILL to training again (elastic_recovery)
+    "collab_vs_fit": 1.5,  # keras-io collaborative filtering, 2 workers + 2 PS / model.fit
 }
 # The default-flag sync jobs held to rejected_stale_pct (digits and DeepFM; issue 29).
 REJECTED_STALE_MODELS = ("digits", "deepfm")
@@ -215,7 +227,12 @@ def run_training(args, out_dir: str, competitors_of: list | None = None) -> dict
     competitors = [(n, c) for n, c in (competitors_of or COMPETITORS)
                    if not args.competitors or n in args.competitors.split(",")]
     budget = args.threads or cores()
-    raw: dict = {m: {c: [None] * args.reps for c, _ in competitors} for m in model_cfgs}
+
+    def runs_on(model: str, comp: str) -> bool:
+        only = models[model].get("competitors")
+        return comp in only if only is not None else model in ONLY_ON.get(comp, (model,))
+
+    raw: dict = {m: {c: [None] * args.reps for c, _ in competitors if runs_on(m, c)} for m in model_cfgs}
     errors: list[str] = []
 
     def spec_of(comp: dict, rep: int, comp_name: str, names: list[str]) -> dict:
@@ -261,7 +278,8 @@ def run_training(args, out_dir: str, competitors_of: list | None = None) -> dict
             order = competitors[shift:] + competitors[:shift]
             for model_name in model_cfgs:
                 for comp_name, comp in order:
-                    one((rep, [(comp_name, comp)], [model_name]))
+                    if runs_on(model_name, comp_name):
+                        one((rep, [(comp_name, comp)], [model_name]))
     return {"models": {n: {k: v for k, v in c.items() if k != "files"} for n, c in model_cfgs.items()},
             "threads": budget, "runs": raw, "errors": errors,
             "datasets": {k: {"source": v["source"], "records": v["records"]} for k, v in data.items()}}
@@ -384,6 +402,9 @@ def build_rows(results: dict) -> tuple[list[dict], list[dict]]:
                 if model.startswith("dense") and comp in comps and "keras_fit" in comps:
                     ratio = next(r["ratio_vs_fit"] for r in rows if r["model"] == model and r["competitor"] == comp)
                     targets.append(_target(f"training {model}: {comp} / keras_fit", ratio, TARGETS[key]))
+            if model.startswith("collab") and "elasticdl_2w2ps" in comps and "keras_fit" in comps:
+                ratio = next(r["ratio_vs_fit"] for r in rows if r["model"] == model and r["competitor"] == "elasticdl_2w2ps")
+                targets.append(_target(f"training {model}: elasticdl_2w2ps / keras_fit", ratio, TARGETS["collab_vs_fit"]))
             targets += _rejected_stale(model, comps, rows)
             if "elasticdl_1w1ps" in comps:
                 ttfg = next(r["ttfg_s"] for r in rows if r["model"] == model and r["competitor"] == "elasticdl_1w1ps")
@@ -645,7 +666,7 @@ def parse_args(argv):
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {', '.join(CASES)}")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, 1 repetition (smoke test only)")
     parser.add_argument("--reps", type=int, default=0, help="repetitions (default 3; --quick: 1)")
-    parser.add_argument("--models", default="", help="training models (default: digits,dense5m,deepfm_1m_ids)")
+    parser.add_argument("--models", default="", help="training models (default: digits,dense5m,deepfm_1m_ids,collab_50k_users)")
     parser.add_argument("--competitors", default="", help="training competitors (default: all)")
     parser.add_argument("--threads", type=int, default=0, help="cores per competitor (default: all)")
     parser.add_argument("--out", default=os.path.join("runs", "benchmarks"), help="results, logs and data")

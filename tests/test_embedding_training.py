@@ -253,7 +253,7 @@ def test_swap_covers_subclassed_models_and_keeps_unsupported_layers(caplog):
         def __init__(self):
             super().__init__(name="ranker")
             self.items = keras.layers.Embedding(100_000, 8, name="items")
-            self.regularized = keras.layers.Embedding(100_000, 8, embeddings_regularizer="l2", name="reg")
+            self.regularized = keras.layers.Embedding(100_000, 8, embeddings_constraint="non_neg", name="reg")
             self.head = keras.layers.Dense(1)
 
         def call(self, ids):
@@ -264,7 +264,7 @@ def test_swap_covers_subclassed_models_and_keeps_unsupported_layers(caplog):
         model(tf.constant([[1, 2]], tf.int64))
     assert isinstance(model.items, Embedding) and model.items.table_name == "ranker/items/embeddings"
     assert type(model.regularized) is keras.layers.Embedding
-    assert "`embeddings_regularizer` is not supported" in caplog.text
+    assert "`embeddings_constraint` is not supported" in caplog.text
     assert "__new__" not in keras.layers.Embedding.__dict__  # the patch is gone after the block
 
 

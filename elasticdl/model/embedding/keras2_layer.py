@@ -16,6 +16,7 @@ from tensorflow.python.feature_column import feature_column_v2 as fc_lib
 from elasticdl.model.embedding import layer as keras3_layer
 from elasticdl.model.embedding.backends import current_backend
 from elasticdl.model.embedding.policy import TablePolicy
+from elasticdl.model.embedding.regularizer import RowRegularizer
 
 _Keras3Embedding = keras3_layer.Embedding
 
@@ -42,8 +43,9 @@ class Embedding(tf_keras.layers.Layer):
     def __init__(self, output_dim: int, input_dim: int | None = None, embeddings_initializer="uniform",
                  mask_zero: bool = False, input_length: int | None = None, combiner: str | None = None,
                  admit_min_count: int = 1, admit_probability: float = 1.0, ttl_versions: int = 0, max_rows: int = 0,
-                 **kwargs):
+                 embeddings_regularizer=None, **kwargs):
         super().__init__(**kwargs)
+        self._regularizer = RowRegularizer.from_keras(embeddings_regularizer)  # as the Keras 3 layer
         import keras
 
         # The table's bounds on the PS, as the Keras 3 layer takes them (table_info reads them).
@@ -72,7 +74,7 @@ class Embedding(tf_keras.layers.Layer):
             rows = keras3_layer.initial_rows(info.initializer, np.arange(self.input_dim, dtype=np.int64), self.output_dim)
             self.embeddings = self.add_weight(
                 name="embeddings", shape=(self.input_dim, self.output_dim),
-                initializer=lambda shape, dtype=None: rows, trainable=True,
+                initializer=lambda shape, dtype=None: rows, trainable=True, regularizer=self._regularizer,
             )
         else:
             self._backend.register(info)
@@ -102,6 +104,10 @@ class Embedding(tf_keras.layers.Layer):
         config = super().get_config()
         config.update(output_dim=self.output_dim, input_dim=self.input_dim, mask_zero=self.mask_zero,
                       input_length=self.input_length, combiner=self.combiner, **self.policy.to_dict())
+        if self._regularizer:  # in Keras 3's form, which __init__ reads back
+            import keras
+
+            config["embeddings_regularizer"] = keras.regularizers.serialize(self._regularizer.to_keras())
         return config
 
 

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from elasticdl.model.embedding.backends import current_backend, current_recorder
 from elasticdl.model.embedding.policy import TablePolicy
+from elasticdl.model.embedding.regularizer import RowRegularizer
 from elasticdl.model.embedding.table import TableInfo, initial_rows
 
 COMBINERS = (None, "sum", "mean", "sqrtn")
@@ -105,6 +106,10 @@ class Embedding(keras.layers.Layer):
         max_rows: at most this many rows per parameter server; the least recently updated go
             first (0: no cap). An evicted id that comes back starts as a new row.
             See docs/embeddings.md, "Bounded tables". Unused outside a job.
+        embeddings_regularizer: None, or an L1, L2 or L1L2 regularizer ("l1", "l2",
+            ``keras.regularizers.L2(1e-6)``, ...). With parameter servers it penalizes the rows
+            the batch looks up (each unique id once per lookup), not the whole table as Keras
+            does; see docs/embeddings.md, "Regularizers".
 
     Example::
 
@@ -124,9 +129,12 @@ class Embedding(keras.layers.Layer):
         admit_probability: float = 1.0,
         ttl_versions: int = 0,
         max_rows: int = 0,
+        embeddings_regularizer=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        # A RegularizerError (a ValueError) names what to use instead.
+        self._regularizer = RowRegularizer.from_keras(embeddings_regularizer)
         # Refused here (PolicyError is a ValueError naming the argument), not on the PS.
         self.policy = TablePolicy(admit_min_count, admit_probability, ttl_versions, max_rows)
         if not isinstance(output_dim, int) or isinstance(output_dim, bool) or output_dim <= 0:
@@ -172,6 +180,7 @@ class Embedding(keras.layers.Layer):
             self.embeddings = self.add_weight(
                 shape=(self.input_dim, self.output_dim), initializer=_PerIdInitializer(info.initializer),
                 name="embeddings", trainable=True,
+                regularizer=self._regularizer.to_keras() if self._regularizer else None,
             )
             return
         self._backend.register(info)
@@ -225,6 +234,8 @@ class Embedding(keras.layers.Layer):
             combiner=self.combiner,
             **self.policy.to_dict(),
         )
+        if self._regularizer:
+            config["embeddings_regularizer"] = keras.regularizers.serialize(self._regularizer.to_keras())
         return config
 
     # ------------------------------------------------------------ lookups
@@ -294,4 +305,8 @@ class Embedding(keras.layers.Layer):
         recorder = current_recorder()
         if recorder is not None:
             recorder.watch(name, unique, rows)
+        if self._regularizer is not None:
+            # The touched rows' penalty (the Trainer adds model.losses to the loss): the tape
+            # gives those rows the regularizer's gradient with their data gradient.
+            self.add_loss(self._regularizer.penalty(rows))
         return tf.gather(rows, index)

@@ -3,11 +3,12 @@
 Inside ``swap_large_embeddings(threshold_bytes)``, constructing a ``keras.layers.Embedding``
 whose table (``input_dim * output_dim * 4`` bytes) is larger than the threshold returns an
 ``elasticdl.layers.Embedding`` with the same name, sizes, initializer and ``mask_zero``
-instead, so the table is never allocated in the process and lives on the parameter servers.
-Construction is intercepted (``Embedding.__new__``), not the finished model, so functional,
-Sequential and subclassed models are all covered. Layers that use what a PS table does not
-support (a regularizer, a constraint, LoRA, quantization, initial ``weights``, a frozen or
-non-float32 table) stay Keras layers, with a warning.
+and L1/L2 ``embeddings_regularizer`` instead, so the table is never allocated in the process
+and lives on the parameter servers. Construction is intercepted (``Embedding.__new__``), not
+the finished model, so functional, Sequential and subclassed models are all covered. Layers
+that use what a PS table does not support (another regularizer, a constraint, LoRA,
+quantization, initial ``weights``, a frozen or non-float32 table) stay Keras layers, with a
+warning that says what to change for the layer to swap.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import logging
 from collections.abc import Iterator
 
 from elasticdl.model.embedding.policy import TablePolicy
+from elasticdl.model.embedding.regularizer import RegularizerError, RowRegularizer
 
 logger = logging.getLogger(__name__)
 _REPORTED: set[str] = set()  # a process builds the model several times: log each decision once
@@ -41,15 +43,30 @@ def swap_policy(training) -> TablePolicy:
     )
 
 
+# Why a layer cannot swap, and what to change so that it does.
+_FIXES = {
+    "embeddings_constraint": "remove `embeddings_constraint` (PS tables apply no constraint)",
+    "weights": "remove `weights=` and give the rows an `embeddings_initializer` (or load them from a "
+               "checkpoint with --checkpoint_dir_for_init)",
+    "lora_rank": "remove `lora_rank`",
+    "quantization_config": "remove `quantization_config` (quantize the exported model instead)",
+}
+
+
 def _why_not(bound: dict, kwargs: dict) -> str:
-    for arg in ("embeddings_regularizer", "embeddings_constraint", "weights", "lora_rank", "quantization_config"):
+    """'' when the layer can swap, else the reason and what to change in the model."""
+    for arg, fix in _FIXES.items():
         if bound.get(arg) is not None:
-            return f"`{arg}` is not supported on parameter-server tables"
+            return f"`{arg}` is not supported on parameter-server tables; to swap it, {fix}"
     if kwargs.get("trainable") is False:
-        return "it is not trainable"
+        return "it is not trainable; to swap it, drop `trainable=False`"
     dtype = kwargs.get("dtype")
     if dtype is not None and str(getattr(dtype, "name", dtype)) not in ("float32", "mixed_float16", "mixed_bfloat16"):
-        return f"its dtype is {dtype}; parameter-server tables are float32"
+        return f"its dtype is {dtype}; parameter-server tables are float32: to swap it, pass dtype='float32'"
+    try:
+        RowRegularizer.from_keras(bound.get("embeddings_regularizer"))
+    except RegularizerError as err:
+        return str(err)
     return ""
 
 
@@ -79,18 +96,28 @@ def _swapped(args: tuple, kwargs: dict, threshold: int, policy: TablePolicy):
         except ValueError as err:
             reason = str(err)
     if reason:
-        _log_once(logging.WARNING, "%s stays a dense variable on one parameter server: %s", described, reason)
+        _log_once(
+            logging.WARNING,
+            "%s stays a dense variable on one parameter server, pulled whole at every step: %s "
+            "(or raise --embedding_swap_threshold_mb above %.2f to keep it dense and silence this)",
+            described, reason, size / _MIB,
+        )
         return None
+    regularizer = bound.get("embeddings_regularizer")
     layer = Embedding(
         output_dim,
         input_dim=input_dim,
         embeddings_initializer=initializer,
         mask_zero=bool(bound.get("mask_zero", False)),
+        embeddings_regularizer=regularizer,
         input_length=extra.pop("input_length", None),
         **policy.to_dict(),
         **extra,
     )
-    bounds = ", ".join(f"{k}={v}" for k, v in policy.to_dict().items())
+    settings = [f"{k}={v}" for k, v in policy.to_dict().items()]
+    if layer._regularizer is not None:
+        settings.append(f"regularizer {layer._regularizer.describe()} on the rows each batch touches")
+    bounds = ", ".join(settings)
     _log_once(
         logging.INFO,
         "%s is larger than --embedding_swap_threshold_mb=%g: swapped for elasticdl.layers.Embedding "
