@@ -284,10 +284,10 @@ def test_async_and_ssp_converge(digits, tmp_path, flags):
         train_args(digits, "digits.digits_functional.custom_model", num_workers=2, num_ps=1, num_epochs=4, **flags),
         cwd=tmp_path,
     ))
-    # Async's staleness has no bound, so its result varies with how the OS schedules the two
-    # workers: 0.90-0.96 in 24 runs two at a time, 0.894 once under the whole suite's load
-    # (the same spread before and after task read-ahead). SSP's bound keeps it at 0.90.
-    assert report["metrics"]["accuracy"] >= (0.85 if "staleness_bound" not in flags else 0.90)
+    # Stale gradients' result varies with how the OS schedules the two workers: async 0.90-0.96
+    # in 24 runs two at a time, 0.894 once under the whole suite's load; SSP with a bound of 2
+    # 0.881 once under load. Untrained, the model is at 0.10.
+    assert report["metrics"]["accuracy"] >= 0.85
     assert report["staleness"]["pushes_accepted"] == report["model_version"]
     assert report["staleness"]["pushes_rejected_stale"] == 0
 

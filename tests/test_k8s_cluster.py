@@ -263,7 +263,8 @@ def test_a_pod_that_cannot_be_scheduled_is_reported(tmp_path, caplog, monkeypatc
         try:
             with caplog.at_level(logging.WARNING):
                 backend.start("worker", 0, ["--worker_id", "0"])
-                wait(lambda: (backend.poll_exits(), "has been Pending" in caplog.text)[1], what="the warning")
+                wait(lambda: (backend.poll_exits(), "has been Pending" in caplog.text)[1], timeout=60,
+                     what="the warning")  # an event; the whole suite's load once held it past 15 s
             assert "Too many pods" in caplog.text  # the scheduler's words
             assert backend.running("worker") == [0]  # still wanted: it starts when there is room
         finally:

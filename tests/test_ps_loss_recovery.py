@@ -58,6 +58,7 @@ def job(ckpt: str, tasks: TaskManager | None, num_ps: int = 2) -> Recovery:
     rec.ps_addresses = [f"127.0.0.1:{5000 + i}" for i in range(num_ps)]
     rec.dispatcher = SimpleNamespace(bad_records=lambda: [])
     rec.checked = SimpleNamespace(files=[])
+    rec._restarted = set()  # Job's: roles the recovery started again (their polled exits are stale)
     return rec
 
 
