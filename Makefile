@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test lint proto bench bench-smoke clean simulate chaos replicas-acceptance
+.PHONY: install demo test lint proto bench bench-smoke clean simulate chaos kills replicas-acceptance
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -72,3 +72,9 @@ simulate: $(STAMP)
 chaos: $(STAMP)
 	$(PY) -m tests.chaos.nemesis $(if $(SEED),--seed $(SEED),--seeds $(or $(SEEDS),20)) $(if $(FIRST),--first $(FIRST)) \
 	    $(if $(MODE),--mode $(MODE)) $(if $(CHAOS_DIR),--workdir $(CHAOS_DIR))
+
+# PS SIGKILLs at a random short delay after a checkpoint cut (docs/reliability.md, "Kills after a
+# cut"): make kills SEEDS=20 MODE=both KILLS_DIR=/tmp/kills
+kills: $(STAMP)
+	$(PY) -m tests.chaos.kills_after_a_cut --seeds $(or $(SEEDS),10) --mode $(or $(MODE),one) \
+	    $(if $(FIRST),--first $(FIRST)) $(if $(KILLS_DIR),--dir $(KILLS_DIR))
