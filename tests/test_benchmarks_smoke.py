@@ -74,8 +74,9 @@ def test_quick_suite_reports_every_case(tmp_path):
 
     # 2 models x (2 vs PSS + first gradient), dense vs model.fit (sync, --push_steps 4),
     # 2 sizes x data plane (vs gRPC, MB/s), the new worker's first gradient, the failover with
-    # replicas, Parquet reader, DeepFM with replicas / without.
-    assert len(doc["targets"]) == 16
+    # replicas, Parquet reader, DeepFM with replicas / without, and the embedding table's 2 sizes x
+    # (held ids, new ids, gRPC / core) + bytes per row.
+    assert len(doc["targets"]) == 23
     assert {t["target"] for t in doc["targets"]} >= {
         "training deepfm_10k_ids: elasticdl_1w1ps / pss_1w1ps", "training deepfm_10k_ids: elasticdl_2w1ps / pss_2w1ps",
         "parquet_s3: elasticdl_reader / pyarrow_direct", "replicas deepfm_10k_ids: replicas_1 / replicas_0",
