@@ -137,18 +137,16 @@ class Recovery:
         logger.error("%s; relaunching it on port %s from the checkpoint %s; every PS goes back to version %d",
                      c.describe_exit(exit_, "died"), self._ps_port(exit_.index), plan.cut.path, plan.version)
         self._start_ps(exit_.index, "--restore_from", plan.cut.path, "--fence", str(fence))
-        for survivor in plan.survivors:
-            try:
-                self._ps.restore(plan.cut.path, fence, only=[survivor])
-            except grpc.RpcError as err:
-                # Dead too, or not serving yet (a spare relaunched after a promotion, its shards
-                # routed elsewhere): it must not go on from what it held, so it starts again from
-                # the cut. Left alone, a spare answered "moved" forever (a random-delay kill run).
-                logger.error("PS %d could not go back to %s (%s): it starts again from the cut", survivor,
-                             plan.cut.path, err.details())
-                self.backend.stop("ps", survivor)  # its exit, if any, is no death: replaced below
-                self._start_ps(survivor, "--restore_from", plan.cut.path, "--fence", str(fence))
-                self._restarted.add(("ps", survivor))
+        failed = self._ps.restore_each(plan.cut.path, fence, only=list(plan.survivors))
+        for survivor, err in sorted(failed.items()):
+            # Dead too, or not serving yet (a spare relaunched after a promotion, its shards
+            # routed elsewhere): it must not go on from what it held, so it starts again from
+            # the cut. Left alone, a spare answered "moved" forever (a random-delay kill run).
+            logger.error("PS %d could not go back to %s (%s): it starts again from the cut", survivor,
+                         plan.cut.path, err.details())
+            self.backend.stop("ps", survivor)  # its exit, if any, is no death: replaced below
+            self._start_ps(survivor, "--restore_from", plan.cut.path, "--fence", str(fence))
+            self._restarted.add(("ps", survivor))
         return self._rewind(exit_.index, plan, plan.cut.path, "rollback")
 
     def _start_over(self, exit_, plan: policy.StartOver) -> c.PSRelaunched:

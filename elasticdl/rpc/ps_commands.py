@@ -66,13 +66,25 @@ class MasterCommands:
         futures = [s.save_checkpoint.future(request) for s in self._stubs]
         return [f.result().path for f in futures]
 
-    def restore(self, path: str, fence: int, only: list[int] | None = None) -> list[int]:
-        """PS ``only`` (default: all) go back to the checkpoint at ``path``; pushes of hand-outs
-        below ``fence`` are refused from then on. Their restored versions."""
+    def restore(self, path: str, fence: int, only: list[int] | None = None) -> None:
+        """``restore_each``, raising the first PS's error."""
+        failed = self.restore_each(path, fence, only)
+        if failed:
+            raise failed[min(failed)]
+
+    def restore_each(self, path: str, fence: int, only: list[int] | None = None) -> dict[int, grpc.RpcError]:
+        """PS ``only`` (default: all), in parallel, go back to the checkpoint at ``path``; pushes of
+        hand-outs below ``fence`` are refused from then on. Those that did not: their errors, by PS."""
         request = elasticdl_pb2.RestoreRequest(path=path, term=self.term, fence=fence)
-        stubs = [self._stubs[i] for i in (range(self.num_ps) if only is None else only)]
-        futures = [s.restore.future(request, timeout=COMMAND_TIMEOUT_SECONDS) for s in stubs]
-        return [f.result().version for f in futures]
+        futures = {i: self._stubs[i].restore.future(request, timeout=COMMAND_TIMEOUT_SECONDS)
+                   for i in (range(self.num_ps) if only is None else only)}
+        failed = {}
+        for ps, future in futures.items():
+            try:
+                future.result()
+            except grpc.RpcError as err:
+                failed[ps] = err
+        return failed
 
     def fence(self, handouts: list[int], task_ids: list[int]) -> list[dict[int, int]]:
         """Every PS refuses pushes of ``handouts`` from now on; per PS, how far each task was taken."""
