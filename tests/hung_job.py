@@ -4,8 +4,10 @@ then diagnosable from CI's output alone."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 
 from tests.etcd_fixture import tail_of
 from tests.test_e2e_local import _alive, _children_of
@@ -36,7 +38,8 @@ def explain(job_pid: int, tmp_path) -> str:
     parts = []
     for log in sorted(tmp_path.glob("runs/*/logs/*.log")):
         parts.append(f"--- {log.name} (tail) ---\n{tail_of(str(log), 30)}")
-    py_spy = shutil.which("py-spy")
+    # Beside this interpreter first: `make test` runs the venv's pytest without the venv on PATH.
+    py_spy = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or shutil.which("py-spy")
     for pid in [job_pid, *_alive(_children_of(job_pid))]:
         if py_spy is None:
             parts.append(f"--- pid {pid}: no py-spy to dump its stacks ---")

@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.hung_job import explain
 from tests.test_e2e_local import MODEL_ZOO
 
 DELAYS = (0, 0, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
@@ -62,7 +63,7 @@ def run_seed(seed: int, mode: str, digits: Path, base: Path) -> str:
     try:
         _, err = job.communicate(timeout=JOB_SECONDS)
     except subprocess.TimeoutExpired:
-        _dump(job.pid, work)
+        (work / "stacks.txt").write_text(explain(job.pid, work))  # its logs' tails and every stack
         job.kill()
         return f"delay {delay}: HANG (stacks in {work / 'stacks.txt'})"
     if job.returncode != 0:
@@ -77,15 +78,6 @@ def _kill(work: Path, ps: int) -> bool:
         return True
     except (OSError, ValueError):
         return False
-
-
-def _dump(job_pid: int, work: Path) -> None:
-    py_spy = shutil.which("py-spy")
-    children = subprocess.run(["pgrep", "-P", str(job_pid)], capture_output=True, text=True).stdout.split()
-    with open(work / "stacks.txt", "w") as out:
-        for pid in [str(job_pid), *children]:
-            dump = subprocess.run([py_spy, "dump", "--pid", pid], capture_output=True, text=True) if py_spy else None
-            out.write(f"=== {pid}\n{dump.stdout if dump else 'no py-spy'}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
