@@ -74,6 +74,14 @@ class TrainingSection:
         "servers, sharded by id (0: every Embedding; a negative value: none).",
         bounds=Bounds(low=None),
     )
+    slice_dense_above_mb: float = flag(
+        32.0,
+        "Dense variables larger than this many MiB (with at least one row per parameter server) are "
+        "cut by rows into one slice per parameter server, each held and updated by its own; smaller "
+        "ones stay whole, placed by a hash of their name (0: every variable with enough rows; a "
+        "negative value: none). docs/embeddings.md, Sliced dense variables.",
+        bounds=Bounds(low=None),
+    )
     embedding_admit_min_count: int = flag(
         1,
         "Tables the automatic swap makes (--embedding_swap_threshold_mb): an id gets a row at its "

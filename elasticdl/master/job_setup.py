@@ -91,7 +91,8 @@ class JobSetup:
         )
         self._ps = PSClient(self.ps_addresses, token=self._token,  # the master's commands need its credential
                             master_credential=trust.master_credential(self.backend.job_key()),
-                            replicas=cfg.elasticity.ps_replicas)
+                            replicas=cfg.elasticity.ps_replicas,
+                            slice_dense_above_mb=cfg.training.slice_dense_above_mb)
         self._configure_replicas()  # --ps_replicas: each PS forwards to its backups from now on
         self._ps.term = self.state.term
         self._probe = PSProbe(self._ps, VERSION_POLL_SECONDS, time.monotonic, on_stats=self._note_stats)

@@ -16,7 +16,8 @@ fsynced, renamed over the final name, then the directory fsynced, so a crash or 
 leaves either the whole file or none (never a partial ``ps-*.npz``). A version directory
 is complete when all ``n`` files are there. Restoring reads every file of a version and
 keeps the variables that hash to this PS, so a job may restart on a different number
-of parameter servers. On an object store (``s3://``, ``gs://``) a shard goes up in one put
+of parameter servers; the slices of a large dense variable (elasticdl/model/slicing.py) are
+joined and cut again for it. On an object store (``s3://``, ``gs://``) a shard goes up in one put
 followed by a ``.committed`` marker, and only marked shards count (elasticdl/fs/__init__.py).
 Embedding tables are saved as their ids, rows and per-row slots;
 restoring keeps the rows whose ``id % num_ps`` is this PS. Non-trainable variables
@@ -54,6 +55,7 @@ from elasticdl.model.checkpoint_integrity import (
 from elasticdl.model.embedding.policy import TablePolicy, merged_meta
 from elasticdl.model.embedding.table import TableInfo
 from elasticdl.model.sharding import ps_for_variable
+from elasticdl.model.slicing import DEFAULT_SLICE_ABOVE_MB, DenseRestore, DenseSlicing, SliceError
 
 __all__ = ["CheckpointError", "CheckpointWriteError", "DamagedCheckpointError", "ShardState", "TableState"]
 
@@ -325,21 +327,23 @@ def max_term(checkpoint_dir: str) -> int:
                default=0)
 
 
-def load_shard(path: str, ps_id: int, num_ps: int) -> ShardState:
-    """This PS's part of the checkpoint at ``path`` (re-sharded for ``num_ps``)."""
+def load_shard(path: str, ps_id: int, num_ps: int, slicing: DenseSlicing | None = None) -> ShardState:
+    """This PS's part of the checkpoint at ``path`` (re-sharded for ``num_ps``; large dense
+    variables sliced as ``slicing`` says: --slice_dense_above_mb, by default its default)."""
     cut = _resolve_cut(path)
+    if slicing is None:
+        slicing = DenseSlicing.from_flag(DEFAULT_SLICE_ABOVE_MB, num_ps)
     try:
-        return _load_cut(cut, ps_id, num_ps)
+        return _load_cut(cut, ps_id, num_ps, slicing)
     except DamagedCheckpointError:
         raise
     except READ_ERRORS as err:  # damaged after it verified (the file changed under us)
         raise DamagedCheckpointError(cut.directory, f"unreadable ({type(err).__name__}: {err})") from None
 
 
-def _load_cut(cut: Cut, ps_id: int, num_ps: int) -> ShardState:
-    params: dict[str, np.ndarray] = {}
-    non_trainable: dict[str, np.ndarray] = {}
-    slots: dict[str, dict[str, np.ndarray]] = {}
+def _load_cut(cut: Cut, ps_id: int, num_ps: int, slicing: DenseSlicing) -> ShardState:
+    # Dense variables: whole ones by name hash, sliced ones joined and cut again for num_ps.
+    dense = DenseRestore(ps_id, num_ps, slicing, ps_for_variable)
     tables: dict[str, list[TableState]] = {}
     version = step = term = 0
     marks: dict[int, int] = {}
@@ -365,14 +369,20 @@ def _load_cut(cut: Cut, ps_id: int, num_ps: int) -> ShardState:
                 records_applied = int(data["__records_applied__"])
             for key in data.files:
                 kind, _, rest = key.partition(":")
-                if kind == "param" and ps_for_variable(rest, num_ps) == ps_id:
-                    params[rest] = data[key]
-                elif kind == "non_trainable" and ps_for_variable(rest, num_ps) == ps_id:
-                    non_trainable[rest] = data[key]
+                if kind in ("param", "non_trainable"):
+                    dense.add(kind, rest, data[key])
                 elif kind == "slot":
                     slot_name, _, name = rest.partition(":")
-                    if ps_for_variable(name, num_ps) == ps_id:
-                        slots.setdefault(name, {})[slot_name] = data[key]
+                    dense.add(f"slot:{slot_name}", name, data[key])
+    try:
+        placed = dense.placed()
+    except SliceError as err:
+        raise DamagedCheckpointError(cut.directory, str(err)) from None
+    params, non_trainable = placed.pop("param", {}), placed.pop("non_trainable", {})
+    slots: dict[str, dict[str, np.ndarray]] = {}
+    for group, arrays in placed.items():
+        for name, value in arrays.items():
+            slots.setdefault(name, {})[group.partition(":")[2]] = value
     if cut.num_ps != num_ps:  # re-sharded: the position every old shard reached
         _, marks, applied = cut_position(cut.directory)
         records_applied = min(applied)

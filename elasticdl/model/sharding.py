@@ -1,5 +1,6 @@
 """Where each dense variable lives: a stable hash of its name, the same in every process;
-where each embedding row lives: ``id % num_ps``.
+slice ``k`` of a sliced variable (elasticdl/model/slicing.py) on PS ``k``; where each
+embedding row lives: ``id % num_ps``.
 
 Python's built-in ``hash`` of a str is salted per process, so it cannot place variables.
 """
@@ -8,11 +9,16 @@ import zlib
 
 import numpy as np
 
+from elasticdl.model.slicing import parse_slice_name
+
 
 def ps_for_variable(name: str, num_ps: int) -> int:
-    """The index of the parameter server that holds variable ``name``."""
+    """The index of the parameter server that holds variable (or slice) ``name``."""
     if num_ps < 1:
         raise ValueError(f"num_ps must be at least 1. Received: {num_ps}")
+    sliced = parse_slice_name(name)
+    if sliced is not None:
+        return sliced.index % num_ps
     return zlib.crc32(name.encode("utf-8")) % num_ps
 
 

@@ -39,6 +39,7 @@ def settings_from_config(config: JobConfig, ps_id: int) -> PSSettings:
         lr_staleness_modulation=config.consistency.lr_staleness_modulation,
         minibatch_size=config.training.minibatch_size,
         max_gradient_norm_ratio=config.consistency.max_gradient_norm_ratio,
+        slice_dense_above_mb=config.training.slice_dense_above_mb,
     )
 
 

@@ -20,6 +20,7 @@ from elasticdl.model import checkpoint
 from elasticdl.model.checkpoint_owner import lineage_floor
 from elasticdl.model.embedding.table import EmbeddingError, FrozenTable
 from elasticdl.model.optimizers import Optimizer, learning_rate_problem
+from elasticdl.model.slicing import DEFAULT_SLICE_ABOVE_MB, DenseSlicing
 from elasticdl.ps.checkpointing import ShardCheckpoints
 from elasticdl.ps.data_position import DataPosition
 from elasticdl.ps.gradient_guard import DEFAULT_MAX_NORM_RATIO, GradientGuard
@@ -83,6 +84,8 @@ class PSSettings:
     # A gradient whose norm is more than this many times the running norm is refused (0: never;
     # one beyond float32 always is): ps/gradient_guard.py.
     max_gradient_norm_ratio: float = DEFAULT_MAX_NORM_RATIO
+    # --slice_dense_above_mb: how a restored checkpoint's large dense variables are sliced.
+    slice_dense_above_mb: float = DEFAULT_SLICE_ABOVE_MB
 
 
 class StaleTermError(ValueError):
@@ -137,7 +140,7 @@ class ParameterServer(ShardCheckpoints, ShardLeveling, ShardReplication, ShardTa
         if not self.settings.checkpoint_dir_for_init:
             return
         state = checkpoint.load_shard(
-            self.settings.checkpoint_dir_for_init, self.settings.ps_id, self.settings.num_ps
+            self.settings.checkpoint_dir_for_init, self.settings.ps_id, self.settings.num_ps, self._slicing
         )
         if not self.settings.restore_position:
             state = dataclasses.replace(state, marks={}, records_applied=0)
@@ -152,6 +155,10 @@ class ParameterServer(ShardCheckpoints, ShardLeveling, ShardReplication, ShardTa
         )
         for name, table in state.embeddings.items():
             logger.info("restored %d rows of embedding table %s", len(table.ids), name)
+
+    @property
+    def _slicing(self) -> DenseSlicing:
+        return DenseSlicing.from_flag(self.settings.slice_dense_above_mb, self.settings.num_ps)
 
     def _load_locked(self, state: checkpoint.ShardState, fence_floor: int) -> None:
         """Replace the whole shard by a checkpoint's (with the lock held)."""
@@ -186,7 +193,7 @@ class ParameterServer(ShardCheckpoints, ShardLeveling, ShardReplication, ShardTa
                 f"restore from {path!r} refused: it is not a checkpoint under this job's --checkpoint_dir "
                 f"{self.settings.checkpoint_dir!r}"
             )
-        state = checkpoint.load_shard(path, self.settings.ps_id, self.settings.num_ps)
+        state = checkpoint.load_shard(path, self.settings.ps_id, self.settings.num_ps, self._slicing)
         with self._checkpoint_lock, self._lock:
             before = self.shard.version
             self._load_locked(state, fence_floor)

@@ -17,6 +17,7 @@ import numpy as np
 from elasticdl.model.embedding.table import EmbeddingError, IndexedRows, TableInfo
 from elasticdl.model.non_trainable import NonTrainableChange
 from elasticdl.model.sharding import partition_ids, ps_for_variable
+from elasticdl.model.slicing import DenseSlicing, sliced_names
 from elasticdl.proto import elasticdl_pb2
 from elasticdl.rpc import bulk
 from elasticdl.rpc import codec as tensor_codec
@@ -82,7 +83,7 @@ class PSClient(MasterCommands, ShardRoutes):
     def __init__(
         self, addresses: list[str], connect_timeout: float = 60.0, token: str | None = None,
         wire_dtype: str = "float32", tensor_transport: str = "grpc", master_credential: str = "",
-        replicas: int = 0,
+        replicas: int = 0, slice_dense_above_mb: float = -1.0,
     ):
         """``token``: the job's (default: the one in ``$ELASTICDL_TOKEN_FILE``). ``wire_dtype``
         (--wire_dtype): what dense float32 gradients and parameters travel as; the PS keeps
@@ -92,7 +93,9 @@ class PSClient(MasterCommands, ShardRoutes):
         (parts above STREAM_ABOVE_BYTES) as raw frames (elasticdl/rpc/bulk.py) to each PS that
         serves them; "grpc", or a PS without such a port, streams them over gRPC.
         ``master_credential``: the master's (elasticdl/rpc/trust.py), which its commands need.
-        ``replicas`` (--ps_replicas): calls follow each shard's primary (``reroute``)."""
+        ``replicas`` (--ps_replicas): calls follow each shard's primary (``reroute``).
+        ``slice_dense_above_mb`` (--slice_dense_above_mb; negative: never): larger dense
+        variables travel as one slice per PS (elasticdl/model/slicing.py)."""
         problem = tensor_codec.wire_dtype_problem(wire_dtype)
         if problem:
             raise ValueError(f"--{problem}")
@@ -105,6 +108,7 @@ class PSClient(MasterCommands, ShardRoutes):
             logger.info("--wire_dtype=%s: dense gradients and parameters travel as %s, the PS keeps float32",
                         self.wire_dtype, self.wire_dtype)
         self.addresses = addresses
+        self.slicing = DenseSlicing.from_flag(slice_dense_above_mb, len(addresses))
         self._channels = [make_channel(a, token) for a in addresses]
         if master_credential:
             header = HeaderCallInterceptor(MASTER_CREDENTIAL_HEADER, master_credential)
@@ -132,7 +136,7 @@ class PSClient(MasterCommands, ShardRoutes):
         return len(self._stubs)
 
     def split(self, arrays: dict[str, np.ndarray | IndexedRows]) -> list[dict[str, np.ndarray | IndexedRows]]:
-        """Dense arrays by name hash; embedding rows (IndexedRows) by id % num_ps."""
+        """Dense arrays by name hash, or their slices one per PS; embedding rows (IndexedRows) by id % num_ps."""
         parts: list[dict] = [{} for _ in self._stubs]
         for name, value in arrays.items():
             if isinstance(value, IndexedRows):
@@ -140,7 +144,8 @@ class PSClient(MasterCommands, ShardRoutes):
                     if positions.size:
                         parts[ps][name] = IndexedRows(value.ids[positions], value.values[positions])
             else:
-                parts[ps_for_variable(name, self.num_ps)][name] = value
+                for piece_name, piece in self.slicing.pieces(name, value):
+                    parts[ps_for_variable(piece_name, self.num_ps)][piece_name] = piece
         return parts
 
     def pull(
@@ -215,10 +220,12 @@ class PSClient(MasterCommands, ShardRoutes):
     def push_model(self, params: dict[str, np.ndarray], version: int = 0, non_trainable=()) -> list[bool]:
         """Give every PS its part of the model; each checks it got all of its part of ``params``.
         ``non_trainable``: the names among ``params`` that are non-trainable state."""
-        head = elasticdl_pb2.Model(version=version, variables=sorted(params), non_trainable=sorted(non_trainable))
+        parts = self.split(params)
+        head = elasticdl_pb2.Model(version=version, variables=sorted(n for part in parts for n in part),
+                                   non_trainable=sliced_names(non_trainable, parts))
         futures = [
             stub.push_model.future(tensor_codec.serialize_with_tensors(head, _MODEL_TENSORS_FIELD, part))
-            for stub, part in zip(self._stubs, self.split(params))
+            for stub, part in zip(self._stubs, parts)
         ]
         return [f.result().accepted for f in futures]
 

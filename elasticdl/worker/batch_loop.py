@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import grpc
 
 from elasticdl.errors import TrainingDivergedError
+from elasticdl.model.slicing import held_variables
 from elasticdl.rpc.batch_position import BatchPosition
 from elasticdl.worker.overlap import Exchange
 from elasticdl.worker.steps import Gradients, PullRequest, Step, StepKind
@@ -367,7 +368,7 @@ class BatchLoop:
         if self.trainer.embeddings.infos:  # idempotent: restored tables keep their rows
             self.ps.push_embedding_table_infos(list(self.trainer.embeddings.infos.values()))
         self._pull(everything=True)
-        held = set().union(*(p.params for p in self.ps.pull([-1] * self.ps.num_ps)))
+        held = held_variables(set().union(*(p.params for p in self.ps.pull([-1] * self.ps.num_ps))))
         missing = sorted(set(self.trainer.variables).union(self.trainer.non_trainable) - held)
         if missing:
             raise RuntimeError(

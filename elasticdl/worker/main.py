@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None, assigned_at: float | None = None) -> int
     takeover.before_build()
     startup.mark("model zoo")
     ps = PSClient(args.ps_addrs.split(","), wire_dtype=config.training.wire_dtype,
-                  tensor_transport=config.training.tensor_transport, replicas=config.elasticity.ps_replicas)
+                  tensor_transport=config.training.tensor_transport, replicas=config.elasticity.ps_replicas,
+                  slice_dense_above_mb=config.training.slice_dense_above_mb)
     trainer = Trainer(spec, config.training.model_params, config.training.embedding_swap_threshold_mb,
                       embedding_policy=swap_policy(config.training))
     takeover.after_build(trainer.model)
