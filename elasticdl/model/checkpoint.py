@@ -54,8 +54,8 @@ from elasticdl.model.checkpoint_integrity import (
 )
 from elasticdl.model.embedding.policy import TablePolicy, merged_meta
 from elasticdl.model.embedding.table import TableInfo
-from elasticdl.model.sharding import ps_for_variable
-from elasticdl.model.slicing import DEFAULT_SLICE_ABOVE_MB, DenseRestore, DenseSlicing, SliceError
+from elasticdl.model.slice_restore import DenseRestore
+from elasticdl.model.slicing import DEFAULT_SLICE_ABOVE_MB, DenseSlicing, SliceError
 
 __all__ = ["CheckpointError", "CheckpointWriteError", "DamagedCheckpointError", "ShardState", "TableState"]
 
@@ -343,7 +343,7 @@ def load_shard(path: str, ps_id: int, num_ps: int, slicing: DenseSlicing | None 
 
 def _load_cut(cut: Cut, ps_id: int, num_ps: int, slicing: DenseSlicing) -> ShardState:
     # Dense variables: whole ones by name hash, sliced ones joined and cut again for num_ps.
-    dense = DenseRestore(ps_id, num_ps, slicing, ps_for_variable)
+    dense = DenseRestore(ps_id, num_ps, slicing)
     tables: dict[str, list[TableState]] = {}
     version = step = term = 0
     marks: dict[int, int] = {}

@@ -11,7 +11,7 @@ the whole variable, bit for bit.
 Workers cut each gradient (and the model they push first) with ``DenseSlicing.pieces`` and
 write each pulled slice into its rows of the whole variable (``assign_slice``). A checkpoint
 holds each PS's slices; restoring on another number of PS (or with another threshold) joins
-them and cuts them again (``DenseRestore``). ``#`` never appears in a TensorFlow or Keras
+them and cuts them again (elasticdl/model/slice_restore.py). ``#`` never appears in a TensorFlow or Keras
 variable name, so a slice's name cannot clash with a variable's.
 """
 
@@ -157,38 +157,3 @@ def join(name: str, slices: dict[int, tuple[int, np.ndarray]]) -> np.ndarray:
     if count == 1:
         return slices[0][1]
     return np.concatenate([slices[index][1] for index in range(count)])
-
-
-class DenseRestore:
-    """The dense arrays of a checkpoint cut, placed for PS ``ps_id`` of ``num_ps`` as
-    ``slicing`` cuts them now: slices of an older cut are joined and cut again.
-
-    ``add`` every array of every shard file (its group: "param", "non_trainable" or
-    "slot:<slot>"); ``placed`` then gives this PS's arrays per group. Whole arrays of another
-    PS that stay whole are dropped at once; the slices of a variable are kept until joined.
-    """
-
-    def __init__(self, ps_id: int, num_ps: int, slicing: DenseSlicing, owner):
-        """``owner(name, num_ps)``: the PS of a whole variable (sharding.ps_for_variable)."""
-        self.ps_id, self.num_ps, self.slicing, self._owner = ps_id, num_ps, slicing, owner
-        self._parts: dict[tuple[str, str], dict[int, tuple[int, np.ndarray]]] = {}
-
-    def add(self, group: str, name: str, value: np.ndarray) -> None:
-        parsed = parse_slice_name(name)
-        if parsed is not None:
-            self._parts.setdefault((group, parsed.whole), {})[parsed.index] = (parsed.count, value)
-        elif self._owner(name, self.num_ps) == self.ps_id or self.slicing.count(value.shape, value.nbytes) > 1:
-            self._parts[(group, name)] = {0: (1, value)}
-
-    def placed(self) -> dict[str, dict[str, np.ndarray]]:
-        out: dict[str, dict[str, np.ndarray]] = {}
-        for (group, name), slices in self._parts.items():
-            whole = join(name, slices)
-            count = self.slicing.count(whole.shape, whole.nbytes)
-            if count == 1:
-                if self._owner(name, self.num_ps) == self.ps_id:
-                    out.setdefault(group, {})[name] = whole
-            elif self.ps_id < count:
-                start, end = row_range(whole.shape[0], self.ps_id, count)
-                out.setdefault(group, {})[str(SliceName(name, self.ps_id, count))] = np.array(whole[start:end])
-        return out
