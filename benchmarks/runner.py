@@ -65,11 +65,15 @@ COMPETITORS = [
     ("pss_2w1ps", {"competitor": "pss", "num_workers": 2}),
     # Issue 28's collaborative-filtering acceptance: 2 workers + 2 PS against model.fit.
     ("elasticdl_2w2ps", {"competitor": "elasticdl", "num_workers": 2, "num_ps": 2}),
+    # Issue 28's sliced dense variables: the 5M MLP's five 3-4 MiB kernels one slice per PS
+    # (--slice_dense_above_mb 1), against 1 PS and 2 PS placing whole variables by name hash.
+    ("elasticdl_2w2ps_sliced", {"competitor": "elasticdl", "num_workers": 2, "num_ps": 2,
+                                "slice_dense_above_mb": 1.0}),
 ]
 # Competitors that run only on some models (every other competitor runs on every model).
-ONLY_ON = {"elasticdl_2w2ps": ("collab_50k_users",)}
+ONLY_ON = {"elasticdl_2w2ps": ("collab_50k_users", "dense5m"), "elasticdl_2w2ps_sliced": ("dense5m",)}
 # Informational; --quick leaves them out to stay fast.
-QUICK_SKIPS = ("elasticdl_2w2ps", "elasticdl_2w1ps_sync", "elasticdl_2w1ps_sync_gtw1", "elasticdl_1w1ps_bf16", "elasticdl_1w1ps_tcp", "elasticdl_1w1ps_async",
+QUICK_SKIPS = ("elasticdl_2w2ps", "elasticdl_2w2ps_sliced", "elasticdl_2w1ps_sync", "elasticdl_2w1ps_sync_gtw1", "elasticdl_1w1ps_bf16", "elasticdl_1w1ps_tcp", "elasticdl_1w1ps_async",
                "elasticdl_1w1ps_overlap", "elasticdl_2w1ps_overlap")
 COMPETITOR_LABELS = {
     "keras_fit": "Keras model.fit, 1 process",
@@ -86,6 +90,7 @@ COMPETITOR_LABELS = {
     "pss_1w1ps": "ParameterServerStrategy 1 worker + 1 PS",
     "pss_2w1ps": "ParameterServerStrategy 2 workers + 1 PS",
     "elasticdl_2w2ps": "ElasticDL 2 workers + 2 PS (default: sync)",
+    "elasticdl_2w2ps_sliced": "ElasticDL 2 workers + 2 PS (default: sync; --slice_dense_above_mb 1)",
 }
 
 WARMUP_BATCHES = 8  # one ElasticDL task (--num_minibatches_per_task 8)
@@ -186,6 +191,8 @@ TARGETS = {
     "replicas_vs_none": 0.8,  # DeepFM, 2 workers, 2 PS: --ps_replicas 1 / none (benchmarks/replicas.py)
     "replica_failover_s": 1.0,  # --ps_replicas 1: from a PS SIGKILL to training again (elastic_recovery)
     "collab_vs_fit": 1.5,  # keras-io collaborative filtering, 2 workers + 2 PS / model.fit
+    # Issue 28: dense5m, 2 workers, its kernels sliced over 2 PS / the same on 1 PS (both sync).
+    "sliced_2ps_vs_1ps": 1.0,
 }
 # The default-flag sync jobs held to rejected_stale_pct (digits and DeepFM; issue 29).
 REJECTED_STALE_MODELS = ("digits", "deepfm")
@@ -405,6 +412,11 @@ def build_rows(results: dict) -> tuple[list[dict], list[dict]]:
             if model.startswith("collab") and "elasticdl_2w2ps" in comps and "keras_fit" in comps:
                 ratio = next(r["ratio_vs_fit"] for r in rows if r["model"] == model and r["competitor"] == "elasticdl_2w2ps")
                 targets.append(_target(f"training {model}: elasticdl_2w2ps / keras_fit", ratio, TARGETS["collab_vs_fit"]))
+            if "elasticdl_2w2ps_sliced" in comps and "elasticdl_2w1ps_sync" in comps:
+                ratio = median(paired_ratios(*([r["examples_per_s"] if r else None for r in comps[c]]
+                                               for c in ("elasticdl_2w2ps_sliced", "elasticdl_2w1ps_sync"))))
+                targets.append(_target(f"training {model}: elasticdl_2w2ps_sliced / elasticdl_2w1ps_sync", ratio,
+                                       TARGETS["sliced_2ps_vs_1ps"]))
             targets += _rejected_stale(model, comps, rows)
             if "elasticdl_1w1ps" in comps:
                 ttfg = next(r["ttfg_s"] for r in rows if r["model"] == model and r["competitor"] == "elasticdl_1w1ps")

@@ -190,6 +190,7 @@ def run_elasticdl(spec_json: dict) -> dict:
             tensor_transport=spec_json.get("tensor_transport", "grpc"),
             overlap_communication=spec_json.get("overlap_communication", False),
             ps_replicas=spec_json.get("ps_replicas", 0),
+            **({"slice_dense_above_mb": spec_json["slice_dense_above_mb"]} if "slice_dense_above_mb" in spec_json else {}),
             num_threads_per_process=max(1, spec_json["threads"] // nw),
             job_name=suggest_job_name(f"{spec_json['tag']}-{model_cfg['name']}"), log_level="WARNING",
             **model_cfg.get("job_flags", {}),

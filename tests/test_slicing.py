@@ -19,6 +19,7 @@ from elasticdl.model.slicing import (
     DenseSlicing,
     SliceError,
     SliceName,
+    clipnorm_problem,
     held_variables,
     join,
     parse_slice_name,
@@ -246,3 +247,14 @@ def test_the_acceptance_shape_each_of_3_ps_holds_about_a_third():
     assert sum(held) == model["big"].nbytes
     assert max(held) - min(held) <= 1024 * 4  # one row apart
     assert all(abs(h - model["big"].nbytes / 3) < 0.01 * model["big"].nbytes for h in held)
+
+
+def test_clipnorm_problem_names_the_sliced_variables_and_the_threshold_that_avoids_it():
+    trainable = {"big": np.zeros((1000, 1024), np.float32), "small": np.zeros((4, 4), np.float32)}
+    slicing = DenseSlicing.from_flag(1.0, 2)
+    problem = clipnorm_problem(slicing, {"clipnorm": 1.0}, trainable)
+    assert "cuts 1 variables (big)" in problem and "Raise --slice_dense_above_mb to 3.91 or more" in problem
+    assert DenseSlicing.from_flag(3.91, 2).count((1000, 1024), trainable["big"].nbytes) == 1  # the way out works
+    assert clipnorm_problem(slicing, {"clipnorm": None, "clipvalue": 1.0}, trainable) == ""
+    assert clipnorm_problem(slicing, {"clipnorm": 0.0}, trainable) == ""  # Keras: off
+    assert clipnorm_problem(DenseSlicing.from_flag(8.0, 2), {"clipnorm": 1.0}, trainable) == ""

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from elasticdl.config import JobConfig
+from elasticdl.master.preflight import check_job
 from elasticdl.model.export import export_saved_model
 from elasticdl.model.slicing import parse_slice_name
 from elasticdl.model.spec import load_model_spec
@@ -20,6 +22,7 @@ from elasticdl.model.trainer import ModelSpecError, Trainer
 from elasticdl.rpc.ps_client import PSClient
 from elasticdl.worker.worker import Worker
 from tests.test_embedding_training import parameter_servers
+from tests.test_model_spec import data_file, write_model  # noqa: F401 (a fixture)
 
 ZOO = os.path.join(os.path.dirname(__file__), "zoo")
 STEPS = 4
@@ -113,3 +116,23 @@ def test_a_slice_that_does_not_fit_the_model_is_refused_by_name(spec):
     trainer.set_params({"hidden/kernel#slice-1-of-2": np.ones((32, 64), np.float32)})
     kernel = trainer.get_params()["hidden/kernel"]
     assert (kernel[32:] == 1).all() and not (kernel[:32] == 1).all()
+
+
+@pytest.mark.parametrize("optimizer, slice_mb, refused", [
+    ("keras.optimizers.SGD(learning_rate=0.1, clipnorm=1.0)", 0, True),
+    ("keras.optimizers.SGD(learning_rate=0.1, clipnorm=1.0)", -1, False),  # nothing sliced
+    ("keras.optimizers.SGD(learning_rate=0.1, clipvalue=1.0)", 0, False),  # elementwise
+])
+def test_clipnorm_with_a_sliced_variable_is_refused_at_submit(tmp_path, data_file, optimizer, slice_mb, refused):  # noqa: F811
+    """clipnorm clips by each variable's norm, which no PS holding a slice sees: refused at submit,
+    naming the flag and its way out."""
+    zoo, model_def, _ = write_model(tmp_path, optimizer=f"def optimizer():\n    return {optimizer}\n")
+    config = JobConfig.from_flags(model_zoo=zoo, model_def=model_def, training_data=data_file, minibatch_size=4,
+                                  num_ps=2, slice_dense_above_mb=slice_mb)
+    if not refused:
+        check_job(config)
+        return
+    with pytest.raises(ModelSpecError, match=r"--slice_dense_above_mb cuts 2 variables \(logits/bias, logits/kernel\) "
+                                             r".*clipnorm=1.0 clips each variable by its own norm.*Raise "
+                                             r"--slice_dense_above_mb to 0.01 or more"):
+        check_job(config)

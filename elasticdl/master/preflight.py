@@ -39,6 +39,7 @@ from elasticdl.model.optimizers import (
 )
 from elasticdl.model.records import describe_error
 from elasticdl.model.sample_weight import features_of, unpack, weighted_loss
+from elasticdl.model.slicing import DenseSlicing, clipnorm_problem
 from elasticdl.model.spec import DatasetMetadata, ModelSpec, ModelSpecError, load_model_spec, model_def_path
 from elasticdl.model.step_overrides import check_hooks
 
@@ -162,6 +163,10 @@ def check_job(config: JobConfig, command: str = "train", before_tensorflow=None)
         check_hooks(trainer.model, skipped, spec.module_path, spec.model_name)  # a train_step is never run
     if command == "train":
         _check_room_for_the_model(config, optimizer_spec, trainer)
+        problem = clipnorm_problem(DenseSlicing.from_flag(config.training.slice_dense_above_mb, config.elasticity.num_ps),
+                                   optimizer_spec.config, {n: v.numpy() for n, v in trainer.variables.items()})
+        if problem:
+            raise ModelSpecError(f"{spec.module_path}: {problem}")
     if validation and metrics:
         # A first batch of --validation_data through dataset_fn, the model and the metrics, as
         # the evaluation reads it (after an epoch of training): other features fail now.

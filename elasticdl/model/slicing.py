@@ -17,6 +17,7 @@ variable name, so a slice's name cannot clash with a variable's.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -113,6 +114,27 @@ class DenseSlicing:
     def split(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """``arrays`` with every variable to slice replaced by its slices."""
         return {piece_name: piece for name, value in arrays.items() for piece_name, piece in self.pieces(name, value)}
+
+
+def clipnorm_problem(slicing: DenseSlicing, optimizer_config: dict, trainable: dict[str, np.ndarray]) -> str:
+    """Why the optimizer cannot update the ``trainable`` variables ``slicing`` cuts ('' when it
+    can): ``clipnorm`` clips each variable by its own norm, and a PS sees only its slice's rows.
+    Checked at submit (master/preflight.py)."""
+    clipnorm = optimizer_config.get("clipnorm")
+    if not (clipnorm and clipnorm > 0):  # Keras's own test: clipnorm set and above 0
+        return ""
+    sliced = {name: value.nbytes for name, value in trainable.items()
+              if slicing.count(np.shape(value), value.nbytes) > 1}
+    if not sliced:
+        return ""
+    largest = math.ceil(max(sliced.values()) * 100 / MB) / 100  # rounded up: at it, none is above
+    names = ", ".join(sorted(sliced)[:3]) + (", ..." if len(sliced) > 3 else "")
+    return (
+        f"--slice_dense_above_mb cuts {len(sliced)} variables ({names}) into one slice per parameter "
+        f"server, and the optimizer's clipnorm={clipnorm} clips each variable by its own norm: a slice would "
+        f"be clipped by the norm of its rows only. Raise --slice_dense_above_mb to {largest:.2f} or more "
+        "(or -1: slice none), or clip by value (clipvalue) instead"
+    )
 
 
 def sliced_names(names, parts: list[dict]) -> list[str]:
