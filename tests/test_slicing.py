@@ -25,6 +25,7 @@ from elasticdl.model.slicing import (
     parse_slice_name,
     row_range,
     sliced_names,
+    with_slices_joined,
 )
 from elasticdl.ps.server import ParameterServer, PSSettings
 
@@ -258,3 +259,31 @@ def test_clipnorm_problem_names_the_sliced_variables_and_the_threshold_that_avoi
     assert clipnorm_problem(slicing, {"clipnorm": None, "clipvalue": 1.0}, trainable) == ""
     assert clipnorm_problem(slicing, {"clipnorm": 0.0}, trainable) == ""  # Keras: off
     assert clipnorm_problem(DenseSlicing.from_flag(8.0, 2), {"clipnorm": 1.0}, trainable) == ""
+
+
+class _Variable:
+    """What with_slices_joined reads of a tf.Variable: its shape and its value."""
+
+    def __init__(self, value):
+        self.value = value
+        self.shape = value.shape
+
+    def numpy(self):
+        return self.value
+
+
+def test_a_variables_slices_are_joined_whole_and_some_of_them_written_into_a_copy():
+    current = np.zeros((5, 2), np.float32)
+    variables = {"w": _Variable(current), "b": _Variable(np.zeros(2, np.float32))}
+    rows = np.arange(10, dtype=np.float32).reshape(5, 2)
+    both = with_slices_joined({"w#slice-0-of-2": rows[:3], "w#slice-1-of-2": rows[3:], "b": np.ones(2)}, variables.get)
+    assert sorted(both) == ["b", "w"]
+    np.testing.assert_array_equal(both["w"], rows)
+    one = with_slices_joined({"w#slice-1-of-2": rows[3:]}, variables.get)
+    np.testing.assert_array_equal(one["w"][3:], rows[3:])
+    np.testing.assert_array_equal(one["w"][:3], 0)
+    assert not np.shares_memory(one["w"], current)  # a copy: the model's variable changes only when assigned
+    unknown = with_slices_joined({"v#slice-0-of-2": rows[:3]}, variables.get)
+    assert list(unknown) == ["v#slice-0-of-2"]  # left for the caller to name
+    with pytest.raises(SliceError, match=r"'w#slice-0-of-2' with shape \(2, 2\), which is not rows 0:3"):
+        with_slices_joined({"w#slice-0-of-2": rows[:2]}, variables.get)

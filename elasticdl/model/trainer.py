@@ -25,7 +25,7 @@ from elasticdl.model.embedding.table import IndexedRows
 from elasticdl.model.keras_generation import variable_name
 from elasticdl.model.non_trainable import NonTrainableChange, lives_on_ps
 from elasticdl.model.sample_weight import weighted_loss
-from elasticdl.model.slicing import SliceError, assign_slice, whole_name
+from elasticdl.model.slicing import SliceError, with_slices_joined
 from elasticdl.model.spec import DatasetMetadata, ModelSpec, ModelSpecError
 
 logger = logging.getLogger(__name__)
@@ -181,14 +181,14 @@ class Trainer:
         return {name: var.numpy() for name, var in {**self.variables, **self.non_trainable}.items()}
 
     def set_params(self, params: dict[str, np.ndarray]) -> None:
-        """Whole variables, or slices of them written into their rows (elasticdl/model/slicing.py)."""
+        """Whole variables, or slices of them written into their rows (elasticdl/model/slicing.py):
+        pass every PS's part in one call, so that a sliced variable is assigned once, whole."""
+        try:
+            params = with_slices_joined(params, self._backend_variables.get)
+        except SliceError as err:
+            raise ModelSpecError(str(err)) from None
         for name, value in params.items():
-            var = self._backend_variables.get(whole_name(name))
-            try:
-                if var is not None and assign_slice(var, name, value):
-                    continue
-            except SliceError as err:
-                raise ModelSpecError(str(err)) from None
+            var = self._backend_variables.get(name)
             if var is None:
                 raise ModelSpecError(
                     f"the parameter server holds {name!r}, which this model does not have: "

@@ -195,9 +195,8 @@ class BatchLoop:
             self._start_exchange(outbox, step)
             return
         answers = self._send(outbox, step.to_ps, step.versions, step.want_parameters)
-        for answer in answers.values():
-            if answer.params is not None:
-                self.trainer.set_params(answer.params)
+        # Every PS's part at once: a sliced variable is then assigned once, whole (model/slicing.py).
+        self.trainer.set_params({n: v for a in answers.values() if a.params is not None for n, v in a.params.items()})
         dropped = policy.dropped
         taken = policy.pushed(answers, step)  # raises TaskTakenBackError, PushRejectedError
         if policy.unpushed == 0 and self._accumulator.batches:
@@ -313,9 +312,7 @@ class BatchLoop:
         for ps, result in enumerate(results):
             if not result.initialized:
                 raise RuntimeError(f"PS {ps} has no model")
-        for result in results:
-            if result.params:
-                self.trainer.set_params(result.params)
+        self.trainer.set_params({n: v for r in results if r.params for n, v in r.params.items()})
         for ps in self.consistency.pulled(request, [r.version for r in results]):
             logger.warning(
                 "PS %d did not move past version %d within %.0fs; computing on it again",

@@ -275,8 +275,9 @@ class Worker(BatchLoop):
         if not self.trainer.built:
             self.trainer.ensure_built(features)
             self._initialize_ps()
-        for pulled in self.ps.pull_snapshot(order.snapshot_id):
-            self.trainer.set_params(pulled.params)
+        # Every PS's part in one call: a sliced variable is assigned once, whole (model/slicing.py).
+        self.trainer.set_params({n: v for pulled in self.ps.pull_snapshot(order.snapshot_id)
+                                 for n, v in pulled.params.items()})
         self.trainer.embeddings.snapshot_id = order.snapshot_id  # lookups read the same snapshot
         self.consistency.snapshot_loaded()  # the next training batch pulls first
 
