@@ -196,7 +196,9 @@ class BatchLoop:
             return
         answers = self._send(outbox, step.to_ps, step.versions, step.want_parameters)
         # Every PS's part at once: a sliced variable is then assigned once, whole (model/slicing.py).
-        self.trainer.set_params({n: v for a in answers.values() if a.params is not None for n, v in a.params.items()})
+        answered = {n: v for a in answers.values() if a.params is not None for n, v in a.params.items()}
+        if answered:
+            self.trainer.set_params(answered)
         dropped = policy.dropped
         taken = policy.pushed(answers, step)  # raises TaskTakenBackError, PushRejectedError
         if policy.unpushed == 0 and self._accumulator.batches:
@@ -312,7 +314,9 @@ class BatchLoop:
         for ps, result in enumerate(results):
             if not result.initialized:
                 raise RuntimeError(f"PS {ps} has no model")
-        self.trainer.set_params({n: v for r in results if r.params for n, v in r.params.items()})
+        pulled = {n: v for r in results if r.params for n, v in r.params.items()}
+        if pulled:
+            self.trainer.set_params(pulled)
         for ps in self.consistency.pulled(request, [r.version for r in results]):
             logger.warning(
                 "PS %d did not move past version %d within %.0fs; computing on it again",
