@@ -287,3 +287,35 @@ def test_a_variables_slices_are_joined_whole_and_some_of_them_written_into_a_cop
     assert list(unknown) == ["v#slice-0-of-2"]  # left for the caller to name
     with pytest.raises(SliceError, match=r"'w#slice-0-of-2' with shape \(2, 2\), which is not rows 0:3"):
         with_slices_joined({"w#slice-0-of-2": rows[:2]}, variables.get)
+
+
+def test_a_sliced_shard_replicates_and_a_new_backup_catches_up_with_its_slices():
+    """Shard 1 of 2 holds slice 1 of each variable (the non-trainable one too): its backup, and a
+    backup made later from a snapshot, end equal to the primary bit for bit."""
+    from elasticdl.ps.replica_snapshot import begin_catch_up
+    from elasticdl.ps.replication import BackupApplier
+    from elasticdl.rpc.batch_position import BatchPosition
+    from tests.test_replication import adam, fingerprint, gradient, model, pair
+
+    layout = DenseSlicing.from_flag(0, 2)
+
+    def mine(arrays):
+        return {n: v for n, v in layout.split(arrays).items() if ps_for_variable(n, 2) == 1}
+
+    appliers: dict[int, BackupApplier] = {}
+    primary, backup, first = pair(lambda ps, entry: appliers[ps].receive(entry), ps_id=1, num_ps=2, grads_to_wait=1)
+    appliers[1] = first
+    primary.push_model(mine(model()), 0, ["bn/moving_mean#slice-1-of-2"])
+    assert sorted(primary.shard.params) == ["bn/moving_mean#slice-1-of-2", "dense/bias#slice-1-of-2",
+                                            "dense/kernel#slice-1-of-2"]
+    rng = np.random.default_rng(5)
+    for step in range(6):
+        primary.push_gradients(mine(gradient(rng)), primary.shard.version, None, batch=BatchPosition(1, 1, (step + 1) * 8, 8))
+        assert fingerprint(backup) == fingerprint(primary)
+    late = ParameterServer(PSSettings(ps_id=1, num_ps=2, grads_to_wait=1), adam())
+    appliers[2] = BackupApplier(late, installed=False)
+    seq, snapshot = begin_catch_up(primary, 2)
+    appliers[2].install(seq, snapshot)
+    primary.push_gradients(mine(gradient(rng)), primary.shard.version, None, batch=BatchPosition(2, 1, 8, 8))
+    assert fingerprint(late) == fingerprint(primary) == fingerprint(backup)
+    assert primary.shard.version == 7
