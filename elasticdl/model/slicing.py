@@ -9,10 +9,12 @@ applies (SGD, momentum, Adam, Adagrad...) are elementwise, so updating the slice
 the whole variable, bit for bit.
 
 Workers cut each gradient (and the model they push first) with ``DenseSlicing.pieces`` and
-write each pulled slice into its rows of the whole variable (``assign_slice``). A checkpoint
-holds each PS's slices; restoring on another number of PS (or with another threshold) joins
-them and cuts them again (elasticdl/model/slice_restore.py). ``#`` never appears in a TensorFlow or Keras
-variable name, so a slice's name cannot clash with a variable's.
+write the pulled slices into their rows of the whole variable (``with_slices_joined``). A
+checkpoint holds each PS's slices; restoring on another number of PS (or with another
+threshold) joins them and cuts them again (elasticdl/model/slice_restore.py). ``#`` never
+appears in a TensorFlow or Keras variable name, so a slice's name cannot clash with a
+variable's. ``clipnorm`` clips by a whole variable's norm, which no PS holding a slice sees:
+it is refused at submit (``clipnorm_problem``).
 """
 
 from __future__ import annotations
