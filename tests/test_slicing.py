@@ -53,6 +53,7 @@ def test_slice_names_parse_back_and_place_slice_k_on_ps_k():
     assert name == "dense_1/kernel#slice-2-of-3"
     assert parse_slice_name(name) == SliceName("dense_1/kernel", 2, 3)
     assert parse_slice_name("dense_1/kernel") is None
+    assert parse_slice_name("w#slice-2-of-2") is None and parse_slice_name("w#slice-0-of-0") is None
     assert [ps_for_variable(str(SliceName("w", k, 3)), 3) for k in range(3)] == [0, 1, 2]
     assert held_variables(["w#slice-0-of-2", "w#slice-1-of-2", "b"]) == {"w", "b"}
 

@@ -50,9 +50,10 @@ class SliceName:
 
 
 def parse_slice_name(name: str) -> SliceName | None:
-    """The parts of a slice's name; None for a whole variable's name."""
+    """The parts of a slice's name; None for a whole variable's name (or a name that only looks
+    like a slice's: slice 3 of 2 names no slice, and no variable either, so it stays unknown)."""
     match = _SLICE_NAME.match(name)
-    if match is None:
+    if match is None or not 0 <= int(match["index"]) < int(match["count"]):
         return None
     return SliceName(match["whole"], int(match["index"]), int(match["count"]))
 
