@@ -164,7 +164,7 @@ def check_job(config: JobConfig, command: str = "train", before_tensorflow=None)
     if command == "train":
         _check_room_for_the_model(config, optimizer_spec, trainer)
         problem = clipnorm_problem(DenseSlicing.from_flag(config.training.slice_dense_above_mb, config.elasticity.num_ps),
-                                   optimizer_spec.config, {n: v.numpy() for n, v in trainer.variables.items()})
+                                   optimizer_spec.config, trainer.variables)
         if problem:
             raise ModelSpecError(f"{spec.module_path}: {problem}")
     if validation and metrics:

@@ -119,15 +119,16 @@ class DenseSlicing:
         return {piece_name: piece for name, value in arrays.items() for piece_name, piece in self.pieces(name, value)}
 
 
-def clipnorm_problem(slicing: DenseSlicing, optimizer_config: dict, trainable: dict[str, np.ndarray]) -> str:
+def clipnorm_problem(slicing: DenseSlicing, optimizer_config: dict, trainable: dict) -> str:
     """Why the optimizer cannot update the ``trainable`` variables ``slicing`` cuts ('' when it
     can): ``clipnorm`` clips each variable by its own norm, and a PS sees only its slice's rows.
+    ``trainable``: arrays or tf.Variables by name (only their shapes and dtypes are read).
     Checked at submit (master/preflight.py)."""
     clipnorm = optimizer_config.get("clipnorm")
     if not (clipnorm and clipnorm > 0):  # Keras's own test: clipnorm set and above 0
         return ""
-    sliced = {name: value.nbytes for name, value in trainable.items()
-              if slicing.count(np.shape(value), value.nbytes) > 1}
+    sizes = {name: (tuple(value.shape), _nbytes(value)) for name, value in trainable.items()}
+    sliced = {name: nbytes for name, (shape, nbytes) in sizes.items() if slicing.count(shape, nbytes) > 1}
     if not sliced:
         return ""
     largest = math.ceil(max(sliced.values()) * 100 / MB) / 100  # rounded up: at it, none is above
@@ -138,6 +139,11 @@ def clipnorm_problem(slicing: DenseSlicing, optimizer_config: dict, trainable: d
         f"be clipped by the norm of its rows only. Raise --slice_dense_above_mb to {largest:.2f} or more "
         "(or -1: slice none), or clip by value (clipvalue) instead"
     )
+
+
+def _nbytes(value) -> int:
+    dtype = getattr(value.dtype, "as_numpy_dtype", value.dtype)  # a tf.DType, or a numpy one
+    return int(np.prod(value.shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
 def sliced_names(names, parts: list[dict]) -> list[str]:
