@@ -90,9 +90,13 @@ class ReplicaRecovery:
 
     def _fall_back(self, decision: c.PromoteBackup, routes: dict) -> list:
         """A shard lost every replica: every live PS serves its own shard again, forwarding to
-        no backup, before the cut's relaunch rolls the job back (as without replicas)."""
+        no backup, before the cut's relaunch rolls the job back (as without replicas). A PS lost
+        with the dead one (a spare not caught up, ``decision.lost``) goes back to the cut as the
+        survivors do; without a checkpoint it is started again empty, as the dead PS is, and its
+        shard's records counted possibly missing: it never serves its empty core as the shard."""
+        refilled = self._refill_lost(decision) if not self.config.checkpoints.checkpoint_dir else []
         for ps in range(len(self.ps_addresses)):
-            if ps == decision.dead:
+            if ps == decision.dead or any(r.index == ps for r in refilled):
                 continue
             try:  # no forward is sent from now on: the addresses are not used
                 self._replica_command(ps, "configure", {"addresses": self.ps_addresses, "routes": routes,
@@ -103,7 +107,23 @@ class ReplicaRecovery:
         self._record_roles(list(decision.primary), [[] for _ in decision.primary])
         logger.error("ps-%d died and a shard it held has no live replica left: the job goes back to the "
                      "checkpoint cut, without backups from now on (--ps_replicas)", decision.dead)
-        return []
+        return refilled
+
+    def _refill_lost(self, decision: c.PromoteBackup) -> list[c.PSRelaunched]:
+        """No checkpoint: each PS lost with the dead one starts again empty (the workers give it
+        their copy), as the dead PS does (the recovery policy's ``RefillEmpty``)."""
+        missing = self._missing_without_cut()
+        for ps in decision.lost:
+            logger.error("ps-%d died and the job falls back, and PS %d (relaunched as a spare, not caught up) "
+                         "holds no replica of its own shard %d: it starts again empty and the workers give it "
+                         "their copy, so the updates of up to %d records since their last pull are missing from "
+                         "that shard. Run the job with --checkpoint_dir to go back to a cut instead "
+                         "(--ps_replicas keeps a shard only while a caught-up replica of it lives)",
+                         decision.dead, ps, ps, missing)
+            self.backend.stop("ps", ps)  # a planned stop: started again at once, its exit not a death
+            self._start_ps(ps)
+            self._restarted.add(("ps", ps))
+        return [c.PSRelaunched(ps, None, missing=missing) for ps in decision.lost]
 
     def _add_backup(self, decision: c.AddBackup) -> list:
         """The spare learns its peers and the routes; each shard's primary sends it a snapshot and
