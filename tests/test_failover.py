@@ -224,5 +224,46 @@ def test_after_the_last_task_without_checkpoints_a_shard_with_no_live_replica_fa
     ctl = finished_with_replicas()
     ctl.step(ps_exit(1))
     ctl.step(c.BackupPromoted(1, ((1, 0),), (4,)))  # PS 0 leads both shards; PS 1 a spare, not caught up
+    ctl.step(c.Tick())  # the relaunch carried out, nothing to train again: the workers get END again
+    assert ctl.dispatcher.finished
     decisions = ctl.step(ps_exit(0))
     assert [type(d).__name__ for d in decisions] == ["Fail"] and "--checkpoint_dir" in decisions[0].error
+
+
+def test_after_the_last_task_the_job_stays_reopened_until_the_relaunch_after_a_failed_promotion():
+    """The simulator's seed 433 (checkpoints kept): the promotion failed, and the fallback's
+    relaunch, which rewinds the ledger, comes one event later. In between the job ended its
+    workers again, then failed with "every worker exited before the job was done"."""
+    ctl = finished_with_replicas()
+    ctl.saves_checkpoints = True
+    ctl.step(ps_exit(1))
+    assert not ctl.dispatcher.finished  # reopened: the workers get tasks again, not END
+    decisions = ctl.step(c.PromotionFailed(1, "UNAVAILABLE: ps-0 is not serving"))
+    assert of(decisions, c.RelaunchPS) == [c.RelaunchPS(ProcessExit("ps", 1, -9, ""))] and not of(decisions, c.Fail)
+    assert not ctl.dispatcher.finished  # not ended before the relaunch (the cut's rewind) is carried out
+
+
+def test_a_sync_job_ends_only_once_its_shards_are_leveled_again_after_a_ps_relaunched_at_its_end():
+    """The simulator's seed 700 (sync, checkpoints kept): both PS killed after the final epoch
+    end; the fallback relaunched them from the cut, nothing to train again, and the job ended
+    while one still started (its shard at version 0 against 12). The end waits for the PS to
+    be leveled to one version again, as the final epoch end does."""
+    from tests.test_controller import answer, make, report, take
+
+    ctl, dispatcher, _, _ = make(workers=1, epochs=1, tasks=1, sync=True)
+    ctl.replicas = ReplicaRoles.initial(num_ps=2, replicas=1)
+    ctl.saves_checkpoints = True
+    ctl.start()
+    answer(ctl, report(ctl, dispatcher, take(dispatcher, 0), 0))
+    answer(ctl, ctl.step(c.VersionsLeveled(12)))
+    assert dispatcher.finished  # the final epoch end was read: the workers get END
+    ctl.step(ps_exit(0))
+    ctl.step(c.PromotionFailed(0, "UNAVAILABLE: ps-1 is not serving"))
+    ctl.step(c.PSRelaunched(0, restored_version=12))
+    assert of(ctl.step(c.Tick()), c.LevelVersions) == [c.LevelVersions()]
+    assert not dispatcher.finished and ctl.outcome is None
+    assert of(ctl.step(c.VersionsNotLeveled()), c.Finish) == []  # the relaunched PS does not serve yet
+    assert not dispatcher.finished
+    ctl.step(c.Tick())
+    ctl.step(c.VersionsLeveled(12))
+    assert dispatcher.finished

@@ -86,6 +86,7 @@ FIXED_SPARE_FALLBACK = 24
 # it does without replicas (seed 192: a promotion to a backup that had died too).
 SPARE_FALLBACK_WITHOUT_A_CHECKPOINT = (185, 359)
 SHARD_LOST_AFTER_THE_LAST_TASK = 192
+FAILED_PROMOTION_AFTER_THE_LAST_TASK = (433, 700)
 BUDGET = range(22, 30)
 
 
@@ -125,7 +126,18 @@ def test_a_budget_of_seeds_holds_every_invariant_and_falls_back_while_a_spare_ca
         return decision
 
     monkeypatch.setattr(ReplicaRoles, "_fall_back", fall_back)
-    for seed in [*BUDGET, *SPARE_FALLBACK_WITHOUT_A_CHECKPOINT, SHARD_LOST_AFTER_THE_LAST_TASK]:
+    for seed in [*BUDGET, *SPARE_FALLBACK_WITHOUT_A_CHECKPOINT, SHARD_LOST_AFTER_THE_LAST_TASK,
+                 *FAILED_PROMOTION_AFTER_THE_LAST_TASK]:
         world = run(seed)
         assert world.result.violations == [], (seed, world.result.faults, world.result.violations[:2])
     assert any(fallbacks)  # the class is exercised: a fallback with a spare lost
+
+
+@pytest.mark.parametrize("seed", FAILED_PROMOTION_AFTER_THE_LAST_TASK)
+def test_a_failed_promotion_after_the_last_task_keeps_the_job_open_until_the_cut_is_restored(seed):
+    """Both PS killed after the last task; the promotion to the dead backup failed. Seed 433:
+    the job ended its workers before the fallback's relaunch rewound the ledger (it failed,
+    every worker gone). Seed 700: it ended while a PS relaunched from the cut still started,
+    the shards at different versions (the end now waits for them to be leveled again)."""
+    world = run(seed)
+    assert world.result.violations == [] and world.result.outcome == "finished", world.result.violations[:2]

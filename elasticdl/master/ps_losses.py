@@ -13,7 +13,15 @@ from __future__ import annotations
 import logging
 
 from elasticdl.launch.exits import ProcessExit
-from elasticdl.master.events import Decision, Fail, Finish, PromotionFailed, RelaunchPS, ReplacePS, describe_exit
+from elasticdl.master.events import (
+    Decision,
+    Fail,
+    Finish,
+    PromotionFailed,
+    RelaunchPS,
+    ReplacePS,
+    describe_exit,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +74,7 @@ class PSLosses:
         if self.dispatcher.finished:
             if not self.saves_checkpoints and (self.replicas is None or not self.replicas.survives(exit_.index)):
                 return [Fail(shard_lost(exit_))]
-            if not self.saves_checkpoints and exit_.index in self.replicas.primary:  # lives on if promoted
+            if self.replicas is not None and exit_.index in self.replicas.primary:  # a promotion, then the relaunch
                 self._promoting_after_finish[exit_.index] = exit_
             reopened = self._reopen(exit_)
         self.ps_relaunches += 1
@@ -78,12 +86,17 @@ class PSLosses:
         return reopened + relaunch + (self.rounds.ps_died() if self.rounds is not None else [])
 
     def _on_replica_answer(self, event) -> list[Decision]:
-        """--ps_replicas: the answer to a promotion or a catch-up. A promotion that failed after
-        the last task, without a checkpoint, would refill the shard with an untrained copy: the
-        job fails as without replicas."""
+        """--ps_replicas: the answer to a promotion or a catch-up. After the last task, the job
+        stays reopened until the relaunch decided now is carried out: a fallback rewinds the
+        ledger only then, and the job must not end first (the simulator's seed 433: it ended its
+        workers, then failed with "every worker exited"). A promotion that failed there without
+        a checkpoint would refill the shard with an untrained copy: the job fails as without
+        replicas."""
         exit_ = self._promoting_after_finish.pop(getattr(event, "dead", -1), None)
-        if exit_ is not None and isinstance(event, PromotionFailed):
-            return [Fail(shard_lost(exit_, f"its shard's backup could not take over ({event.reason})"))]
+        if exit_ is not None:
+            if isinstance(event, PromotionFailed) and not self.saves_checkpoints:
+                return [Fail(shard_lost(exit_, f"its shard's backup could not take over ({event.reason})"))]
+            self._reopening = True
         return self.replicas.answered(event, self._clock())
 
     def _reopen(self, exit_: ProcessExit) -> list[Decision]:
