@@ -55,6 +55,41 @@ class FailoverRecord:
                 "pause_seconds": round(self.pause_seconds, 3), "version": self.version}
 
 
+@dataclass(frozen=True)
+class StoredRoles:
+    """The roles a master recorded in the state store (docs/replicas.md, "Roles in the state
+    store"), read back by the master that resumes the job: per shard its primary's PS and its
+    caught-up backups, and the highest leadership term that wrote them."""
+
+    term: int
+    primary: tuple[int, ...]
+    backups: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def parse(cls, stored: dict[int, dict], num_ps: int) -> StoredRoles | None:
+        """None when nothing is stored (a job never run with --ps_replicas). ValueError when the
+        stored roles do not fit this job: other shards, a PS out of range, or not exactly one
+        primary per shard."""
+        if not stored:
+            return None
+        if sorted(stored) != list(range(num_ps)):
+            raise ValueError(f"roles stored for shards {sorted(stored)}, the job has {num_ps} (--num_ps)")
+        primary, backups = [], []
+        for shard in range(num_ps):
+            replicas = stored[shard]["replicas"]
+            leaders = [ps for ps, role in replicas.items() if role == "primary"]
+            if len(leaders) != 1 or not all(0 <= ps < num_ps for ps in replicas):
+                raise ValueError(f"shard {shard}'s stored roles {replicas} name no single primary among PS "
+                                 f"0..{num_ps - 1}")
+            primary.append(leaders[0])
+            backups.append(tuple(sorted(ps for ps, role in replicas.items() if role == "backup")))
+        return cls(max(int(v["term"]) for v in stored.values()), tuple(primary), tuple(backups))
+
+    def moved(self) -> dict[int, int]:
+        """Shard -> PS for each shard that was not led by its own PS (promoted elsewhere)."""
+        return {s: p for s, p in enumerate(self.primary) if p != s}
+
+
 @dataclass
 class ReplicaRoles:
     primary: list[int]  # shard -> the PS of its primary

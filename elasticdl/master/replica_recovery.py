@@ -14,7 +14,7 @@ import logging
 import grpc
 
 from elasticdl.master import controller as c
-from elasticdl.master.failover import ReplicaRoles
+from elasticdl.master.failover import ReplicaRoles, StoredRoles
 from elasticdl.rpc import replica_commands as wire
 from elasticdl.rpc import trust
 from elasticdl.rpc.channel import make_channel
@@ -55,6 +55,8 @@ class ReplicaRecovery:
         for ps in range(len(self.ps_addresses)):
             self._replica_command(ps, "configure", {"addresses": addresses, "routes": routes})
         roles = self._replica_roles()  # the controller starts from the same table
+        if self.state.resumed:
+            self._read_back_roles(roles)
         self._record_roles(roles.primary, roles.backups)
         logger.info("--ps_replicas %d: each shard's updates are forwarded to its backups on the next %s",
                     self.config.elasticity.ps_replicas,
@@ -147,9 +149,35 @@ class ReplicaRecovery:
         logger.info("PS %d caught up and backs up shards %s again (--ps_replicas)", decision.ps, list(decision.shards))
         return [c.BackupAdded(decision.ps, decision.shards)]
 
+    def _read_back_roles(self, roles: ReplicaRoles) -> StoredRoles | None:
+        """A resumed job: the roles its last master recorded say which shards had moved and which
+        backups had not caught up. None of it carries over: every PS, backups included, was
+        started again from the cut (or empty, without one) by this master, the processes that
+        held those roles are gone, and each shard is led by its own PS again, as ``roles`` (the
+        ring's) say, written back under this master's term. The leader lock fences the masters;
+        a stored term above this one's is only reported (a lineage of another --checkpoint_dir
+        counts its terms from another base)."""
+        try:
+            stored = StoredRoles.parse(self.state.stored_shard_roles(), len(self.ps_addresses))
+        except (StateStoreError, ValueError) as err:
+            logger.warning("could not read back the replica roles of the job's last master: %s", err)
+            return None
+        if stored is None:
+            return None
+        if stored.term > self.state.term:
+            logger.warning("the replica roles in the state store are of leadership term %d, above this master's %d: "
+                           "they are replaced with this master's", stored.term, self.state.term)
+        short = [s for s, b in enumerate(stored.backups) if len(b) < self.config.elasticity.ps_replicas]
+        if stored.moved() or short:
+            logger.warning("the job's last master (term %d) had moved shards %s and left shards %s short of a "
+                           "caught-up backup; every PS starts again from the cut, so each shard is led by its own PS "
+                           "again, backed up by the next %d (--ps_replicas)", stored.term, stored.moved() or "{}",
+                           short, self.config.elasticity.ps_replicas)
+        return stored
+
     def _record_roles(self, primary: list[int], backups: list[list[int]]) -> None:
-        """The roles in the state store (memory, or etcd): informational so far, a failure to
-        write them is logged and the job goes on (a resumed master does not read them yet)."""
+        """The roles in the state store (memory, or etcd): a failure to write them is logged and
+        the job goes on (a resumed master only checks them, ``_read_back_roles``)."""
         try:
             self.state.record_shard_roles(primary, backups)
         except StateStoreError as err:
