@@ -44,7 +44,11 @@ class ReplicaRecovery:
 
     def _replica_addresses(self) -> list[str]:
         """Where each PS takes forwards (a server of its own, on a port of its own)."""
-        return [self._replica_command(ps, "routes", {})["replica_address"] for ps in range(len(self.ps_addresses))]
+        return [answer["replica_address"] for answer in self._routes_answers()]
+
+    def _routes_answers(self) -> list[dict]:
+        """Each PS's ``routes`` answer: the routes it holds, and where it takes forwards."""
+        return [self._replica_command(ps, "routes", {}) for ps in range(len(self.ps_addresses))]
 
     def _configure_replicas(self) -> None:
         """Every PS serves: each learns its peers' addresses and starts forwarding to its backups."""
@@ -133,7 +137,12 @@ class ReplicaRecovery:
         ``BackupNotAdded`` (asked again at the next Tick: the spare may not serve yet)."""
         routes = {"version": decision.routes_version, "primary": list(decision.primary)}
         try:
-            addresses = self._replica_addresses()  # the spare's replica server is on a new port
+            answers = self._routes_answers()
+            claimed = predecessor_claims(answers[decision.ps], decision)
+            if claimed:
+                return [c.BackupNotAdded(decision.ps, f"PS {decision.ps} still claims shards {claimed}: its dead "
+                                         "predecessor answered, not the spare (asked again at the next Tick)")]
+            addresses = [answer["replica_address"] for answer in answers]  # the spare's replica server: a new port
             for ps in sorted({decision.ps, *(decision.primary[s] for s in decision.shards)}):
                 self._replica_command(ps, "configure", {"addresses": addresses, "routes": routes})
             for shard in decision.shards:
@@ -190,3 +199,15 @@ class ReplicaRecovery:
                     c.describe_exit(exit_, "died"), self._ps_port(exit_.index), dict(moved_to))
         self._start_ps(exit_.index, "--moved_to", json.dumps({str(s): p for s, p in moved_to}))
         return []
+
+
+def predecessor_claims(answer: dict, decision: c.AddBackup) -> list[int]:
+    """The shards PS ``decision.ps`` answers as their primary although their primary is elsewhere
+    now. A spare is started claiming none of them (``--moved_to``): such claims come from its
+    predecessor, which can still answer at its address after it was seen dead. On Kubernetes a
+    pod deleted with no grace is gone from the API, and its exit reported, before the kubelet has
+    killed its process, and a pooled connection through the service still reaches it: the catch-up
+    went to the dying process, the spare was counted a backup it never was, and the job hung
+    (tests/test_k8s_replicas.py)."""
+    claims = answer.get("primary", ())
+    return [s for s, ps in enumerate(claims) if ps == decision.ps and decision.primary[s] != decision.ps]
