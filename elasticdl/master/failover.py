@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from elasticdl.launch.exits import ProcessExit
@@ -221,3 +222,14 @@ class ReplicaRoles:
         versions = event.versions or (0,) * len(event.promotions)
         for (shard, ps), version in zip(event.promotions, versions):
             self.records.append(FailoverRecord(shard, event.dead, ps, now - since, version))
+
+
+def predecessor_claims(claims: Sequence[int], decision: AddBackup) -> list[int]:
+    """The shards PS ``decision.ps`` claims as their primary (``claims``: the routes it holds)
+    although their primary is elsewhere now. A spare is started claiming none of them
+    (``--moved_to``): such claims come from its predecessor, which can still answer at its address after it was seen dead. On Kubernetes a
+    pod deleted with no grace is gone from the API, and its exit reported, before the kubelet has
+    killed its process, and a pooled connection through the service still reaches it: the catch-up
+    went to the dying process, the spare was counted a backup it never was, and the job hung
+    (tests/test_k8s_replicas.py)."""
+    return [s for s, ps in enumerate(claims) if ps == decision.ps and decision.primary[s] != decision.ps]

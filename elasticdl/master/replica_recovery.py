@@ -14,7 +14,7 @@ import logging
 import grpc
 
 from elasticdl.master import controller as c
-from elasticdl.master.failover import ReplicaRoles, StoredRoles
+from elasticdl.master.failover import ReplicaRoles, StoredRoles, predecessor_claims
 from elasticdl.rpc import replica_commands as wire
 from elasticdl.rpc import trust
 from elasticdl.rpc.channel import make_channel
@@ -138,7 +138,7 @@ class ReplicaRecovery:
         routes = {"version": decision.routes_version, "primary": list(decision.primary)}
         try:
             answers = self._routes_answers()
-            claimed = predecessor_claims(answers[decision.ps], decision)
+            claimed = predecessor_claims(answers[decision.ps].get("primary", ()), decision)
             if claimed:
                 return [c.BackupNotAdded(decision.ps, f"PS {decision.ps} still claims shards {claimed}: its dead "
                                          "predecessor answered, not the spare (asked again at the next Tick)")]
@@ -200,14 +200,3 @@ class ReplicaRecovery:
         self._start_ps(exit_.index, "--moved_to", json.dumps({str(s): p for s, p in moved_to}))
         return []
 
-
-def predecessor_claims(answer: dict, decision: c.AddBackup) -> list[int]:
-    """The shards PS ``decision.ps`` answers as their primary although their primary is elsewhere
-    now. A spare is started claiming none of them (``--moved_to``): such claims come from its
-    predecessor, which can still answer at its address after it was seen dead. On Kubernetes a
-    pod deleted with no grace is gone from the API, and its exit reported, before the kubelet has
-    killed its process, and a pooled connection through the service still reaches it: the catch-up
-    went to the dying process, the spare was counted a backup it never was, and the job hung
-    (tests/test_k8s_replicas.py)."""
-    claims = answer.get("primary", ())
-    return [s for s, ps in enumerate(claims) if ps == decision.ps and decision.primary[s] != decision.ps]
