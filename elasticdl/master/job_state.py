@@ -145,6 +145,10 @@ class JobState:
         for shard, ps in enumerate(primary):
             self._store.put_shard_roles(shard, {**{b: "backup" for b in backups[shard]}, ps: "primary"}, self.term)
 
+    def stored_shard_roles(self) -> dict[int, dict]:
+        """--ps_replicas: the roles the job's masters recorded, {shard: {"term", "replicas"}}."""
+        return self._store.shard_roles()
+
     def publish_master(self, address: str) -> None:
         if self._store is not None:
             self._store.publish_address("master", 0, address)

@@ -255,8 +255,7 @@ class SimMaster(SimReplicaRecovery):
         facts = policy.PSLossFacts(
             dead=exit_.index, num_ps=mode.num_ps, checkpoint_dir=bool(world.checkpoint_dir), trains=True,
             cuts=cuts_found(world.checkpoint_dir),  # the newest verified cut (a damaged one is passed over)
-            missing_without_cut=policy.records_between_pulls(mode.get_model_steps, mode.push_steps, mode.overlap,
-                                                             2, len(self.controller.workers)))
+            missing_without_cut=self._missing_without_cut())
         plan = policy.plan_ps_loss(facts)
         if isinstance(plan, policy.RefillEmpty):
             world.start_ps(exit_.index, restore_from="", fence=0)
@@ -287,6 +286,11 @@ class SimMaster(SimReplicaRecovery):
                 world.start_ps(ps_id, restore_from=cut.path, fence=fence)
         rewound = rewind_ledger(self.tasks, plan.marks, plan.held, cut.path, "rollback")
         return c.PSRelaunched(exit_.index, cut.version, retrained=rewound.retrained, missing=rewound.possibly_missing)
+
+    def _missing_without_cut(self) -> int:
+        mode = self.world.mode
+        return policy.records_between_pulls(mode.get_model_steps, mode.push_steps, mode.overlap, 2,
+                                            len(self.controller.workers))
 
     def _level_versions(self):
         """PSClient.level_versions: every PS up to the highest shard's version."""
