@@ -221,7 +221,8 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
             resumed = self.state.open(self.main_tasks)
             if self.main_tasks is not None:
                 self.main_tasks.start_term(self.state.term)
-            self.stream = open_stream(cfg, self.main_tasks, self.state.term_floor)
+            self.stream = open_stream(cfg, self.main_tasks, self.state.term_floor,
+                                      stored_seq=lambda: self.state.persisted_seq)
             self.exports = continuous_export(cfg, self.stream.topic) if self.stream is not None else None
             if resumed and cfg.checkpoints.checkpoint_dir:
                 self._restore_latest_checkpoint()

@@ -44,7 +44,8 @@ class KafkaStreamSource:
                  start: str = "earliest", clock: Callable[[], float] = time.monotonic,
                  poll_secs: float = POLL_SECS, timeout: float = BROKER_TIMEOUT_SECS,
                  group: GroupOffsets | None = None,
-                 cut_marks: Callable[[], dict[int, int] | None] | None = None, compact_freely: bool = False):
+                 cut_marks: Callable[[], dict[int, int] | None] | None = None, compact_freely: bool = False,
+                 stored_seq: Callable[[], int] | None = None):
         self.topic = topic
         self.partitions = partitions
         self.records_per_task = records_per_task
@@ -78,6 +79,9 @@ class KafkaStreamSource:
         self._marks: queue.SimpleQueue = queue.SimpleQueue()
         self._compact_at = clock() + COMPACT_SECS
         self._marks_at = clock() + COMPACT_SECS
+        # The newest ledger seq the state store holds: ``feed`` releases the tasks cut before it
+        # (StreamTaskManager.stored; a ledger that does not hold its tasks hands them out at once).
+        self.stored_seq = stored_seq
 
     def open(self, committed: dict[str, int], watch: bool = True) -> dict[int, int]:
         """Start watching from the ledger's ``committed`` offsets (path -> end cut), or, for a
@@ -108,6 +112,8 @@ class KafkaStreamSource:
         """In the job loop: add the tasks cut since the last call; close the stream once it is
         idle. How many records were added."""
         added = 0
+        if self.stored_seq is not None:  # the tasks a write since the last call put in the store
+            ledger.stored(self.stored_seq())
         while True:
             try:
                 shards = self._cut.get_nowait()
@@ -292,12 +298,15 @@ def stream_ledger(config, command: str) -> StreamTaskManager | None:
     )
 
 
-def open_stream(config, ledger, term_floor: int = -1) -> KafkaStreamSource | None:
+def open_stream(config, ledger, term_floor: int = -1,
+                stored_seq: Callable[[], int] | None = None) -> KafkaStreamSource | None:
     """Start watching the stream of a stream job's ledger (after the ledger was resumed: it
     goes on from the ledger's offsets); None for a file job. ``term_floor``: the checkpoint
-    lineage of this job (its cuts have terms above it)."""
+    lineage of this job (its cuts have terms above it). ``stored_seq``: the newest ledger seq
+    the state store holds: the ledger then hands out only the tasks the store holds."""
     if not isinstance(ledger, StreamTaskManager):
         return None
+    ledger.hold_until_stored = stored_seq is not None
     directory = config.checkpoints.checkpoint_dir
     cut_marks = NewestCutMarks(directory, term_floor) if directory else None
     # Records are fetched in a helper process: the master outlives a deleted topic (kafka_client._fetching).
@@ -305,7 +314,7 @@ def open_stream(config, ledger, term_floor: int = -1) -> KafkaStreamSource | Non
     group = GroupOffsets(topic.address, config.stream.kafka_group) if config.stream.kafka_group else None
     source = KafkaStreamSource(topic, topic.partitions(), config.effective_records_per_task,
                                config.stream.stream_idle_secs, config.stream.stream_start, group=group,
-                               cut_marks=cut_marks, compact_freely=not directory)
+                               cut_marks=cut_marks, compact_freely=not directory, stored_seq=stored_seq)
     source.open(ledger.offsets())
     return source
 
