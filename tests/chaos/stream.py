@@ -26,7 +26,7 @@ import threading
 from elasticdl.data import tfrecord
 from elasticdl.data.sources import resolve_data_files
 from elasticdl.model.checkpoint import complete_versions
-from tests.chaos.checks import Verdict, check_failure, final_cut, read_report
+from tests.chaos.checks import Verdict, check, final_cut
 from tests.chaos.modes import DIGITS, Mode, Plan
 from tests.chaos.runner import Outcome
 from tests.chaos.schedule import Fault
@@ -123,21 +123,8 @@ class StreamFeed:
 
 def check_stream(plan: Plan, outcome: Outcome, run_dir: str, produced: int, producer_done: bool) -> Verdict:
     """A stream run against the records produced and the PS's files (see the module's docstring)."""
-    problems: list[str] = []
-    report = read_report(run_dir, plan)
-    if outcome.returncode is None:
-        problems.append("hang: " + next((n for n in outcome.notes if "deadline" in n), "no exit code"))
-    elif report is None:
-        problems.append(f"exit {outcome.returncode} without a report.json")
-    elif outcome.returncode == 0:
-        problems += stream_success_problems(plan, report, os.path.join(run_dir, "ckpt"), produced, producer_done)
-    else:
-        allowed = check_failure(plan, outcome, report, problems)
-        if allowed and not problems and not outcome.orphans:
-            return Verdict("failed-allowed", [allowed])
-    if outcome.orphans:
-        problems.append(f"processes left behind after the master ended: {outcome.orphans}")
-    return Verdict("violation" if problems else "ok", problems)
+    return check(plan, outcome, run_dir, "", success=lambda report, ckpt: stream_success_problems(
+        plan, report, ckpt, produced, producer_done))
 
 
 def stream_success_problems(plan: Plan, report: dict, ckpt: str, produced: int, producer_done: bool) -> list[str]:
