@@ -285,6 +285,7 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
             if self.stream is not None:  # new records become tasks here, in the ledger's thread
                 self.stream.feed(self.main_tasks)
                 self.progress.records_per_epoch = self.main_tasks.records_per_epoch
+                self.progress.lag = self.stream.total_lag
                 if self.exports is not None and self.main_tasks.stream_open:  # --export_every_secs: when due
                     self.exports.tick(lambda: capture_ledger(self.main_tasks),
                                       lambda: snapshot_model(self._ps, self._trainer))
@@ -454,6 +455,7 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
                 "train/loss": self.progress.recent_loss,
                 "train/examples_per_second": self.progress.examples_per_second,
                 "train/live_workers": len(self.controller.workers),
+                **(self.stream.lag_scalars() if self.stream is not None else {}),
             })
         return self._stop_flag() if self.callbacks is not None else []
 

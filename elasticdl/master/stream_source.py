@@ -9,6 +9,11 @@ that touches the ledger, takes them (``feed``). Once no record came for
 
 A broker that cannot be reached is waited out (logged once per outage): its time does not
 count as idle, and cutting goes on from where it stood when it answers again.
+
+The consumer lag (``lag``): per partition, the records behind its end, as Kafka's lag monitors
+count it: how far the partition was seen (its high watermark, or past it) minus the ledger's
+consumed offset (the first offset not done). ``feed`` measures it at most every ``LAG_SECS``,
+for the progress line and TensorBoard; the report's ``stream`` has it at the end.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ PROBE_TASKS = 8
 COMMIT_SECS = 1.0
 # How often the ledger's done prefix is compacted (after a look for a newer checkpoint cut).
 COMPACT_SECS = 30.0
+# The consumer lag is measured at most this often (the ledger is walked for it).
+LAG_SECS = 1.0
 
 
 class KafkaStreamSource:
@@ -82,6 +89,8 @@ class KafkaStreamSource:
         # The newest ledger seq the state store holds: ``feed`` releases the tasks cut before it
         # (StreamTaskManager.stored; a ledger that does not hold its tasks hands them out at once).
         self.stored_seq = stored_seq
+        self.lag: dict[int, int] = {}  # partition -> consumer lag, as ``feed`` last measured it
+        self._lag_at = float("-inf")
 
     def open(self, committed: dict[str, int], watch: bool = True) -> dict[int, int]:
         """Start watching from the ledger's ``committed`` offsets (path -> end cut), or, for a
@@ -127,22 +136,50 @@ class KafkaStreamSource:
             ledger.close_stream(f"no new record for {self.idle_secs:g} s (--stream_idle_secs)")
         if self.group is not None:
             self._hand_over_consumed(ledger)
+        if self.clock() - self._lag_at >= LAG_SECS:
+            self._lag_at = self.clock()
+            self.lag = self.consumer_lag(ledger)
         self._compact(ledger)
         if not ledger.stream_open:  # idle, or closed by a stop: nothing more is cut
             self._stop_watching()
         return added
 
+    def consumer_lag(self, ledger: StreamTaskManager) -> dict[int, int]:
+        """Partition -> records behind its end: seen (the watermark, or past it) minus consumed
+        (the first offset the ledger does not hold done; a partition never cut: where it started)."""
+        if self.cutter is None:
+            return {}
+        consumed, path = ledger.consumed(), self.topic.address.partition_path
+        return {p: max(0, self.cutter.seen_end(p) - consumed.get(path(p), self.starts.get(p, 0)))
+                for p in self.partitions}
+
+    @property
+    def total_lag(self) -> int | None:
+        """The consumer lag summed over the partitions, as last measured (None before the first)."""
+        return sum(self.lag.values()) if self.lag else None
+
+    def lag_scalars(self) -> dict[str, int]:
+        """TensorBoard's: ``stream/consumer_lag`` (summed) and one per partition."""
+        if not self.lag:
+            return {}
+        return {"stream/consumer_lag": sum(self.lag.values()),
+                **{f"stream/consumer_lag/partition_{p}": lag for p, lag in sorted(self.lag.items())}}
+
     def summary(self, ledger: StreamTaskManager) -> dict:
-        """The report's ``stream``: how it closed, and per partition where it started, how far it
-        was cut and seen, and the lag (records seen, not cut into a task: not trained)."""
+        """The report's ``stream``: how it closed, the consumer lag summed, and per partition where
+        it started, how far it was cut, consumed (done) and seen, and its consumer lag (records
+        seen and not consumed: 0 at the end of a job that trained every record it saw)."""
         cutter, cut = self.cutter, ledger.offsets()  # the ledger's: what was cut and not dropped by a close
+        lag = self.consumer_lag(ledger)
+        consumed = ledger.consumed()
         partitions = {}
         for p in self.partitions if cutter is not None else ():
-            cut_to = cut.get(self.topic.address.partition_path(p), self.starts.get(p, 0))
-            partitions[str(p)] = {"start": self.starts.get(p, 0), "cut_to": cut_to, "seen": cutter.seen_end(p),
-                                  "lag": max(0, cutter.seen_end(p) - cut_to)}
+            path = self.topic.address.partition_path(p)
+            start = self.starts.get(p, 0)
+            partitions[str(p)] = {"start": start, "cut_to": cut.get(path, start), "consumed": consumed.get(path, start),
+                                  "seen": cutter.seen_end(p), "lag": lag[p]}
         return {"url": self.topic.address.url, "closed": ledger.close_reason if not ledger.stream_open else "",
-                "records_cut": ledger.records_per_epoch, "partitions": partitions}
+                "records_cut": ledger.records_per_epoch, "lag": sum(lag.values()), "partitions": partitions}
 
     def close(self) -> None:
         """The job ended: stop watching; with --kafka_group, commit the ledger's consumed offsets
