@@ -222,7 +222,8 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
             if self.main_tasks is not None:
                 self.main_tasks.start_term(self.state.term)
             self.stream = open_stream(cfg, self.main_tasks, self.state.term_floor,
-                                      stored_seq=lambda: self.state.persisted_seq)
+                                      stored_seq=lambda: self.state.persisted_seq,
+                                      forget_marks=lambda floor: self._ps.fence([], [], done_below=floor))
             self.exports = continuous_export(cfg, self.stream.topic) if self.stream is not None else None
             if resumed and cfg.checkpoints.checkpoint_dir:
                 self._restore_latest_checkpoint()

@@ -52,7 +52,7 @@ class KafkaStreamSource:
                  poll_secs: float = POLL_SECS, timeout: float = BROKER_TIMEOUT_SECS,
                  group: GroupOffsets | None = None,
                  cut_marks: Callable[[], dict[int, int] | None] | None = None, compact_freely: bool = False,
-                 stored_seq: Callable[[], int] | None = None):
+                 stored_seq: Callable[[], int] | None = None, forget_marks: Callable[[int], None] | None = None):
         self.topic = topic
         self.partitions = partitions
         self.records_per_task = records_per_task
@@ -89,6 +89,10 @@ class KafkaStreamSource:
         # The newest ledger seq the state store holds: ``feed`` releases the tasks cut before it
         # (StreamTaskManager.stored; a ledger that does not hold its tasks hands them out at once).
         self.stored_seq = stored_seq
+        # After each compaction, the PS drop the marks of the tasks folded (``forget_marks(done_below)``,
+        # on the watching thread; sent again after the next one, for a PS restarted from a cut meanwhile).
+        self.forget_marks = forget_marks
+        self._forget: queue.SimpleQueue = queue.SimpleQueue()
         self.lag: dict[int, int] = {}  # partition -> consumer lag, as ``feed`` last measured it
         self._lag_at = float("-inf")
 
@@ -204,6 +208,7 @@ class KafkaStreamSource:
             self.poll_once()
             self.commit_consumed()
             self.look_for_cut()
+            self.forget_folded_marks()
             if self._idle.is_set():
                 return
             self._stop.wait(self.poll_secs)
@@ -253,6 +258,27 @@ class KafkaStreamSource:
             ledger.compact(None)
         elif found is not None:
             ledger.compact(found)
+        else:
+            return
+        if self.forget_marks is not None and ledger.done_below() > 0:
+            self._forget.put(ledger.done_below())
+
+    def forget_folded_marks(self) -> None:
+        """On the watching thread: the PS drop the marks of the tasks the last compaction folded. A PS
+        that does not answer is logged; the next compaction sends it again."""
+        floor = None
+        while True:
+            try:
+                floor = self._forget.get_nowait()
+            except queue.Empty:
+                break
+        if floor is None or self.forget_marks is None:
+            return
+        try:
+            self.forget_marks(floor)
+        except Exception as err:  # a PS restarting, a newer master: the next compaction sends it again
+            logger.info("stream %s: the PS did not drop the marks of tasks below %d (%s)",
+                        self.topic.address.url, floor, err)
 
     def _hand_over_consumed(self, ledger: StreamTaskManager, force: bool = False) -> None:
         """In the job loop: the ledger's consumed offsets for the committing thread (at most every
@@ -335,12 +361,13 @@ def stream_ledger(config, command: str) -> StreamTaskManager | None:
     )
 
 
-def open_stream(config, ledger, term_floor: int = -1,
-                stored_seq: Callable[[], int] | None = None) -> KafkaStreamSource | None:
+def open_stream(config, ledger, term_floor: int = -1, stored_seq: Callable[[], int] | None = None,
+                forget_marks: Callable[[int], None] | None = None) -> KafkaStreamSource | None:
     """Start watching the stream of a stream job's ledger (after the ledger was resumed: it
     goes on from the ledger's offsets); None for a file job. ``term_floor``: the checkpoint
     lineage of this job (its cuts have terms above it). ``stored_seq``: the newest ledger seq
-    the state store holds: the ledger then hands out only the tasks the store holds."""
+    the state store holds: the ledger then hands out only the tasks the store holds.
+    ``forget_marks(done_below)``: the PS drop the marks of the tasks the ledger folded."""
     if not isinstance(ledger, StreamTaskManager):
         return None
     ledger.hold_until_stored = stored_seq is not None
@@ -351,7 +378,8 @@ def open_stream(config, ledger, term_floor: int = -1,
     group = GroupOffsets(topic.address, config.stream.kafka_group) if config.stream.kafka_group else None
     source = KafkaStreamSource(topic, topic.partitions(), config.effective_records_per_task,
                                config.stream.stream_idle_secs, config.stream.stream_start, group=group,
-                               cut_marks=cut_marks, compact_freely=not directory, stored_seq=stored_seq)
+                               cut_marks=cut_marks, compact_freely=not directory, stored_seq=stored_seq,
+                               forget_marks=forget_marks)
     source.open(ledger.offsets())
     return source
 

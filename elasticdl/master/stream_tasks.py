@@ -212,6 +212,13 @@ class StreamTaskManager(TaskManager):
         held = {t.task_id: t.shard.end for t in self._done.values() if t.task_id < 0}
         return super().rewind({**marks, **held}, cause)
 
+    def done_below(self) -> int:
+        """Every task id below it was folded by ``compact`` (done, held by the cut): no worker gets it
+        again and no rewind asks for its mark, so the PS may drop its marks (ps/data_position.py)."""
+        tasks = [*self._todo, *self._held_tasks, *(d.task for d in self._in_flight), *self._done.values(),
+                 *(t for e in self.epochs for t in e.dropped)]
+        return min((t.task_id for t in tasks if t.task_id >= 0), default=self._next_id)
+
     def _compacted_id(self) -> int:
         return min((i for i in self._done if i < 0), default=0) - 1
 
