@@ -156,10 +156,8 @@ class StreamTaskManager(TaskManager):
     def offsets(self) -> dict[str, int]:
         """Partition path -> one past the last offset cut into a task (kept or done): where the
         source goes on cutting after a resume."""
-        tasks = [*self._todo, *self._held_tasks, *(d.task for d in self._in_flight), *self._done.values(),
-                 *(t for e in self.epochs for t in e.dropped)]
         ends: dict[str, int] = {}
-        for task in tasks:
+        for task in self._every_task():
             ends[task.shard.path] = max(ends.get(task.shard.path, 0), task.shard.end)
         return ends
 
@@ -215,9 +213,12 @@ class StreamTaskManager(TaskManager):
     def done_below(self) -> int:
         """Every task id below it was folded by ``compact`` (done, held by the cut): no worker gets it
         again and no rewind asks for its mark, so the PS may drop its marks (ps/data_position.py)."""
-        tasks = [*self._todo, *self._held_tasks, *(d.task for d in self._in_flight), *self._done.values(),
-                 *(t for e in self.epochs for t in e.dropped)]
-        return min((t.task_id for t in tasks if t.task_id >= 0), default=self._next_id)
+        return min((t.task_id for t in self._every_task() if t.task_id >= 0), default=self._next_id)
+
+    def _every_task(self) -> list[Task]:
+        """Every task the ledger holds: todo, held, in progress, done (or folded) and dropped."""
+        return [*self._todo, *self._held_tasks, *(d.task for d in self._in_flight), *self._done.values(),
+                *(t for e in self.epochs for t in e.dropped)]
 
     def _compacted_id(self) -> int:
         return min((i for i in self._done if i < 0), default=0) - 1
