@@ -136,6 +136,7 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
         self._probe = None  # its look at the PS, in flight (master/ps_probe.py)
         self._trainer = None
         self._model = None  # the master's copy of the model (callbacks, export)
+        self._preprocessing_state: bytes | None = None  # its adapted state, served to workers once built
         self._model_params_version = 0  # the model version of the parameters in self._model
         self.callbacks = None
         self.tensorboard = None
