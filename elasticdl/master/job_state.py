@@ -85,6 +85,12 @@ class JobState:
             outages = [*outages, store.Outage(self._lost_at, time.time() - self._lost_at, self.lost, 0, True)]
         return outages
 
+    @property
+    def persisted_seq(self) -> int:
+        """The newest ledger seq written to the store (-1: none yet): a stream's tasks cut before it
+        may be handed out (elasticdl/master/stream_tasks.py)."""
+        return self._ledger.persisted_seq if self._ledger is not None else -1
+
     def open(self, tasks: TaskManager | None) -> bool:
         """Take the lock and restore ``tasks`` from a stored ledger; True if the job resumed."""
         cfg = self.config

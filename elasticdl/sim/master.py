@@ -114,8 +114,11 @@ class SimMaster(SimReplicaRecovery):
                 self.resumed = True
         self.tasks.start_term(self.term)
         if world.topic is not None:  # open_stream: from the ledger's offsets (earliest for a new job)
+            # Job: its stream's tasks are handed out once the store holds them (the etcd-like one here).
+            stored = (lambda: self.saved_seq) if self.store is not None else None
+            self.tasks.hold_until_stored = stored is not None
             self.source = KafkaStreamSource(world.topic, world.topic.partition_ids(), RECORDS_PER_TASK, IDLE_SECONDS,
-                                            clock=world.clock)
+                                            clock=world.clock, stored_seq=stored)
             self.source.open(self.tasks.offsets(), watch=False)
         world.network.endpoints["master"] = self  # it serves once it leads and its ledger is back
         # Job._restore_latest_checkpoint and _rewind_to_restored_cut, on the shared cut_recovery.
