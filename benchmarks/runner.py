@@ -35,7 +35,7 @@ from benchmarks.common import (
     run_child,
 )
 
-CASES = ("training", "ps_data_plane", "embedding", "elastic_recovery", "parquet_s3", "replicas")
+CASES = ("training", "ps_data_plane", "embedding", "elastic_recovery", "parquet_s3", "replicas", "endless_ids")
 # Cases run only when named (--cases): not in the default suite or its smoke test.
 OPT_IN_CASES = ("stream",)
 
@@ -193,6 +193,10 @@ TARGETS = {
     "collab_vs_fit": 1.5,  # keras-io collaborative filtering, 2 workers + 2 PS / model.fit
     # Issue 28: dense5m, 2 workers, its kernels sliced over 2 PS / the same on 1 PS (both sync).
     "sliced_2ps_vs_1ps": 1.0,
+    # Issue 28's endless-id run (benchmarks/endless_ids.py): a ttl-bounded table's PS memory after
+    # the first quarter grows by at most this fraction, at the unbounded job's AUC within this.
+    "endless_rss_growth": 0.10,
+    "endless_auc_gap": 0.005,
 }
 # The default-flag sync jobs held to rejected_stale_pct (digits and DeepFM; issue 29).
 REJECTED_STALE_MODELS = ("digits", "deepfm")
@@ -550,6 +554,11 @@ def build_rows(results: dict) -> tuple[list[dict], list[dict]]:
 
         more = replica_rows(results["replicas"], TARGETS["replicas_vs_none"])
         rows, targets = rows + more[0], targets + more[1]
+    if results.get("endless_ids") is not None:
+        from benchmarks.endless_ids import endless_rows
+
+        more = endless_rows(results["endless_ids"], TARGETS["endless_rss_growth"], TARGETS["endless_auc_gap"])
+        rows, targets = rows + more[0], targets + more[1]
     return rows, targets
 
 
@@ -709,6 +718,10 @@ def run_case(case: str, args, out_dir: str) -> dict:
             from benchmarks.replicas import run_replicas
 
             return run_replicas(args, out_dir)
+        if case == "endless_ids":
+            from benchmarks.endless_ids import run_endless_ids
+
+            return run_endless_ids(args, out_dir)
         return run_recovery(args, out_dir)
     except Exception as err:  # one broken case must not hide the others
         log(f"{case} failed: {traceback.format_exc()}")

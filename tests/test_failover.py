@@ -87,6 +87,7 @@ def test_a_shard_that_lost_every_replica_falls_back_to_the_cut_after_the_backups
     decisions = of(ctl.step(ps_exit(0)), c.PromoteBackup | c.RelaunchPS)  # PS 0 led both shards: no live backup
     assert [type(d).__name__ for d in decisions] == ["PromoteBackup", "RelaunchPS"]
     assert decisions[0].fallback and decisions[0].backups == ((), ()) and decisions[0].primary == (0, 1)
+    assert decisions[0].lost == (1,)  # the spare had not caught up: shard 1 has nothing to come back from
     assert decisions[1] == c.RelaunchPS(ProcessExit("ps", 0, -9, ""))  # the cut, as without replicas
 
 
@@ -162,3 +163,107 @@ def test_the_roles_are_recorded_per_shard_and_replica_with_the_term_in_either_st
         1: {"term": 0, "replicas": {2: "primary"}},
         2: {"term": 0, "replicas": {2: "primary", 0: "backup"}},
     }
+
+
+def test_a_fallback_counts_each_spare_not_caught_up_as_lost_even_when_its_shard_lives_elsewhere():
+    """Seeds 185, 192, 359 of the simulator: a spare still catching up served its empty core as
+    its shard after a fallback without a checkpoint. The fallback now names it lost."""
+    ctl, _ = make(num_ps=3, replicas=1)
+    ctl.step(ps_exit(0))
+    ctl.step(c.BackupPromoted(0, ((0, 1),), (5,)))  # shard 0 on PS 1; PS 0 back as a spare
+    # PS 2's shard has its only backup on the spare: no live replica. Shard 0 itself is alive on
+    # PS 1, but the fallback puts every shard back on its own PS, and PS 0 holds nothing of it.
+    [fallback] = of(ctl.step(ps_exit(2)), c.PromoteBackup)
+    assert fallback.fallback and fallback.primary == (0, 1, 2) and fallback.lost == (0,)
+
+
+def test_a_spare_that_caught_up_as_a_backup_of_its_own_shard_is_not_lost_in_a_fallback():
+    ctl, _ = make(num_ps=3, replicas=1)
+    ctl.step(ps_exit(1))
+    ctl.step(c.BackupPromoted(1, ((1, 2),), (5,)))  # shard 1 on PS 2; PS 1 back as a spare
+    [add] = of(ctl.step(c.Tick()), c.AddBackup)
+    assert add == c.AddBackup(1, (0, 1), (0, 2, 2), 1)
+    ctl.step(c.BackupAdded(1, add.shards))  # it holds shard 1 again, caught up
+    ctl.step(ps_exit(0))  # shard 0 to its backup on PS 1, which does not answer
+    [fallback] = of(ctl.step(c.PromotionFailed(0, "UNAVAILABLE")), c.PromoteBackup)
+    assert fallback.fallback and fallback.lost == ()
+
+
+def finished_with_replicas():
+    """A job (no --checkpoint_dir, --ps_replicas 1 on 2 PS) whose last task is done, its model
+    not saved yet."""
+    from tests.test_controller import answer, make, report, take
+
+    ctl, dispatcher, _, _ = make(workers=1, epochs=1, tasks=1)
+    ctl.replicas = ReplicaRoles.initial(num_ps=2, replicas=1)
+    ctl.start()
+    answer(ctl, report(ctl, dispatcher, take(dispatcher, 0), 0))
+    assert dispatcher.finished and not ctl.saves_checkpoints
+    return ctl
+
+
+def test_after_the_last_task_without_checkpoints_a_promoted_backup_keeps_the_shard():
+    ctl = finished_with_replicas()
+    [promote] = of(ctl.step(ps_exit(1)), c.PromoteBackup)
+    assert ctl.outcome is None and promote.promotions == ((1, 0),)
+    assert of(ctl.step(c.BackupPromoted(1, promote.promotions, (4,))), c.RelaunchPS)[0].moved_to == ((1, 0),)
+    assert ctl.outcome is None
+
+
+def test_after_the_last_task_without_checkpoints_a_failed_promotion_fails_the_job_naming_the_fix():
+    """Falling back would refill the shard from a new worker's untrained copy, exported as if
+    trained (the simulator's seed 192): the job fails, as it does without replicas."""
+    ctl = finished_with_replicas()
+    ctl.step(ps_exit(1))
+    [fail] = of(ctl.step(c.PromotionFailed(1, "UNAVAILABLE: ps-0 is not serving")), c.Fail)
+    assert "ps-1 died" in fail.error and "--checkpoint_dir" in fail.error and "could not take over" in fail.error
+    assert of(ctl.step(c.BackupPromoted(1, ((1, 0),), (4,))), c.RelaunchPS) == []  # it failed: nothing more
+
+
+def test_after_the_last_task_without_checkpoints_a_shard_with_no_live_replica_fails_the_job():
+    ctl = finished_with_replicas()
+    ctl.step(ps_exit(1))
+    ctl.step(c.BackupPromoted(1, ((1, 0),), (4,)))  # PS 0 leads both shards; PS 1 a spare, not caught up
+    ctl.step(c.Tick())  # the relaunch carried out, nothing to train again: the workers get END again
+    assert ctl.dispatcher.finished
+    decisions = ctl.step(ps_exit(0))
+    assert [type(d).__name__ for d in decisions] == ["Fail"] and "--checkpoint_dir" in decisions[0].error
+
+
+def test_after_the_last_task_the_job_stays_reopened_until_the_relaunch_after_a_failed_promotion():
+    """The simulator's seed 433 (checkpoints kept): the promotion failed, and the fallback's
+    relaunch, which rewinds the ledger, comes one event later. In between the job ended its
+    workers again, then failed with "every worker exited before the job was done"."""
+    ctl = finished_with_replicas()
+    ctl.saves_checkpoints = True
+    ctl.step(ps_exit(1))
+    assert not ctl.dispatcher.finished  # reopened: the workers get tasks again, not END
+    decisions = ctl.step(c.PromotionFailed(1, "UNAVAILABLE: ps-0 is not serving"))
+    assert of(decisions, c.RelaunchPS) == [c.RelaunchPS(ProcessExit("ps", 1, -9, ""))] and not of(decisions, c.Fail)
+    assert not ctl.dispatcher.finished  # not ended before the relaunch (the cut's rewind) is carried out
+
+
+def test_a_sync_job_ends_only_once_its_shards_are_leveled_again_after_a_ps_relaunched_at_its_end():
+    """The simulator's seed 700 (sync, checkpoints kept): both PS killed after the final epoch
+    end; the fallback relaunched them from the cut, nothing to train again, and the job ended
+    while one still started (its shard at version 0 against 12). The end waits for the PS to
+    be leveled to one version again, as the final epoch end does."""
+    from tests.test_controller import answer, make, report, take
+
+    ctl, dispatcher, _, _ = make(workers=1, epochs=1, tasks=1, sync=True)
+    ctl.replicas = ReplicaRoles.initial(num_ps=2, replicas=1)
+    ctl.saves_checkpoints = True
+    ctl.start()
+    answer(ctl, report(ctl, dispatcher, take(dispatcher, 0), 0))
+    answer(ctl, ctl.step(c.VersionsLeveled(12)))
+    assert dispatcher.finished  # the final epoch end was read: the workers get END
+    ctl.step(ps_exit(0))
+    ctl.step(c.PromotionFailed(0, "UNAVAILABLE: ps-1 is not serving"))
+    ctl.step(c.PSRelaunched(0, restored_version=12))
+    assert of(ctl.step(c.Tick()), c.LevelVersions) == [c.LevelVersions()]
+    assert not dispatcher.finished and ctl.outcome is None
+    assert of(ctl.step(c.VersionsNotLeveled()), c.Finish) == []  # the relaunched PS does not serve yet
+    assert not dispatcher.finished
+    ctl.step(c.Tick())
+    ctl.step(c.VersionsLeveled(12))
+    assert dispatcher.finished

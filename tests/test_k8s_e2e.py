@@ -143,3 +143,29 @@ def test_deleting_a_worker_pod_mid_job_is_a_preemption(cluster, digits, tmp_path
     assert report["worker_preemptions"] == 1  # a scale-down, not a failure: its slot was refilled
     assert f"elasticdl-{job}-worker-2" in cluster.kubelet.started
     assert list(wait_for_cleanup(cluster, job)) == [f"elasticdl-{job}-master"]
+
+
+def test_worker_pods_preprocess_with_the_master_pods_adapted_state(cluster, tmp_path):
+    """Pods share no directory with the master: each worker pod asks the master for its adapted
+    FeatureSpace (get_preprocessing_state) and must log the digest the master handed out."""
+    import re
+
+    from test_e2e_preprocessing_state import ZOO, _write_data
+
+    _write_data(tmp_path / "train")
+    job = "adapt-k8s"
+    result = subprocess.run(
+        [sys.executable, "-m", "elasticdl", "train", "--backend", "kubernetes", "--image_name", "elasticdl:test",
+         "--image_pull_policy", "IfNotPresent", "--job_name", job, "--model_zoo", ZOO,
+         "--model_def", "adaptzoo.feature_space_pid.custom_model", "--training_data", str(tmp_path / "train"),
+         "--minibatch_size", "32", "--num_epochs", "1", "--num_workers", "2", "--num_ps", "1",
+         "--worker_resource_request", "cpu=0.5,memory=512Mi", "--ps_resource_request", "cpu=0.5,memory=512Mi"],
+        cwd=tmp_path, env=cluster.env(), capture_output=True, text=True, timeout=300,
+    )
+    report_of(result.stdout, result.stderr, result.returncode)
+    (sent,) = re.findall(r"preprocessing state (\w+) \(\d+ layers\) handed to the workers", result.stderr)
+    taken = {}
+    for worker in (0, 1):
+        with open(cluster.api.log_paths[("default", f"elasticdl-{job}-worker-{worker}")]) as f:
+            taken[worker] = re.findall(r"preprocessing state (\w+) \(\d+ layers\) from the master", f.read())
+    assert taken == {0: [sent], 1: [sent]}, (sent, taken)

@@ -266,3 +266,46 @@ def test_a_request_the_job_loop_did_not_take_in_time_fails_unavailable_and_the_w
     finally:
         client.close()
         server.stop(grace=None)
+
+
+def test_a_worker_gets_the_masters_preprocessing_state_over_grpc_in_chunks_once_it_is_built():
+    """What a worker in another pod gets (no shared directory): the master's bytes, whole, even
+    above the chunk size; asked again while the master still builds its model; only with the
+    worker's credential."""
+    import numpy as np
+
+    from elasticdl.master.clocks import WorkerClocks
+    from elasticdl.master.servicer import STATE_CHUNK_BYTES, MasterServicer
+    from elasticdl.model.preprocessing_state import PreprocessingState
+    from elasticdl.rpc import trust
+    from elasticdl.rpc.channel import bind_local, make_server
+    from elasticdl.rpc.master_client import MasterClient
+
+    vocabulary = np.asarray([f"token-{i}" for i in range(80_000)])  # ~3.5 MB of unicode: several chunks
+    state = PreprocessingState({"module.lookup/0:StringLookup|vocabulary": vocabulary}).to_bytes()
+    assert len(state) > 2 * STATE_CHUNK_BYTES
+    asked = []
+
+    def built():
+        asked.append(len(asked))
+        return None if len(asked) == 1 else state  # the first ask comes before the model is built
+
+    server = make_server()
+    elasticdl_pb2_grpc.add_MasterServicer_to_server(
+        MasterServicer(None, WorkerClocks(), frozenset, job_key="k", preprocessing_state=built), server)
+    port = bind_local(server)
+    server.start()
+    client = MasterClient(f"127.0.0.1:{port}", worker_id=1, credential=trust.worker_credential("k", 1))
+    client._sleep = lambda seconds: None
+    stranger = MasterClient(f"127.0.0.1:{port}", worker_id=1, credential="forged")
+    try:
+        got = PreprocessingState.from_bytes(client.preprocessing_state())
+        np.testing.assert_array_equal(got.arrays["module.lookup/0:StringLookup|vocabulary"], vocabulary)
+        assert len(asked) == 2
+        with pytest.raises(grpc.RpcError) as refused:
+            stranger.preprocessing_state()
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        client.close()
+        stranger.close()
+        server.stop(grace=None)

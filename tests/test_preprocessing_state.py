@@ -50,18 +50,22 @@ def _spec(module):
     return types.SimpleNamespace(model_fn=types.SimpleNamespace(__module__=module.__name__))
 
 
-def test_a_worker_takes_the_masters_state(tmp_path, monkeypatch):
+def _over_the_wire(state):
+    """What a worker gets: the bytes the master serves (get_preprocessing_state), read back."""
+    return ps.PreprocessingState.from_bytes(state.to_bytes())
+
+
+def test_a_worker_takes_the_masters_state(monkeypatch):
     master = _process(1)
     master_model = master.custom_model()
     worker = _process(2)
     for module in (master, worker):
         monkeypatch.setitem(__import__("sys").modules, module.__name__, module)
-    job_config = str(tmp_path / "job_config.json")
-    sent = ps.hand_off(_spec(master), master_model, job_config)
+    sent = ps.hand_off(_spec(master), master_model)
     assert sent.layers == 5  # four in the module (one in a dict, one in a Sequential), one of the model's own
     assert ps.collect(worker, worker.custom_model()).digest() != sent.digest()  # adapted on other data
 
-    takeover = ps.Takeover(_spec(worker), job_config)
+    takeover = ps.Takeover(_spec(worker), _over_the_wire(sent))
     takeover.before_build()
     model = worker.custom_model()
     takeover.after_build(model)
@@ -77,10 +81,10 @@ def test_a_worker_takes_the_masters_state(tmp_path, monkeypatch):
                                   master.lookups["age"](np.array([0.1, -0.4])))
 
 
-def test_without_the_masters_file_a_worker_keeps_its_own_state_and_says_so(tmp_path, caplog):
+def test_without_the_masters_state_a_worker_keeps_its_own_state_and_says_so(caplog):
     worker = _process(3)
     __import__("sys").modules[worker.__name__] = worker
-    takeover = ps.Takeover(_spec(worker), str(tmp_path / "job_config.json"))
+    takeover = ps.Takeover(_spec(worker), None)
     before = worker.cities.get_vocabulary()
     takeover.before_build()
     takeover.after_build(worker.custom_model())
@@ -88,24 +92,21 @@ def test_without_the_masters_file_a_worker_keeps_its_own_state_and_says_so(tmp_p
     assert "no preprocessing state from the master" in caplog.text
 
 
-def test_a_model_without_preprocessing_hands_nothing_on(tmp_path):
+def test_a_model_without_preprocessing_hands_nothing_on():
     inputs = keras.Input((2,))
     model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
-    (tmp_path / ps.FILE_NAME).write_bytes(b"an earlier run's")
-    state = ps.hand_off(types.SimpleNamespace(model_fn=types.SimpleNamespace(__module__="plain")), model,
-                        str(tmp_path / "job_config.json"))
-    assert not state.arrays and not (tmp_path / ps.FILE_NAME).exists()
+    state = ps.hand_off(types.SimpleNamespace(model_fn=types.SimpleNamespace(__module__="plain")), model)
+    assert not state.arrays and state.to_bytes() == b""
+    assert not ps.PreprocessingState.from_bytes(b"").arrays
 
 
-def test_a_layer_the_worker_cannot_take_keeps_its_own_state_with_a_warning(tmp_path, monkeypatch, caplog):
+def test_a_layer_the_worker_cannot_take_keeps_its_own_state_with_a_warning(monkeypatch, caplog):
     master, worker = _process(4), _process(5)
     worker.normalize = keras.layers.Normalization()  # another width than the master's: its weights do not fit
     worker.normalize.adapt(np.zeros((4, 2), "float32"))
     for module in (master, worker):
         monkeypatch.setitem(__import__("sys").modules, module.__name__, module)
-    job_config = str(tmp_path / "job_config.json")
-    ps.hand_off(_spec(master), None, job_config)
-    ps.Takeover(_spec(worker), job_config).before_build()
+    ps.Takeover(_spec(worker), _over_the_wire(ps.hand_off(_spec(master), None))).before_build()
     assert worker.cities.get_vocabulary() == master.cities.get_vocabulary()  # the others are taken
     assert worker.normalize.mean.shape[-1] == 2
     assert "cannot take (module.normalize/0:Normalization (ValueError" in caplog.text
@@ -131,7 +132,7 @@ feature_space.adapt(tf.data.Dataset.from_tensor_slices(data).batch(50))
 '''
 
 
-def test_feature_space_bins_and_vocabularies_come_from_the_master(tmp_path, monkeypatch):
+def test_feature_space_bins_and_vocabularies_come_from_the_master(monkeypatch):
     modules = []
     for seed in (11, 12):
         module = types.ModuleType(f"fs_{seed}")
@@ -139,12 +140,11 @@ def test_feature_space_bins_and_vocabularies_come_from_the_master(tmp_path, monk
         monkeypatch.setitem(__import__("sys").modules, module.__name__, module)
         modules.append(module)
     master, worker = modules
-    job_config = str(tmp_path / "job_config.json")
-    sent = ps.hand_off(_spec(master), None, job_config)
+    sent = ps.hand_off(_spec(master), None)
     age = worker.feature_space.preprocessors["age"]
     assert list(age.bin_boundaries) != list(master.feature_space.preprocessors["age"].bin_boundaries)
 
-    ps.Takeover(_spec(worker), job_config).before_build()
+    ps.Takeover(_spec(worker), _over_the_wire(sent)).before_build()
 
     assert ps.collect(worker, None).digest() == sent.digest()
     assert list(age.bin_boundaries) == list(master.feature_space.preprocessors["age"].bin_boundaries)
@@ -178,9 +178,9 @@ mods = []
 for seed in (1, 2):
     m = types.ModuleType(f"k2_{seed}"); exec(TEXT.replace("SEED", str(seed)), vars(m)); sys.modules[m.__name__] = m; mods.append(m)
 spec = lambda m: types.SimpleNamespace(model_fn=types.SimpleNamespace(__module__=m.__name__))
-sent = ps.hand_off(spec(mods[0]), None, sys.argv[1] + "/job_config.json")
+sent = ps.hand_off(spec(mods[0]), None)
 assert ps.collect(mods[1], None).digest() != sent.digest()
-ps.Takeover(spec(mods[1]), sys.argv[1] + "/job_config.json").before_build()
+ps.Takeover(spec(mods[1]), ps.PreprocessingState.from_bytes(sent.to_bytes())).before_build()
 assert ps.collect(mods[1], None).digest() == sent.digest(), "digest"
 x = np.ones((2, 3), "float32")
 np.testing.assert_allclose(mods[1].normalize(x), mods[0].normalize(x), rtol=1e-6)

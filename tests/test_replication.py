@@ -327,3 +327,27 @@ def test_a_client_follows_the_claims_after_a_fallback_even_from_an_older_table()
     assert client.routes.primary == (0, 1)
     for channel in client._channels:
         channel.close()
+
+
+def test_an_evaluation_snapshot_is_the_primarys_alone_never_forwarded_and_gone_with_it():
+    """docs/replicas.md, "Evaluation snapshots": a round's snapshot is taken on the primary, as
+    without replicas. A snapshot on the backup would not spare the pushes their pause: a push is
+    answered once its forward was applied, and the backup's copy would hold that apply back as
+    long as the primary's copy holds the push now. The snapshot changes no replicated state (the
+    backup stays equal, nothing numbered), and a backup promoted mid-round holds none: the
+    round runs again once the PS is back (EvaluationRounds.ps_died)."""
+    primary, backup, _ = pair(use_async=True)
+    primary.push_model(model(), 0, ["bn/moving_mean"])
+    rng = np.random.default_rng(7)
+    for step in range(3):
+        primary.push_gradients(gradient(rng), primary.shard.version, None,
+                               batch=BatchPosition(task_id=1, handout=1, records_end=(step + 1) * 16, records=16))
+    seq = primary.replication.seq
+    version = primary.take_snapshot(1)
+    assert primary.replication.seq == seq  # nothing numbered: nothing forwarded
+    primary.push_gradients(gradient(rng), primary.shard.version, None,
+                           batch=BatchPosition(task_id=1, handout=1, records_end=64, records=16))
+    assert fingerprint(backup) == fingerprint(primary)
+    assert primary.pull_snapshot(1)[1] == version == 3 < primary.shard.version  # frozen at the round's start
+    with pytest.raises(KeyError, match="no snapshot 1"):
+        backup.pull_snapshot(1)  # promoted, it would answer an evaluation worker this way

@@ -9,7 +9,9 @@ import functools
 
 import pytest
 
+from elasticdl.master.stream_tasks import StreamTaskManager
 from elasticdl.sim.planted import planted
+from elasticdl.sim.runner import run_seeds
 from tests.sim_support import clean_runs_without_faults, quiet  # noqa: F401  the fixture
 from tests.sim_support import run as run_world
 
@@ -42,15 +44,31 @@ def test_finds_a_source_that_trusts_the_watermark_planted_back():
     assert run(PLANTED_TRUST_WATERMARK).result.violations == []  # the real source reads past it
 
 
-# Open (docs/reliability.md, "Known gaps"): the state store cut long enough for the master to be
-# replaced; the old master went on cutting and handing out tasks while its ledger writes failed,
-# and the PS's cut holds their updates. The new master resumes the older ledger, cuts the same
-# offsets again as new tasks (whose ids the cut's marks know as other tasks) and trains them
-# again. Every violating seed of 6,000 is this class; 2210 is the first.
-OPEN_STALE_LEDGER = 2210
+# Found by the simulator at 10 of 6,000 seeds, 2210 the first (docs/reliability.md): the state
+# store cut long enough for the master to be replaced. The old master went on cutting and handing
+# out tasks while its ledger writes failed, and the PS's cut held their updates; the new master
+# resumed the older ledger, cut the same offsets again as new tasks (whose ids the cut's marks
+# knew as other tasks) and trained them again. A stream task is now handed out only once the
+# store holds it (StreamTaskManager.stored).
+STALE_LEDGER = 2210
 
 
-def test_the_open_class_a_resumed_stream_ledger_older_than_the_cut_replays():
-    world = run(OPEN_STALE_LEDGER)
+def test_a_master_replaced_while_its_ledger_writes_failed_trains_no_record_twice(monkeypatch):
+    ledgers, init = [], StreamTaskManager.__init__
+
+    def each_masters_ledger(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        ledgers.append(self)
+
+    monkeypatch.setattr(StreamTaskManager, "__init__", each_masters_ledger)
+    world = run(STALE_LEDGER)
     assert world.masters_started == 2 and any("cut the state store" in f for f in world.result.faults)
-    assert any("gradient 2 times" in v for v in world.result.violations)  # drop this test once it is fixed
+    assert ledgers[0].held > 0  # the old master cut tasks it could not store: it never handed them out
+    assert world.result.violations == [] and world.result.outcome == "finished", world.result.violations
+
+
+def test_a_ci_budget_of_stream_seeds_holds_every_invariant():
+    # The stream family's share of make test's seeds (the 6,000 of docs/reliability.md hold every
+    # invariant since the fix): a guard against a new class common enough to show in 200 seeds.
+    failing = [(r.seed, r.violations[0]) for r in run_seeds(range(200), "stream") if r.violations]
+    assert failing == []

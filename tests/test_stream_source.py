@@ -144,16 +144,17 @@ def test_the_summary_gives_each_partitions_start_cut_seen_and_lag(kafka_broker):
         source.feed(ledger)
         if [source.cutter.seen_end(p) for p in (0, 1)] == [125, 125]:
             break
-    summary = source.summary(ledger)
-    assert summary["partitions"] == {"0": {"start": 0, "cut_to": 100, "seen": 125, "lag": 25},
-                                     "1": {"start": 25, "cut_to": 125, "seen": 125, "lag": 0}}
-    assert summary["closed"] == "" and summary["records_cut"] == 200
+    summary = source.summary(ledger)  # lag: seen minus consumed (done): nothing is trained yet
+    assert summary["partitions"] == {"0": {"start": 0, "cut_to": 100, "consumed": 0, "seen": 125, "lag": 125},
+                                     "1": {"start": 25, "cut_to": 125, "consumed": 25, "seen": 125, "lag": 100}}
+    assert summary["closed"] == "" and summary["records_cut"] == 200 and summary["lag"] == 225
     assert summary["url"] == f"kafka://{kafka_broker.bootstrap}/summary"
     # A stop drops the tasks not started: their records are lag, and the source stops cutting.
     ledger.stop()
     source.feed(ledger)
     assert source._stop.is_set()
-    assert source.summary(ledger)["partitions"]["0"] == {"start": 0, "cut_to": 0, "seen": 125, "lag": 125}
+    assert source.summary(ledger)["partitions"]["0"] == {"start": 0, "cut_to": 0, "consumed": 0, "seen": 125,
+                                                         "lag": 125}
 
 
 def test_kafka_group_commits_the_ledgers_consumed_offsets_to_the_broker(kafka_broker):  # noqa: F811

@@ -137,6 +137,7 @@ class Controller(PSLosses):
         self.replicas = replica_roles  # --ps_replicas: a PS death promotes backups (master/failover.py)
         self.saves_checkpoints = saves_checkpoints  # --checkpoint_dir: a dead PS comes back from a cut
         self._reopening = False  # a PS lost after the last task reopened the job: not all done yet
+        self._promoting_after_finish: dict[int, ProcessExit] = {}  # its promotion, then its relaunch
         self.stop_reason = ""
         self.epoch_done = -1  # the last training epoch whose end was handled
         self._opened = self.tasks.epoch if self.tasks is not None else 0  # the last epoch whose tasks were opened
@@ -217,6 +218,8 @@ class Controller(PSLosses):
             return False
         if self.command == "train" and self.epoch_done < self.tasks.epoch:
             return False
+        if self.command == "train" and self.sync_mode and not self.leveling.done:
+            return False  # a PS relaunched after the final epoch end: at one version again first
         return self.rounds is None or self.rounds.idle
 
     # ------------------------------------------------------------ events
@@ -268,7 +271,7 @@ class Controller(PSLosses):
             case VersionsNotLeveled():
                 self.leveling.refused()
             case BackupPromoted() | PromotionFailed() | BackupAdded() | BackupNotAdded() if self.replicas is not None:
-                return self.replicas.answered(event, self._clock())
+                return self._on_replica_answer(event)  # master/ps_losses.py
             case PSRelaunched(index=index, restored_version=restored, retrained=retrained, missing=missing):
                 self.rollbacks.append(PSRollback(index, self.model_version, restored, retrained, missing))
         return []

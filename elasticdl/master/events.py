@@ -223,6 +223,9 @@ class PromoteBackup:
     primary: tuple[int, ...]
     routes_version: int
     fallback: bool = False  # a shard lost every replica: every PS back on its own shard, no backups
+    # A fallback: the live PS that hold no caught-up replica of their own shard (a spare still
+    # catching up), whose shard is lost with the dead PS's.
+    lost: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -136,6 +136,7 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
         self._probe = None  # its look at the PS, in flight (master/ps_probe.py)
         self._trainer = None
         self._model = None  # the master's copy of the model (callbacks, export)
+        self._preprocessing_state: bytes | None = None  # its adapted state, served to workers once built
         self._model_params_version = 0  # the model version of the parameters in self._model
         self.callbacks = None
         self.tensorboard = None
@@ -221,7 +222,9 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
             resumed = self.state.open(self.main_tasks)
             if self.main_tasks is not None:
                 self.main_tasks.start_term(self.state.term)
-            self.stream = open_stream(cfg, self.main_tasks, self.state.term_floor)
+            self.stream = open_stream(cfg, self.main_tasks, self.state.term_floor,
+                                      stored_seq=lambda: self.state.persisted_seq,
+                                      forget_marks=lambda floor: self._ps.fence([], [], done_below=floor))
             self.exports = continuous_export(cfg, self.stream.topic) if self.stream is not None else None
             if resumed and cfg.checkpoints.checkpoint_dir:
                 self._restore_latest_checkpoint()
@@ -284,6 +287,7 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
             if self.stream is not None:  # new records become tasks here, in the ledger's thread
                 self.stream.feed(self.main_tasks)
                 self.progress.records_per_epoch = self.main_tasks.records_per_epoch
+                self.progress.lag = self.stream.total_lag
                 if self.exports is not None and self.main_tasks.stream_open:  # --export_every_secs: when due
                     self.exports.tick(lambda: capture_ledger(self.main_tasks),
                                       lambda: snapshot_model(self._ps, self._trainer))
@@ -453,6 +457,7 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
                 "train/loss": self.progress.recent_loss,
                 "train/examples_per_second": self.progress.examples_per_second,
                 "train/live_workers": len(self.controller.workers),
+                **(self.stream.lag_scalars() if self.stream is not None else {}),
             })
         return self._stop_flag() if self.callbacks is not None else []
 

@@ -56,7 +56,8 @@ class JobSetup:
         self._server = make_server(token=self._token)
         servicer = MasterServicer(self.requests, self.clocks, lambda: self.desk.active_workers,
                                   scale=self.request_scale, stop=self.request_stop,
-                                  job_key=self.backend.job_key())  # worker credentials, tickets (rpc/trust.py)
+                                  job_key=self.backend.job_key(),  # worker credentials, tickets (rpc/trust.py)
+                                  preprocessing_state=lambda: self._preprocessing_state)
         elasticdl_pb2_grpc.add_MasterServicer_to_server(servicer, self._server)
         self.master_address = self.backend.bind_master(self._server)
         self._server.start()
@@ -83,7 +84,8 @@ class JobSetup:
         self._model = self._trainer.model
         from elasticdl.model.preprocessing_state import hand_off
 
-        hand_off(self.checked.spec, self._model, config_file)  # every worker preprocesses as this model does
+        # Every worker preprocesses as this model does: it asks for this state before it builds its own.
+        self._preprocessing_state = hand_off(self.checked.spec, self._model).to_bytes()
         self.ps_addresses = self._wait_for_ps()
         logger.info(
             "parameter servers at %s%s", ", ".join(self.ps_addresses),

@@ -85,6 +85,12 @@ class JobState:
             outages = [*outages, store.Outage(self._lost_at, time.time() - self._lost_at, self.lost, 0, True)]
         return outages
 
+    @property
+    def persisted_seq(self) -> int:
+        """The newest ledger seq written to the store (-1: none yet): a stream's tasks cut before it
+        may be handed out (elasticdl/master/stream_tasks.py)."""
+        return self._ledger.persisted_seq if self._ledger is not None else -1
+
     def open(self, tasks: TaskManager | None) -> bool:
         """Take the lock and restore ``tasks`` from a stored ledger; True if the job resumed."""
         cfg = self.config
@@ -144,6 +150,10 @@ class JobState:
         """--ps_replicas: every shard's primary and backups, in the store (docs/replicas.md)."""
         for shard, ps in enumerate(primary):
             self._store.put_shard_roles(shard, {**{b: "backup" for b in backups[shard]}, ps: "primary"}, self.term)
+
+    def stored_shard_roles(self) -> dict[int, dict]:
+        """--ps_replicas: the roles the job's masters recorded, {shard: {"term", "replicas"}}."""
+        return self._store.shard_roles()
 
     def publish_master(self, address: str) -> None:
         if self._store is not None:

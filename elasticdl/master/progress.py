@@ -47,6 +47,7 @@ class TrainingProgress:
         self.is_tty = self._stream.isatty()
         self._live = None  # the rich Live display, on a terminal, while training runs
         self.done = False  # the final line was written: nothing is rendered after it
+        self.lag: int | None = None  # a stream's consumer lag (records behind the partitions' ends); None: files
 
     def record(self, records: int, loss_sum: float, batches: int, model_version: int) -> None:
         with self._lock:
@@ -92,10 +93,11 @@ class TrainingProgress:
         # with whatever number it is given.
         filled = min(width, max(0, int(width * records_done / total))) if total else width
         bar = "#" * filled + "." * (width - filled)
+        lag = "" if self.lag is None else f"  lag {self.lag:,}"
         return (
             f"epoch {epoch + 1}/{self.num_epochs} [{bar}] {records_done}/{total}  "
             f"loss {loss}  {self.current_rate:,.0f} examples/s (avg {self.examples_per_second:,.0f})  "
-            f"version {self.model_version}"
+            f"version {self.model_version}{lag}"
         )
 
     def render(self, epoch: int, records_done: int, final: bool = False) -> None:

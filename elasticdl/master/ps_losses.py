@@ -13,13 +13,32 @@ from __future__ import annotations
 import logging
 
 from elasticdl.launch.exits import ProcessExit
-from elasticdl.master.events import Decision, Fail, Finish, RelaunchPS, ReplacePS, describe_exit
+from elasticdl.master.events import (
+    Decision,
+    Fail,
+    Finish,
+    PromotionFailed,
+    RelaunchPS,
+    ReplacePS,
+    describe_exit,
+)
 
 logger = logging.getLogger(__name__)
 
 # A PS that answers no probe this long is frozen or hung (a gray failure): it is killed, and
 # relaunched like a PS that died. Long enough for a PS busy writing a large checkpoint.
 PS_SILENT_SECONDS = 60.0
+
+
+SHARD_LOST = "without --checkpoint_dir its shard of the model is lost"
+
+
+def shard_lost(exit_: ProcessExit, why: str = "") -> str:
+    """The job's error when a PS died after the last task and no replica or cut keeps its shard
+    (refilled, the shard would hold a new worker's untrained copy)."""
+    return (f"{describe_exit(exit_, 'died')} after the last task, before the job saved the model"
+            f"{', and ' + why if why else ''}: {SHARD_LOST}. Run the job with --checkpoint_dir (and "
+            "--ps_replicas 1 so that a PS death costs nothing)")
 
 
 class PSLosses:
@@ -53,11 +72,10 @@ class PSLosses:
             return [] if self.dispatcher.finished else [Fail(describe_exit(exit_, "died"))]
         reopened: list[Decision] = []
         if self.dispatcher.finished:
-            if not self.saves_checkpoints and self.replicas is None:
-                return [Fail(
-                    f"{describe_exit(exit_, 'died')} after the last task, before the job saved the model: without "
-                    "--checkpoint_dir its shard of the model is lost. Run the job with --checkpoint_dir (and "
-                    "--ps_replicas 1 so that a PS death costs nothing)")]
+            if not self.saves_checkpoints and (self.replicas is None or not self.replicas.survives(exit_.index)):
+                return [Fail(shard_lost(exit_))]
+            if self.replicas is not None and exit_.index in self.replicas.primary:  # a promotion, then the relaunch
+                self._promoting_after_finish[exit_.index] = exit_
             reopened = self._reopen(exit_)
         self.ps_relaunches += 1
         if self.ps_relaunches > self.max_ps_relaunches:
@@ -66,6 +84,20 @@ class PSLosses:
         self.leveling.ps_relaunched()
         relaunch = [RelaunchPS(exit_)] if self.replicas is None else self.replicas.ps_exited(exit_, self._clock())
         return reopened + relaunch + (self.rounds.ps_died() if self.rounds is not None else [])
+
+    def _on_replica_answer(self, event) -> list[Decision]:
+        """--ps_replicas: the answer to a promotion or a catch-up. After the last task, the job
+        stays reopened until the relaunch decided now is carried out: a fallback rewinds the
+        ledger only then, and the job must not end first (the simulator's seed 433: it ended its
+        workers, then failed with "every worker exited"). A promotion that failed there without
+        a checkpoint would refill the shard with an untrained copy: the job fails as without
+        replicas."""
+        exit_ = self._promoting_after_finish.pop(getattr(event, "dead", -1), None)
+        if exit_ is not None:
+            if isinstance(event, PromotionFailed) and not self.saves_checkpoints:
+                return [Fail(shard_lost(exit_, f"its shard's backup could not take over ({event.reason})"))]
+            self._reopening = True
+        return self.replicas.answered(event, self._clock())
 
     def _reopen(self, exit_: ProcessExit) -> list[Decision]:
         """Training had ended, the model is not saved yet: the workers get tasks again, not END,

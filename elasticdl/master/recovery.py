@@ -103,9 +103,7 @@ class Recovery:
             dead=exit_.index, num_ps=self._ps.num_ps, checkpoint_dir=bool(cfg.checkpoints.checkpoint_dir),
             trains=self.main_tasks is not None,
             cuts=cuts_found(cfg.checkpoints.checkpoint_dir, self.state.term_floor),  # this lineage's
-            missing_without_cut=policy.records_between_pulls(
-                cfg.consistency.get_model_steps, cfg.consistency.push_steps, cfg.consistency.overlap_communication,
-                cfg.training.minibatch_size, len(self.controller.workers)),
+            missing_without_cut=self._missing_without_cut(),
         )
         match policy.plan_ps_loss(facts):
             case policy.RefillEmpty(missing=missing):
@@ -121,6 +119,13 @@ class Recovery:
                 return self._restore_cut(exit_, plan)
             case policy.StartOver() as plan:
                 return self._start_over(exit_, plan)
+
+    def _missing_without_cut(self) -> int:
+        """The records whose updates a PS refilled empty from a worker's copy may lack, at most."""
+        cfg = self.config
+        return policy.records_between_pulls(
+            cfg.consistency.get_model_steps, cfg.consistency.push_steps, cfg.consistency.overlap_communication,
+            cfg.training.minibatch_size, len(self.controller.workers))
 
     def _ps_port(self, index: int) -> str:
         return self.ps_addresses[index].rsplit(":", 1)[1]

@@ -14,7 +14,7 @@ import logging
 import grpc
 
 from elasticdl.master import controller as c
-from elasticdl.master.failover import ReplicaRoles
+from elasticdl.master.failover import ReplicaRoles, StoredRoles, predecessor_claims
 from elasticdl.rpc import replica_commands as wire
 from elasticdl.rpc import trust
 from elasticdl.rpc.channel import make_channel
@@ -44,7 +44,11 @@ class ReplicaRecovery:
 
     def _replica_addresses(self) -> list[str]:
         """Where each PS takes forwards (a server of its own, on a port of its own)."""
-        return [self._replica_command(ps, "routes", {})["replica_address"] for ps in range(len(self.ps_addresses))]
+        return [answer["replica_address"] for answer in self._routes_answers()]
+
+    def _routes_answers(self) -> list[dict]:
+        """Each PS's ``routes`` answer: the routes it holds, and where it takes forwards."""
+        return [self._replica_command(ps, "routes", {}) for ps in range(len(self.ps_addresses))]
 
     def _configure_replicas(self) -> None:
         """Every PS serves: each learns its peers' addresses and starts forwarding to its backups."""
@@ -55,6 +59,8 @@ class ReplicaRecovery:
         for ps in range(len(self.ps_addresses)):
             self._replica_command(ps, "configure", {"addresses": addresses, "routes": routes})
         roles = self._replica_roles()  # the controller starts from the same table
+        if self.state.resumed:
+            self._read_back_roles(roles)
         self._record_roles(roles.primary, roles.backups)
         logger.info("--ps_replicas %d: each shard's updates are forwarded to its backups on the next %s",
                     self.config.elasticity.ps_replicas,
@@ -90,9 +96,13 @@ class ReplicaRecovery:
 
     def _fall_back(self, decision: c.PromoteBackup, routes: dict) -> list:
         """A shard lost every replica: every live PS serves its own shard again, forwarding to
-        no backup, before the cut's relaunch rolls the job back (as without replicas)."""
+        no backup, before the cut's relaunch rolls the job back (as without replicas). A PS lost
+        with the dead one (a spare not caught up, ``decision.lost``) goes back to the cut as the
+        survivors do; without a checkpoint it is started again empty, as the dead PS is, and its
+        shard's records counted possibly missing: it never serves its empty core as the shard."""
+        refilled = self._refill_lost(decision) if not self.config.checkpoints.checkpoint_dir else []
         for ps in range(len(self.ps_addresses)):
-            if ps == decision.dead:
+            if ps == decision.dead or any(r.index == ps for r in refilled):
                 continue
             try:  # no forward is sent from now on: the addresses are not used
                 self._replica_command(ps, "configure", {"addresses": self.ps_addresses, "routes": routes,
@@ -103,7 +113,23 @@ class ReplicaRecovery:
         self._record_roles(list(decision.primary), [[] for _ in decision.primary])
         logger.error("ps-%d died and a shard it held has no live replica left: the job goes back to the "
                      "checkpoint cut, without backups from now on (--ps_replicas)", decision.dead)
-        return []
+        return refilled
+
+    def _refill_lost(self, decision: c.PromoteBackup) -> list[c.PSRelaunched]:
+        """No checkpoint: each PS lost with the dead one starts again empty (the workers give it
+        their copy), as the dead PS does (the recovery policy's ``RefillEmpty``)."""
+        missing = self._missing_without_cut()
+        for ps in decision.lost:
+            logger.error("ps-%d died and the job falls back, and PS %d (relaunched as a spare, not caught up) "
+                         "holds no replica of its own shard %d: it starts again empty and the workers give it "
+                         "their copy, so the updates of up to %d records since their last pull are missing from "
+                         "that shard. Run the job with --checkpoint_dir to go back to a cut instead "
+                         "(--ps_replicas keeps a shard only while a caught-up replica of it lives)",
+                         decision.dead, ps, ps, missing)
+            self.backend.stop("ps", ps)  # a planned stop: started again at once, its exit not a death
+            self._start_ps(ps)
+            self._restarted.add(("ps", ps))
+        return [c.PSRelaunched(ps, None, missing=missing) for ps in decision.lost]
 
     def _add_backup(self, decision: c.AddBackup) -> list:
         """The spare learns its peers and the routes; each shard's primary sends it a snapshot and
@@ -111,7 +137,12 @@ class ReplicaRecovery:
         ``BackupNotAdded`` (asked again at the next Tick: the spare may not serve yet)."""
         routes = {"version": decision.routes_version, "primary": list(decision.primary)}
         try:
-            addresses = self._replica_addresses()  # the spare's replica server is on a new port
+            answers = self._routes_answers()
+            claimed = predecessor_claims(answers[decision.ps].get("primary", ()), decision)
+            if claimed:
+                return [c.BackupNotAdded(decision.ps, f"PS {decision.ps} still claims shards {claimed}: its dead "
+                                         "predecessor answered, not the spare (asked again at the next Tick)")]
+            addresses = [answer["replica_address"] for answer in answers]  # the spare's replica server: a new port
             for ps in sorted({decision.ps, *(decision.primary[s] for s in decision.shards)}):
                 self._replica_command(ps, "configure", {"addresses": addresses, "routes": routes})
             for shard in decision.shards:
@@ -127,9 +158,35 @@ class ReplicaRecovery:
         logger.info("PS %d caught up and backs up shards %s again (--ps_replicas)", decision.ps, list(decision.shards))
         return [c.BackupAdded(decision.ps, decision.shards)]
 
+    def _read_back_roles(self, roles: ReplicaRoles) -> StoredRoles | None:
+        """A resumed job: the roles its last master recorded say which shards had moved and which
+        backups had not caught up. None of it carries over: every PS, backups included, was
+        started again from the cut (or empty, without one) by this master, the processes that
+        held those roles are gone, and each shard is led by its own PS again, as ``roles`` (the
+        ring's) say, written back under this master's term. The leader lock fences the masters;
+        a stored term above this one's is only reported (a lineage of another --checkpoint_dir
+        counts its terms from another base)."""
+        try:
+            stored = StoredRoles.parse(self.state.stored_shard_roles(), len(self.ps_addresses))
+        except (StateStoreError, ValueError) as err:
+            logger.warning("could not read back the replica roles of the job's last master: %s", err)
+            return None
+        if stored is None:
+            return None
+        if stored.term > self.state.term:
+            logger.warning("the replica roles in the state store are of leadership term %d, above this master's %d: "
+                           "they are replaced with this master's", stored.term, self.state.term)
+        short = [s for s, b in enumerate(stored.backups) if len(b) < self.config.elasticity.ps_replicas]
+        if stored.moved() or short:
+            logger.warning("the job's last master (term %d) had moved shards %s and left shards %s short of a "
+                           "caught-up backup; every PS starts again from the cut, so each shard is led by its own PS "
+                           "again, backed up by the next %d (--ps_replicas)", stored.term, stored.moved() or "{}",
+                           short, self.config.elasticity.ps_replicas)
+        return stored
+
     def _record_roles(self, primary: list[int], backups: list[list[int]]) -> None:
-        """The roles in the state store (memory, or etcd): informational so far, a failure to
-        write them is logged and the job goes on (a resumed master does not read them yet)."""
+        """The roles in the state store (memory, or etcd): a failure to write them is logged and
+        the job goes on (a resumed master only checks them, ``_read_back_roles``)."""
         try:
             self.state.record_shard_roles(primary, backups)
         except StateStoreError as err:
@@ -142,3 +199,4 @@ class ReplicaRecovery:
                     c.describe_exit(exit_, "died"), self._ps_port(exit_.index), dict(moved_to))
         self._start_ps(exit_.index, "--moved_to", json.dumps({str(s): p for s, p in moved_to}))
         return []
+

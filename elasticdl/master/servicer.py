@@ -46,6 +46,8 @@ MAX_WAITING_TASK_REQUESTS = 6
 # tries again. Well under the worker's own deadline (MASTER_CALL_SECONDS in
 # elasticdl/rpc/master_client.py), so the worker hears UNAVAILABLE rather than timing out.
 LOOP_ANSWER_SECONDS = 10.0
+# A large vocabulary travels in pieces well under any message limit.
+STATE_CHUNK_BYTES = 1 << 20
 
 
 class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
@@ -57,15 +59,19 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
         scale: Callable[[int], str] | None = None,
         job_key: str = "",
         stop: Callable[[str], str] | None = None,
+        preprocessing_state: Callable[[], bytes | None] | None = None,
     ):
         """``line`` leads to the job loop; ``active_workers`` reads the workers holding a task as
         the loop last published them (report_clock never waits for the loop). ``job_key``
         (elasticdl/rpc/trust.py; the job always gives it): calls naming a worker id must carry
-        that worker's credential, and training tasks go out with a signed ticket."""
+        that worker's credential, and training tasks go out with a signed ticket.
+        ``preprocessing_state``: the master's adapted preprocessing state as .npz bytes (``b""``:
+        none), or None until the master has built its model."""
         self._job_key = job_key
         self._line = line
         self._scale = scale
         self._stop = stop
+        self._preprocessing_state = preprocessing_state
         self._clocks = clocks
         self._active_workers = active_workers
         self._waiting = threading.BoundedSemaphore(MAX_WAITING_TASK_REQUESTS)
@@ -185,6 +191,16 @@ class MasterServicer(elasticdl_pb2_grpc.MasterServicer):
         except ValueError as err:
             return elasticdl_pb2.ScaleResponse(accepted=False, message=str(err))
         return elasticdl_pb2.ScaleResponse(accepted=True, message=message)
+
+    def get_preprocessing_state(self, request, context):
+        self._check_worker(request.worker_id, context)
+        if self._preprocessing_state is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this master hands out no preprocessing state")
+        state = self._preprocessing_state()
+        if state is None:  # the worker asks again (MasterClient retries UNAVAILABLE)
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the master is still building its model")
+        for start in range(0, len(state), STATE_CHUNK_BYTES):
+            yield elasticdl_pb2.StateChunk(data=state[start:start + STATE_CHUNK_BYTES])
 
 
 def _report_problem(request) -> str:

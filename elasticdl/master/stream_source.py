@@ -9,6 +9,11 @@ that touches the ledger, takes them (``feed``). Once no record came for
 
 A broker that cannot be reached is waited out (logged once per outage): its time does not
 count as idle, and cutting goes on from where it stood when it answers again.
+
+The consumer lag (``lag``): per partition, the records behind its end, as Kafka's lag monitors
+count it: how far the partition was seen (its high watermark, or past it) minus the ledger's
+consumed offset (the first offset not done). ``feed`` measures it at most every ``LAG_SECS``,
+for the progress line and TensorBoard; the report's ``stream`` has it at the end.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ PROBE_TASKS = 8
 COMMIT_SECS = 1.0
 # How often the ledger's done prefix is compacted (after a look for a newer checkpoint cut).
 COMPACT_SECS = 30.0
+# The consumer lag is measured at most this often (the ledger is walked for it).
+LAG_SECS = 1.0
 
 
 class KafkaStreamSource:
@@ -44,7 +51,8 @@ class KafkaStreamSource:
                  start: str = "earliest", clock: Callable[[], float] = time.monotonic,
                  poll_secs: float = POLL_SECS, timeout: float = BROKER_TIMEOUT_SECS,
                  group: GroupOffsets | None = None,
-                 cut_marks: Callable[[], dict[int, int] | None] | None = None, compact_freely: bool = False):
+                 cut_marks: Callable[[], dict[int, int] | None] | None = None, compact_freely: bool = False,
+                 stored_seq: Callable[[], int] | None = None, forget_marks: Callable[[int], None] | None = None):
         self.topic = topic
         self.partitions = partitions
         self.records_per_task = records_per_task
@@ -78,6 +86,15 @@ class KafkaStreamSource:
         self._marks: queue.SimpleQueue = queue.SimpleQueue()
         self._compact_at = clock() + COMPACT_SECS
         self._marks_at = clock() + COMPACT_SECS
+        # The newest ledger seq the state store holds: ``feed`` releases the tasks cut before it
+        # (StreamTaskManager.stored; a ledger that does not hold its tasks hands them out at once).
+        self.stored_seq = stored_seq
+        # After each compaction, the PS drop the marks of the tasks folded (``forget_marks(done_below)``,
+        # on the watching thread; sent again after the next one, for a PS restarted from a cut meanwhile).
+        self.forget_marks = forget_marks
+        self._forget: queue.SimpleQueue = queue.SimpleQueue()
+        self.lag: dict[int, int] = {}  # partition -> consumer lag, as ``feed`` last measured it
+        self._lag_at = float("-inf")
 
     def open(self, committed: dict[str, int], watch: bool = True) -> dict[int, int]:
         """Start watching from the ledger's ``committed`` offsets (path -> end cut), or, for a
@@ -108,6 +125,8 @@ class KafkaStreamSource:
         """In the job loop: add the tasks cut since the last call; close the stream once it is
         idle. How many records were added."""
         added = 0
+        if self.stored_seq is not None:  # the tasks a write since the last call put in the store
+            ledger.stored(self.stored_seq())
         while True:
             try:
                 shards = self._cut.get_nowait()
@@ -121,22 +140,50 @@ class KafkaStreamSource:
             ledger.close_stream(f"no new record for {self.idle_secs:g} s (--stream_idle_secs)")
         if self.group is not None:
             self._hand_over_consumed(ledger)
+        if self.clock() - self._lag_at >= LAG_SECS:
+            self._lag_at = self.clock()
+            self.lag = self.consumer_lag(ledger)
         self._compact(ledger)
         if not ledger.stream_open:  # idle, or closed by a stop: nothing more is cut
             self._stop_watching()
         return added
 
+    def consumer_lag(self, ledger: StreamTaskManager) -> dict[int, int]:
+        """Partition -> records behind its end: seen (the watermark, or past it) minus consumed
+        (the first offset the ledger does not hold done; a partition never cut: where it started)."""
+        if self.cutter is None:
+            return {}
+        consumed, path = ledger.consumed(), self.topic.address.partition_path
+        return {p: max(0, self.cutter.seen_end(p) - consumed.get(path(p), self.starts.get(p, 0)))
+                for p in self.partitions}
+
+    @property
+    def total_lag(self) -> int | None:
+        """The consumer lag summed over the partitions, as last measured (None before the first)."""
+        return sum(self.lag.values()) if self.lag else None
+
+    def lag_scalars(self) -> dict[str, int]:
+        """TensorBoard's: ``stream/consumer_lag`` (summed) and one per partition."""
+        if not self.lag:
+            return {}
+        return {"stream/consumer_lag": sum(self.lag.values()),
+                **{f"stream/consumer_lag/partition_{p}": lag for p, lag in sorted(self.lag.items())}}
+
     def summary(self, ledger: StreamTaskManager) -> dict:
-        """The report's ``stream``: how it closed, and per partition where it started, how far it
-        was cut and seen, and the lag (records seen, not cut into a task: not trained)."""
+        """The report's ``stream``: how it closed, the consumer lag summed, and per partition where
+        it started, how far it was cut, consumed (done) and seen, and its consumer lag (records
+        seen and not consumed: 0 at the end of a job that trained every record it saw)."""
         cutter, cut = self.cutter, ledger.offsets()  # the ledger's: what was cut and not dropped by a close
+        lag = self.consumer_lag(ledger)
+        consumed = ledger.consumed()
         partitions = {}
         for p in self.partitions if cutter is not None else ():
-            cut_to = cut.get(self.topic.address.partition_path(p), self.starts.get(p, 0))
-            partitions[str(p)] = {"start": self.starts.get(p, 0), "cut_to": cut_to, "seen": cutter.seen_end(p),
-                                  "lag": max(0, cutter.seen_end(p) - cut_to)}
+            path = self.topic.address.partition_path(p)
+            start = self.starts.get(p, 0)
+            partitions[str(p)] = {"start": start, "cut_to": cut.get(path, start), "consumed": consumed.get(path, start),
+                                  "seen": cutter.seen_end(p), "lag": lag[p]}
         return {"url": self.topic.address.url, "closed": ledger.close_reason if not ledger.stream_open else "",
-                "records_cut": ledger.records_per_epoch, "partitions": partitions}
+                "records_cut": ledger.records_per_epoch, "lag": sum(lag.values()), "partitions": partitions}
 
     def close(self) -> None:
         """The job ended: stop watching; with --kafka_group, commit the ledger's consumed offsets
@@ -161,6 +208,7 @@ class KafkaStreamSource:
             self.poll_once()
             self.commit_consumed()
             self.look_for_cut()
+            self.forget_folded_marks()
             if self._idle.is_set():
                 return
             self._stop.wait(self.poll_secs)
@@ -210,6 +258,27 @@ class KafkaStreamSource:
             ledger.compact(None)
         elif found is not None:
             ledger.compact(found)
+        else:
+            return
+        if self.forget_marks is not None and ledger.done_below() > 0:
+            self._forget.put(ledger.done_below())
+
+    def forget_folded_marks(self) -> None:
+        """On the watching thread: the PS drop the marks of the tasks the last compaction folded. A PS
+        that does not answer is logged; the next compaction sends it again."""
+        floor = None
+        while True:
+            try:
+                floor = self._forget.get_nowait()
+            except queue.Empty:
+                break
+        if floor is None or self.forget_marks is None:
+            return
+        try:
+            self.forget_marks(floor)
+        except Exception as err:  # a PS restarting, a newer master: the next compaction sends it again
+            logger.info("stream %s: the PS did not drop the marks of tasks below %d (%s)",
+                        self.topic.address.url, floor, err)
 
     def _hand_over_consumed(self, ledger: StreamTaskManager, force: bool = False) -> None:
         """In the job loop: the ledger's consumed offsets for the committing thread (at most every
@@ -292,12 +361,16 @@ def stream_ledger(config, command: str) -> StreamTaskManager | None:
     )
 
 
-def open_stream(config, ledger, term_floor: int = -1) -> KafkaStreamSource | None:
+def open_stream(config, ledger, term_floor: int = -1, stored_seq: Callable[[], int] | None = None,
+                forget_marks: Callable[[int], None] | None = None) -> KafkaStreamSource | None:
     """Start watching the stream of a stream job's ledger (after the ledger was resumed: it
     goes on from the ledger's offsets); None for a file job. ``term_floor``: the checkpoint
-    lineage of this job (its cuts have terms above it)."""
+    lineage of this job (its cuts have terms above it). ``stored_seq``: the newest ledger seq
+    the state store holds: the ledger then hands out only the tasks the store holds.
+    ``forget_marks(done_below)``: the PS drop the marks of the tasks the ledger folded."""
     if not isinstance(ledger, StreamTaskManager):
         return None
+    ledger.hold_until_stored = stored_seq is not None
     directory = config.checkpoints.checkpoint_dir
     cut_marks = NewestCutMarks(directory, term_floor) if directory else None
     # Records are fetched in a helper process: the master outlives a deleted topic (kafka_client._fetching).
@@ -305,7 +378,8 @@ def open_stream(config, ledger, term_floor: int = -1) -> KafkaStreamSource | Non
     group = GroupOffsets(topic.address, config.stream.kafka_group) if config.stream.kafka_group else None
     source = KafkaStreamSource(topic, topic.partitions(), config.effective_records_per_task,
                                config.stream.stream_idle_secs, config.stream.stream_start, group=group,
-                               cut_marks=cut_marks, compact_freely=not directory)
+                               cut_marks=cut_marks, compact_freely=not directory, stored_seq=stored_seq,
+                               forget_marks=forget_marks)
     source.open(ledger.offsets())
     return source
 

@@ -25,17 +25,28 @@ rollback goes back to the newest cut, which holds every compacted record: they s
 (Should that cut turn out damaged, the rollback to an older one counts the records it lacks
 in ``records_possibly_missing``, as for a file job's older epochs.)
 
+Stored before handed out (``hold_until_stored``, the job's ledger): a task the ledger cut is
+handed out only once the state store holds a snapshot with it (``stored``, the seq the store
+holds). A file job's tasks are fixed from the start; a stream's are cut as records arrive, so a
+master whose ledger writes fail (the store cut off) could otherwise hand out tasks that its
+successor, resuming the older stored ledger, cuts again from the same offsets under other ids:
+the PS's marks (by task id) would not know them, and their records would be trained twice.
+Held, they are in no worker's hands until they are in the store; a successor that never saw
+them cuts their offsets again, and only once.
+
 Pure Python, like the file ledger: no clock, no thread, no call out.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 
 from elasticdl.data.sources import Shard
 from elasticdl.master.task_manager import TaskManager
-from elasticdl.master.tasks import NoTask, Task, TaskType
+from elasticdl.master.tasks import NoTask, ReportOutcome, Task, TaskType
+from elasticdl.store.ledger import LedgerSnapshot, TaskRecord, TaskState
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +56,15 @@ class StreamTaskManager(TaskManager):
 
     _open_ended = True
 
-    def __init__(self, **kwargs):
+    def __init__(self, hold_until_stored: bool = False, **kwargs):
         super().__init__([], num_epochs=1, task_type=TaskType.TRAINING, shuffle=False, **kwargs)
         self.stream_open = True
         self.close_reason = ""
         self.gone = ""  # the topic was deleted (``topic_deleted``): why
+        # New tasks wait here until the state store holds them (see the module's docstring):
+        # (the ledger seq from which a snapshot holds the task, the task), in the order cut.
+        self.hold_until_stored = hold_until_stored
+        self._held: list[tuple[int, Task]] = []
 
     # ------------------------------------------------------------ the source
 
@@ -59,12 +74,60 @@ class StreamTaskManager(TaskManager):
         if not self.stream_open or self._stopped or not shards:
             return 0
         stats = self.epochs[self.epoch]
+        tasks = []
         for shard in shards:
-            self._todo.append(Task(self._next_id, TaskType.TRAINING, shard, self.epoch))
+            tasks.append(Task(self._next_id, TaskType.TRAINING, shard, self.epoch))
             self._next_id += 1
             stats.records_total += shard.records
+        self._todo.extend(tasks)
         self._bump()
+        self._hold(tasks)
         return len(shards)
+
+    # ------------------------------------------------------------ stored before handed out
+
+    def stored(self, seq: int) -> int:
+        """The state store holds the ledger as of ``seq``: the held tasks it holds may be handed
+        out now. How many were released."""
+        ready = [task for since, task in self._held if since <= seq]
+        if not ready:
+            return 0
+        self._held = [(since, task) for since, task in self._held if since > seq]
+        self._todo.extend(ready)
+        self._bump()  # a request parked for a task looks again
+        return len(ready)
+
+    @property
+    def held(self) -> int:
+        """Tasks cut and not handed out yet because the state store does not hold them."""
+        return len(self._held)
+
+    def _hold(self, tasks: Sequence[Task]) -> None:
+        """Take new ``tasks`` out of todo until a snapshot of ``self.seq`` or later is stored."""
+        if not self.hold_until_stored or not tasks:
+            return
+        ids = {task.task_id for task in tasks}
+        self._todo = type(self._todo)(t for t in self._todo if t.task_id not in ids)
+        self._held += [(self.seq, task) for task in tasks]
+
+    def report(self, task_id: int, worker_id: int, *args, **kwargs) -> ReportOutcome:
+        # A worker that left mid-task leaves its rest as a task with a new id: held as a cut one.
+        first_new = self._next_id
+        outcome = super().report(task_id, worker_id, *args, **kwargs)
+        self._hold([t for t in self._todo if t.task_id >= first_new])
+        return outcome
+
+    def snapshot(self, fingerprint: str = "", saved_at: float = 0.0) -> LedgerSnapshot:
+        snapshot = super().snapshot(fingerprint, saved_at)
+        if not self._held:
+            return snapshot
+        held = tuple(TaskRecord(t.task_id, t.shard.path, t.shard.start, t.shard.end, t.epoch, t.retries,
+                                TaskState.TODO, -1, t.origin) for _, t in self._held)
+        return dataclasses.replace(snapshot, tasks=snapshot.tasks + held)
+
+    def restore(self, snapshot: LedgerSnapshot) -> None:
+        super().restore(snapshot)
+        self._held = []  # every task restored came from the store
 
     def close_stream(self, reason: str) -> None:
         """No more tasks come: the job ends once the tasks cut so far are done."""
@@ -93,10 +156,8 @@ class StreamTaskManager(TaskManager):
     def offsets(self) -> dict[str, int]:
         """Partition path -> one past the last offset cut into a task (kept or done): where the
         source goes on cutting after a resume."""
-        tasks = [*self._todo, *(d.task for d in self._in_flight), *self._done.values(),
-                 *(t for e in self.epochs for t in e.dropped)]
         ends: dict[str, int] = {}
-        for task in tasks:
+        for task in self._every_task():
             ends[task.shard.path] = max(ends.get(task.shard.path, 0), task.shard.end)
         return ends
 
@@ -118,7 +179,8 @@ class StreamTaskManager(TaskManager):
         many done tasks were folded. The prefix stops at the first offset not done (todo, in
         progress, fencing, dropped) and at the first done task the cut does not hold whole."""
         stops: dict[str, int] = {}
-        busy = [*self._todo, *(d.task for d in self._in_flight), *(t for e in self.epochs for t in e.dropped)]
+        busy = [*self._todo, *self._held_tasks, *(d.task for d in self._in_flight),
+                *(t for e in self.epochs for t in e.dropped)]
         for task in busy:
             stops[task.shard.path] = min(stops.get(task.shard.path, task.shard.start), task.shard.start)
         for task in self._done.values():
@@ -148,6 +210,16 @@ class StreamTaskManager(TaskManager):
         held = {t.task_id: t.shard.end for t in self._done.values() if t.task_id < 0}
         return super().rewind({**marks, **held}, cause)
 
+    def done_below(self) -> int:
+        """Every task id below it was folded by ``compact`` (done, held by the cut): no worker gets it
+        again and no rewind asks for its mark, so the PS may drop its marks (ps/data_position.py)."""
+        return min((t.task_id for t in self._every_task() if t.task_id >= 0), default=self._next_id)
+
+    def _every_task(self) -> list[Task]:
+        """Every task the ledger holds: todo, held, in progress, done (or folded) and dropped."""
+        return [*self._todo, *self._held_tasks, *(d.task for d in self._in_flight), *self._done.values(),
+                *(t for e in self.epochs for t in e.dropped)]
+
     def _compacted_id(self) -> int:
         return min((i for i in self._done if i < 0), default=0) - 1
 
@@ -157,14 +229,18 @@ class StreamTaskManager(TaskManager):
         What --kafka_group commits to the broker. It goes back when a rollback puts done
         records back to todo, as the ledger does."""
         firsts: dict[str, int] = {}
-        for task in [*self._todo, *(d.task for d in self._in_flight)]:
+        for task in [*self._todo, *self._held_tasks, *(d.task for d in self._in_flight)]:
             firsts[task.shard.path] = min(firsts.get(task.shard.path, task.shard.start), task.shard.start)
         return {path: min(end, firsts.get(path, end)) for path, end in self.offsets().items()}
 
     # ------------------------------------------------------------ the ledger, open-ended
 
+    @property
+    def _held_tasks(self) -> list[Task]:
+        return [task for _, task in self._held]
+
     def get_task(self, worker_id: int) -> Task | NoTask:
-        if self.stream_open and not self._todo and not self._stopped:
+        if (self.stream_open or self._held) and not self._todo and not self._stopped:
             self._requeue_timed_out()
             if not self._todo:
                 return NoTask.WAIT  # records may still come
@@ -172,15 +248,16 @@ class StreamTaskManager(TaskManager):
 
     def stop(self) -> int:
         self.close_stream("training stopped")
-        return super().stop()
+        dropped, self._held = len(self._held), []  # as the tasks not started in todo
+        return super().stop() + dropped
 
     @property
     def finished(self) -> bool:
-        return not self.stream_open and super().finished
+        return not self.stream_open and not self._held and super().finished
 
     @property
     def between_epochs(self) -> bool:
-        return not self.stream_open and super().between_epochs
+        return not self.stream_open and not self._held and super().between_epochs
 
     @property
     def records_per_epoch(self) -> int:

@@ -2,11 +2,12 @@
 
 A model-zoo module that calls ``adapt()`` at import (a ``Normalization``, a ``StringLookup``,
 a ``FeatureSpace``) adapts again in every process that imports it, and on data that may
-differ: two workers once trained on different ``FeatureSpace`` bins. The master writes the
-adapted state of its preprocessing layers (``preprocessing_state.npz``, beside
-``job_config.json``), and each worker sets it into its own layers: the module's (before
-``custom_model()`` runs, so the model is built on the master's vocabularies) and the
-model's (after). Both processes log a digest of the state; the two must be equal.
+differ: two workers once trained on different ``FeatureSpace`` bins. The master collects the
+adapted state of its preprocessing layers and serves it (``get_preprocessing_state``, so a
+worker in another pod gets it as a local one does), and each worker sets it into its own
+layers: the module's (before ``custom_model()`` runs, so the model is built on the master's
+vocabularies) and the model's (after). Both processes log a digest of the state; the two must
+be equal.
 
 The state of a layer is what ``adapt()`` sets and its weights do not always hold: the
 variables (Normalization's mean and variance), the vocabulary of a lookup, the bin
@@ -16,8 +17,8 @@ boundaries of a Discretization. Keras 2 (tf_keras) and Keras 3 layers both have 
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
-import os
 import sys
 import types
 from dataclasses import dataclass, field
@@ -26,9 +27,6 @@ from typing import Any
 import numpy as np
 
 logger = logging.getLogger(__name__)
-
-FILE_NAME = "preprocessing_state.npz"
-
 
 @dataclass
 class PreprocessingState:
@@ -49,18 +47,20 @@ class PreprocessingState:
             h.update(value.tobytes() if value.dtype.kind != "U" else "\n".join(value.ravel().tolist()).encode())
         return h.hexdigest()[:16]
 
-    def save(self, path: str) -> None:
-        np.savez(path, **self.arrays)  # no pickled objects: strings as unicode arrays
+    def to_bytes(self) -> bytes:
+        """An .npz file's bytes; ``b""`` for no state."""
+        if not self.arrays:
+            return b""
+        out = io.BytesIO()
+        np.savez(out, **self.arrays)  # no pickled objects: strings as unicode arrays
+        return out.getvalue()
 
     @staticmethod
-    def load(path: str) -> PreprocessingState:
-        with np.load(path, allow_pickle=False) as data:
-            return PreprocessingState({key: data[key] for key in data.files})
-
-
-def state_path(job_config_file: str) -> str:
-    """Where the state of a job lives: beside its job_config.json (every role reads that)."""
-    return os.path.join(os.path.dirname(os.path.abspath(job_config_file)), FILE_NAME)
+    def from_bytes(data: bytes) -> PreprocessingState:
+        if not data:
+            return PreprocessingState()
+        with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+            return PreprocessingState({key: arrays[key] for key in arrays.files})
 
 
 def is_preprocessing(layer: Any) -> bool:
@@ -188,17 +188,12 @@ def module_of(spec: Any) -> Any:
     return sys.modules.get(getattr(spec.model_fn, "__module__", ""), None)
 
 
-def hand_off(spec: Any, model: Any, job_config_file: str) -> PreprocessingState:
-    """The master's side: write the state of its module's and its model's preprocessing
-    layers beside ``job_config_file``, for the workers (nothing when there is none)."""
+def hand_off(spec: Any, model: Any) -> PreprocessingState:
+    """The master's side: the state of its module's and its model's preprocessing layers,
+    which it serves to the workers (empty when there is none)."""
     state = collect(module_of(spec), model)
-    path = state_path(job_config_file)
-    if not state.arrays:
-        if os.path.exists(path):  # an earlier run's, of another model: never handed on
-            os.remove(path)
-        return state
-    state.save(path)
-    logger.info("preprocessing state %s (%d layers) handed to the workers: %s", state.digest(), state.layers, path)
+    if state.arrays:
+        logger.info("preprocessing state %s (%d layers) handed to the workers", state.digest(), state.layers)
     return state
 
 
@@ -206,15 +201,13 @@ class Takeover:
     """The worker's side: the master's state, set into the module's layers before
     ``custom_model()`` runs (``before_build``) and into the model's after (``after_build``).
 
-    Without the master's file (a job started before it existed, a Kubernetes worker that
-    does not share the job's directory), the worker keeps what its own import adapted,
-    and says so.
+    Without the master's state (``state`` None: a master that serves none), the worker keeps
+    what its own import adapted, and says so.
     """
 
-    def __init__(self, spec: Any, job_config_file: str):
+    def __init__(self, spec: Any, state: PreprocessingState | None):
         self.spec = spec
-        self.path = state_path(job_config_file)
-        self.state = PreprocessingState.load(self.path) if os.path.exists(self.path) else None
+        self.state = state if state is None or state.arrays else None
 
     def before_build(self) -> None:
         if self.state is not None:
@@ -226,8 +219,8 @@ class Takeover:
             own = collect(module, model)
             if own.arrays:
                 logger.warning(
-                    "no preprocessing state from the master at %s: this worker uses the state its own "
-                    "import and custom_model() adapted (%s), which other workers may not share", self.path, own.digest())
+                    "no preprocessing state from the master: this worker uses the state its own import and "
+                    "custom_model() adapted (%s), which other workers may not share", own.digest())
             return
         self._report(restore(self.state, module, model))
         logger.info("preprocessing state %s (%d layers) from the master", collect(module, model).digest(),

@@ -64,6 +64,11 @@ class MasterStub:
                 request_serializer=elasticdl__pb2.StopRequest.SerializeToString,
                 response_deserializer=elasticdl__pb2.ScaleResponse.FromString,
                 _registered_method=True)
+        self.get_preprocessing_state = channel.unary_stream(
+                '/elasticdl.Master/get_preprocessing_state',
+                request_serializer=elasticdl__pb2.PreprocessingStateRequest.SerializeToString,
+                response_deserializer=elasticdl__pb2.StateChunk.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -106,6 +111,12 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def get_preprocessing_state(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -138,6 +149,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.stop,
                     request_deserializer=elasticdl__pb2.StopRequest.FromString,
                     response_serializer=elasticdl__pb2.ScaleResponse.SerializeToString,
+            ),
+            'get_preprocessing_state': grpc.unary_stream_rpc_method_handler(
+                    servicer.get_preprocessing_state,
+                    request_deserializer=elasticdl__pb2.PreprocessingStateRequest.FromString,
+                    response_serializer=elasticdl__pb2.StateChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -302,6 +318,33 @@ class Master:
             '/elasticdl.Master/stop',
             elasticdl__pb2.StopRequest.SerializeToString,
             elasticdl__pb2.ScaleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def get_preprocessing_state(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/elasticdl.Master/get_preprocessing_state',
+            elasticdl__pb2.PreprocessingStateRequest.SerializeToString,
+            elasticdl__pb2.StateChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -17,6 +17,11 @@ time it hands a task out) and the record offset its batch ends at. The PS keeps:
 A push whose batch ends at or before its task's mark was already taken (a retry of a push
 whose answer was lost): it is answered as taken and not applied again.
 
+A stream's marks would grow with the stream, a task at a time: ``compact(done_below)`` drops
+the marks of the tasks below an id that the master's ledger folded (done, and held by the
+newest checkpoint cut: the ledger never rewinds or hands them out again, so nobody asks for
+their marks). A late push of one of them is taken already.
+
 Pure Python, no locking: the ParameterServer calls it under its lock.
 """
 
@@ -33,6 +38,7 @@ class DataPosition:
     records_applied: int = 0
     fence_floor: int = 0  # hand-outs below it are refused (a rollback fences every earlier one)
     fenced: set[int] = field(default_factory=set)  # single hand-outs taken back (dead workers)
+    done_below: int = 0  # a stream's tasks below this id are done and folded by the master (``compact``)
     _pending: list[BatchPosition] = field(default_factory=list)
 
     def refused(self, batch: BatchPosition) -> bool:
@@ -41,7 +47,7 @@ class DataPosition:
 
     def already_taken(self, batch: BatchPosition) -> bool:
         """True if this task's records up to ``records_end`` were already taken (a retried push)."""
-        return batch.records_end <= self.accepted_mark(batch.task_id)
+        return batch.task_id < self.done_below or batch.records_end <= self.accepted_mark(batch.task_id)
 
     def accepted(self, batch: BatchPosition) -> None:
         """The strategy took the batch's gradient (applied or pending)."""
@@ -64,6 +70,16 @@ class DataPosition:
 
     def fence(self, handouts: list[int]) -> None:
         self.fenced.update(handouts)
+
+    def compact(self, done_below: int) -> int:
+        """Drop the marks of the tasks below ``done_below`` (see the module's docstring); how many."""
+        if done_below <= self.done_below:
+            return 0
+        self.done_below = done_below
+        gone = [task_id for task_id in self.marks if task_id < done_below]
+        for task_id in gone:
+            del self.marks[task_id]
+        return len(gone)
 
     def restore(self, marks: dict[int, int], records_applied: int, fence_floor: int) -> None:
         """Back to a checkpoint's position; pending pushes are gone with the average they were in."""

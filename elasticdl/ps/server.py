@@ -212,13 +212,15 @@ class ParameterServer(ShardCheckpoints, ShardLeveling, ShardReplication, ShardTa
                                              lineage_floor(directory, self.term)):
             logger.info("removed %s: written after the checkpoint the job went back to", path)
 
-    def fence(self, handouts: list[int], task_ids: list[int], term: int) -> dict[int, int]:
-        """Refuse pushes of ``handouts`` from now on; how far each of ``task_ids`` was taken."""
+    def fence(self, handouts: list[int], task_ids: list[int], term: int, done_below: int = 0) -> dict[int, int]:
+        """Refuse pushes of ``handouts`` from now on; how far each of ``task_ids`` was taken.
+        ``done_below``: a stream's tasks below it are done and folded (their marks go, data_position.py)."""
         self.check_term(term)
         with self._lock:
             self.position.fence(handouts)
+            self.position.compact(done_below)
             marks = {task_id: self.position.accepted_mark(task_id) for task_id in task_ids}
-            entry = self._replicate_locked("fence", handouts, task_ids, term)
+            entry = self._replicate_locked("fence", handouts, task_ids, term, done_below)
         self._deliver(entry)
         return marks
 

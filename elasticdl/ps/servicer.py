@@ -184,10 +184,12 @@ class PServerServicer(elasticdl_pb2_grpc.PServerServicer):
 
     def fence(self, request, context):
         self._check_master(context)
-        if request.term < 0 or any(h < 0 for h in request.handouts) or any(t < 0 for t in request.task_ids):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "term, hand-outs and task ids are never negative")
+        if (request.term < 0 or request.done_below < 0 or any(h < 0 for h in request.handouts)
+                or any(t < 0 for t in request.task_ids)):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "term, hand-outs, task ids and done_below are never negative")
         try:
-            marks = self._server.fence(list(request.handouts), list(request.task_ids), request.term)
+            marks = self._server.fence(list(request.handouts), list(request.task_ids), request.term,
+                                       request.done_below)
         except StaleTermError as err:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
         return elasticdl_pb2.FenceResponse(

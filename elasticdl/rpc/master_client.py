@@ -87,6 +87,12 @@ class MasterClient:
             self._sleep(pause)
             pause = min(pause * 2, 2.0)
 
+    def preprocessing_state(self) -> bytes:
+        """The master's adapted preprocessing state, as .npz bytes (``b""``: the model has none)."""
+        request = elasticdl_pb2.PreprocessingStateRequest(worker_id=self.worker_id)
+        return self._call(lambda r, timeout: b"".join(
+            chunk.data for chunk in self._stub.get_preprocessing_state(r, timeout=timeout)), request)
+
     def get_task(self) -> TaskOrder:
         reply = self._call(self._stub.get_task, elasticdl_pb2.GetTaskRequest(worker_id=self.worker_id))
         return TaskOrder(

@@ -86,9 +86,11 @@ class MasterCommands:
                 failed[ps] = err
         return failed
 
-    def fence(self, handouts: list[int], task_ids: list[int]) -> list[dict[int, int]]:
-        """Every PS refuses pushes of ``handouts`` from now on; per PS, how far each task was taken."""
-        request = elasticdl_pb2.FenceRequest(handouts=handouts, task_ids=task_ids, term=self.term)
+    def fence(self, handouts: list[int], task_ids: list[int], done_below: int = 0) -> list[dict[int, int]]:
+        """Every PS refuses pushes of ``handouts`` from now on; per PS, how far each task was taken.
+        ``done_below``: a stream's tasks below it are done and folded in the ledger (their marks go)."""
+        request = elasticdl_pb2.FenceRequest(handouts=handouts, task_ids=task_ids, term=self.term,
+                                             done_below=done_below)
         futures = [s.fence.future(request, timeout=COMMAND_TIMEOUT_SECONDS) for s in self._stubs]
         return [{m.task_id: m.records_end for m in f.result().marks} for f in futures]
 

@@ -114,8 +114,11 @@ class SimMaster(SimReplicaRecovery):
                 self.resumed = True
         self.tasks.start_term(self.term)
         if world.topic is not None:  # open_stream: from the ledger's offsets (earliest for a new job)
+            # Job: its stream's tasks are handed out once the store holds them (the etcd-like one here).
+            stored = (lambda: self.saved_seq) if self.store is not None else None
+            self.tasks.hold_until_stored = stored is not None
             self.source = KafkaStreamSource(world.topic, world.topic.partition_ids(), RECORDS_PER_TASK, IDLE_SECONDS,
-                                            clock=world.clock)
+                                            clock=world.clock, stored_seq=stored)
             self.source.open(self.tasks.offsets(), watch=False)
         world.network.endpoints["master"] = self  # it serves once it leads and its ledger is back
         # Job._restore_latest_checkpoint and _rewind_to_restored_cut, on the shared cut_recovery.
@@ -255,8 +258,7 @@ class SimMaster(SimReplicaRecovery):
         facts = policy.PSLossFacts(
             dead=exit_.index, num_ps=mode.num_ps, checkpoint_dir=bool(world.checkpoint_dir), trains=True,
             cuts=cuts_found(world.checkpoint_dir),  # the newest verified cut (a damaged one is passed over)
-            missing_without_cut=policy.records_between_pulls(mode.get_model_steps, mode.push_steps, mode.overlap,
-                                                             2, len(self.controller.workers)))
+            missing_without_cut=self._missing_without_cut())
         plan = policy.plan_ps_loss(facts)
         if isinstance(plan, policy.RefillEmpty):
             world.start_ps(exit_.index, restore_from="", fence=0)
@@ -287,6 +289,11 @@ class SimMaster(SimReplicaRecovery):
                 world.start_ps(ps_id, restore_from=cut.path, fence=fence)
         rewound = rewind_ledger(self.tasks, plan.marks, plan.held, cut.path, "rollback")
         return c.PSRelaunched(exit_.index, cut.version, retrained=rewound.retrained, missing=rewound.possibly_missing)
+
+    def _missing_without_cut(self) -> int:
+        mode = self.world.mode
+        return policy.records_between_pulls(mode.get_model_steps, mode.push_steps, mode.overlap, 2,
+                                            len(self.controller.workers))
 
     def _level_versions(self):
         """PSClient.level_versions: every PS up to the highest shard's version."""

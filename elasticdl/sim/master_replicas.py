@@ -57,14 +57,19 @@ class SimReplicaRecovery:
         world = self.world
         routes = wire.Routes(decision.routes_version, tuple(decision.primary))
         if decision.fallback:
+            refilled = () if world.checkpoint_dir else decision.lost  # ReplicaRecovery._refill_lost
+            for index in refilled:
+                world.ps[index].alive = False  # a planned stop, not a death: no exit
+                world.network.killed(f"ps-{index}")
+                world.start_ps(index, restore_from="", fence=0)
             for index in range(world.mode.num_ps):
-                if index != decision.dead:
+                if index != decision.dead and index not in refilled:
                     try:
                         self._ps(index).configure(routes, backups=False)
                     except Unavailable:
                         pass  # down too: its own exit relaunches it
             self.routes = list(decision.primary)
-            return []
+            return [c.PSRelaunched(index, None, missing=self._missing_without_cut()) for index in refilled]
         dead = world.ps[decision.dead]
         versions = []
         try:

@@ -143,9 +143,11 @@ def main(argv: list[str] | None = None, assigned_at: float | None = None) -> int
     startup.mark("elasticdl")
     spec = load_model_spec(config.training.model_zoo, config.training.model_def,
                            config.model_zoo_functions.names(), config.training.class_weight)
-    from elasticdl.model.preprocessing_state import Takeover
+    from elasticdl.model.preprocessing_state import PreprocessingState, Takeover
 
-    takeover = Takeover(spec, args.job_config)  # the master's adapted preprocessing state, not this import's
+    master = MasterClient(args.master_addr, args.worker_id)
+    # The master's adapted preprocessing state, not this import's: every worker preprocesses alike.
+    takeover = Takeover(spec, PreprocessingState.from_bytes(master.preprocessing_state()))
     takeover.before_build()
     startup.mark("model zoo")
     ps = PSClient(args.ps_addrs.split(","), wire_dtype=config.training.wire_dtype,
@@ -159,7 +161,7 @@ def main(argv: list[str] | None = None, assigned_at: float | None = None) -> int
         worker_id=args.worker_id,
         spec=spec,
         trainer=trainer,
-        master=MasterClient(args.master_addr, args.worker_id),
+        master=master,
         ps=ps,
         minibatch_size=config.training.minibatch_size,
         has_header=config.data.has_header,

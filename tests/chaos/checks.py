@@ -20,6 +20,7 @@ import json
 import os
 import re
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -89,7 +90,10 @@ def final_cut(ckpt: str) -> tuple[str, list[Shard]] | None:
     return directory, shards
 
 
-def check(plan: Plan, outcome: Outcome, run_dir: str, data: str) -> Verdict:
+def check(plan: Plan, outcome: Outcome, run_dir: str, data: str,
+          success: Callable[[dict, str], list[str]] | None = None) -> Verdict:
+    """``success(report, ckpt)``: the problems of a run that exited 0 (default: a file job's,
+    ``check_success``; a stream's is tests/chaos/stream.py's)."""
     problems: list[str] = []
     report = read_report(run_dir, plan)
     if outcome.returncode is None:
@@ -97,7 +101,8 @@ def check(plan: Plan, outcome: Outcome, run_dir: str, data: str) -> Verdict:
     elif report is None:
         problems.append(f"exit {outcome.returncode} without a report.json")
     elif outcome.returncode == 0:
-        problems += check_success(plan, report, os.path.join(run_dir, "ckpt"), data)
+        ckpt = os.path.join(run_dir, "ckpt")
+        problems += success(report, ckpt) if success is not None else check_success(plan, report, ckpt, data)
     else:
         allowed = check_failure(plan, outcome, report, problems)
         if allowed and not problems and not outcome.orphans:

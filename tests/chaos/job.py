@@ -41,8 +41,9 @@ class Events:
 class ChaosJob:
     """The job's processes and the levers on them. ``poll()`` refreshes ``events``."""
 
-    def __init__(self, plan: Plan, data: str, run_dir: str):
+    def __init__(self, plan: Plan, data: str, run_dir: str, training_data: str = ""):
         self.plan = plan
+        self.training_data = training_data  # a stream's kafka:// address (stream.py); "": the data's files
         self.data = data
         self.run_dir = run_dir
         self.ckpt = os.path.join(run_dir, "ckpt")
@@ -71,7 +72,7 @@ class ChaosJob:
         self.start_master()
 
     def start_master(self) -> None:
-        command = train_command(self.plan, self.data, self.proxy.endpoint if self.proxy else "")
+        command = train_command(self.plan, self.data, self.proxy.endpoint if self.proxy else "", self.training_data)
         env = dict(os.environ)
         env.setdefault("ELASTICDL_LOCAL_SPARES", "0")  # one TensorFlow process less per role on 2 cores
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_repo(), env.get("PYTHONPATH", "")) if p)
@@ -82,7 +83,7 @@ class ChaosJob:
         self.masters.append(self.master.pid)
 
     def command_line(self) -> str:
-        return " ".join(train_command(self.plan, self.data, self.proxy.endpoint if self.proxy else ""))
+        return " ".join(train_command(self.plan, self.data, self.proxy.endpoint if self.proxy else "", self.training_data))
 
     def children(self) -> list[int]:
         return _alive([pid for master in self.masters for pid in _children_of(master)])

@@ -129,11 +129,12 @@ def prepare_data(model: Model, directory: str) -> str:
     return out
 
 
-def train_command(plan: Plan, data: str, etcd_endpoint: str = "") -> list[str]:
+def train_command(plan: Plan, data: str, etcd_endpoint: str = "", training_data: str = "") -> list[str]:
+    """``training_data``: a stream's ``kafka://`` address (stream.py); the data's files without."""
     model = plan.mode.model
     flags: dict[str, object] = {
         "model_zoo": MODEL_ZOO, "model_def": model.model_def,
-        "training_data": os.path.join(data, "train"), "validation_data": os.path.join(data, "test"),
+        "training_data": training_data or os.path.join(data, "train"), "validation_data": os.path.join(data, "test"),
         "minibatch_size": model.minibatch, "records_per_task": model.records_per_task,
         "num_epochs": plan.epochs, "num_workers": plan.mode.num_workers, "num_ps": plan.num_ps,
         "checkpoint_dir": "ckpt", "checkpoint_steps": CHECKPOINT_STEPS, "job_name": plan.job_name,

@@ -36,18 +36,21 @@ from tests.chaos.checks import Verdict, check, read_report
 from tests.chaos.modes import MODE_NAMES, Mode, Plan, mode_named, prepare_data
 from tests.chaos.runner import Outcome, run
 from tests.chaos.schedule import Fault, plan_for, schedule_for
+from tests.chaos.stream import STREAM, StreamFeed, check_stream, stream_schedule
 
 REPLICA_MODES = (
     Mode("replicas-sync", {"ps_replicas": 1}, num_workers=1, num_ps=(2, 3)),
     Mode("replicas-async", {"use_async": True, "ps_replicas": 1}, num_workers=2, num_ps=(2, 3)),
 )
-ALL_MODE_NAMES = MODE_NAMES + tuple(m.name for m in REPLICA_MODES)
+# --mode stream (tests/chaos/stream.py): a Kafka stream job, its own broker and producer beside it.
+OTHER_MODES = (*REPLICA_MODES, STREAM)
+ALL_MODE_NAMES = MODE_NAMES + tuple(m.name for m in OTHER_MODES)
 # Faults that, beside one PS kill, may send a replicas job back to its cut by design.
 ROLLBACK_FAULTS = ("kill_ps", "stop_ps", "damage_cut", "kill_master", "kill_etcd", "cut_store", "stop_master")
 
 
 def any_mode(name: str) -> Mode:
-    return next((m for m in REPLICA_MODES if m.name == name), None) or mode_named(name)
+    return next((m for m in OTHER_MODES if m.name == name), None) or mode_named(name)
 
 
 def replica_problems(plan: Plan, outcome: Outcome, report: dict | None) -> list[str]:
@@ -85,10 +88,19 @@ class Result:
 
 def run_seed(seed: int, settings: Settings, workdir: str) -> Result:
     plan = plan_for(seed, settings.epochs, any_mode(settings.mode) if settings.mode else None)
-    faults = schedule_for(plan, settings.max_faults)
     data = prepare_data(plan.mode.model, os.path.join(workdir, "data"))
     run_dir = os.path.join(workdir, f"seed-{seed}-{plan.mode.name}")
     shutil.rmtree(run_dir, ignore_errors=True)
+    if plan.mode is STREAM:
+        faults = stream_schedule(plan, settings.max_faults)
+        feed = StreamFeed(data, run_dir)
+        feed.start()
+        try:
+            outcome = run(plan, faults, data, run_dir, settings.deadline, training_data=feed.url)
+        finally:
+            feed.stop()
+        return Result(plan, faults, outcome, check_stream(plan, outcome, run_dir, feed.produced, feed.done), run_dir)
+    faults = schedule_for(plan, settings.max_faults)
     outcome = run(plan, faults, data, run_dir, settings.deadline)
     verdict = check(plan, outcome, run_dir, data)
     problems = replica_problems(plan, outcome, read_report(run_dir, plan))

@@ -176,9 +176,10 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def run(plan: Plan, faults: list[Fault], data: str, run_dir: str, deadline: float) -> Outcome:
-    """Run the seed's job to its end (or its deadline) under its faults."""
-    job = ChaosJob(plan, data, run_dir)
+def run(plan: Plan, faults: list[Fault], data: str, run_dir: str, deadline: float,
+        training_data: str = "") -> Outcome:
+    """Run the seed's job to its end (or its deadline) under its faults (``training_data``: a stream's)."""
+    job = ChaosJob(plan, data, run_dir, training_data)
     started = time.monotonic()
     job.start()
     nemesis = Nemesis(job, faults)

@@ -119,7 +119,13 @@ class SimulatedKubelet:
                 continue
             container = self.containers.get(key)
             if container is not None and container.uid != meta["uid"]:
-                self.containers.pop(key)  # an older pod of the same name
+                # An older pod of the same name, force-deleted and replaced between two syncs: its
+                # process goes, as a kubelet kills the containers of a pod no longer in the API.
+                # Left running, a relaunched PS's predecessor kept answering (--ps_replicas: the
+                # master's catch-up reached it, not the new pod, and the job hung).
+                self.containers.pop(key)
+                if container.popen is not None and container.popen.poll() is None:
+                    _signal_group(container.popen, signal.SIGKILL)
                 container = None
             if meta.get("deletionTimestamp"):
                 self._terminate(pod, container)
