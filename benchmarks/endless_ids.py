@@ -12,8 +12,10 @@ The label follows a known truth: the sum of its item and user ids' hidden weight
 for the truth itself; ``model.fit`` of the same model gets 0.73). New ids keep coming: 362,000
 distinct ids in 400,000 records, most of them one-off.
 
-The same job runs twice, 1 worker and 2 PS (benchmarks/model_zoo/endless/clicks.py, a summed
-32-wide Adam-trained ``elasticdl.layers.Embedding`` and a logistic output):
+The same job runs twice, 1 worker and 2 PS, its tasks in the data's order (``--shuffle_tasks
+false``: a log replayed as it happened; shuffled, a user's sightings would spread over the whole
+run), on benchmarks/model_zoo/endless/clicks.py (a summed 32-wide Adam-trained
+``elasticdl.layers.Embedding`` and a logistic output):
 - ``unbounded``: every id keeps its row;
 - ``bounded``: ``ttl_versions=64`` removes a row not updated for 64 versions (16,384 records),
   16 times the mean gap between two sightings of an active user.
@@ -146,7 +148,7 @@ def run_job(name: str, model_params: str, train: str, held_out: str, workdir: st
     command = [sys.executable, "-m", "elasticdl", "train", "--model_zoo", BENCH_MODEL_ZOO,
                "--model_def", "endless.clicks.custom_model", "--model_params", model_params,
                "--training_data", train, "--validation_data", held_out, "--minibatch_size", str(BATCH),
-               "--records_per_task", "4096", "--num_epochs", "1", "--num_workers", "1", "--num_ps", "2",
+               "--records_per_task", "4096", "--shuffle_tasks", "false", "--num_epochs", "1", "--num_workers", "1", "--num_ps", "2",
                "--job_name", job]
     out_path = os.path.join(workdir, f"{job}.out")
     with open(out_path, "w") as out, open(os.path.join(workdir, f"{job}.err"), "w") as err:

@@ -28,7 +28,7 @@ NON_DEFAULT = {
     "wire_dtype": "bfloat16", "tensor_transport": "tcp", "class_weight": "0:1.0,1:5.5",
     "training_data": "/data/train", "validation_data": "/data/val", "prediction_data": "/data/pred",
     "data_reader_params": "has_header=True", "num_minibatches_per_task": 4, "records_per_task": 100,
-    "shuffle_seed": 7, "max_bad_records": 2, "stream_idle_secs": 30.0, "stream_start": "latest",
+    "shuffle_seed": 7, "shuffle_tasks": False, "max_bad_records": 2, "stream_idle_secs": 30.0, "stream_start": "latest",
     "kafka_group": "lag-monitored", "export_every_secs": 60.0, "keep_exports": 3, "window_records": 1000,
     "keras_version": "2", "feed": "my_feed", "loss": "my_loss", "optimizer": "my_optimizer",
     "eval_metrics_fn": "my_metrics", "callbacks": "my_callbacks", "custom_data_reader": "my_reader",
@@ -68,7 +68,7 @@ def test_every_flag_is_in_exactly_one_section():
     # + --stream_idle_secs, --stream_start; + --ps_replicas
     # + --class_weight; + --kafka_group, --export_every_secs, --keep_exports, --window_records
     # + --slice_dense_above_mb
-    assert len(FLAGS) == 84
+    assert len(FLAGS) == 85
 
 
 def test_jobconfig_holds_only_the_sections():

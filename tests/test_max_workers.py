@@ -86,3 +86,20 @@ def test_elasticdl_scale_above_the_cap_exits_2_naming_the_flag(tmp_path, monkeyp
         assert "scaling job capped to 3 workers" in capsys.readouterr().out
     finally:
         server.stop(grace=None)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_shuffle_tasks_false_hands_tasks_out_in_the_datas_order(shuffle):
+    """--shuffle_tasks false (a time-ordered log replayed as it happened): files in their order,
+    records in file order; the default shuffles them, as model.fit does."""
+    cfg = config(shuffle_tasks=shuffle, records_per_task=10)
+    j = Job(CheckedJob(cfg, None, None, [("a", 50), ("b", 50)], None), backend=_NoBackend())
+    j.main_tasks.open_epoch(1)
+    handed = []
+    for _ in range(10):
+        task = j.main_tasks.get_task(0)
+        handed.append((task.shard.path, task.shard.start))
+        j.main_tasks.report(task.task_id, 0, records=10, handout=task.handout)
+    in_order = [(path, start) for path in "ab" for start in range(0, 50, 10)]
+    assert sorted(handed) == in_order
+    assert (handed == in_order) is not shuffle

@@ -156,6 +156,13 @@ class DataSection:
         0, "Records per task (0: --minibatch_size x --num_minibatches_per_task)."
     )
     shuffle_seed: int = flag(0, "Seed for the per-epoch task shuffle.", commands=("train",))
+    shuffle_tasks: bool = flag(
+        True,
+        "Shuffle the order of the training tasks every epoch (as model.fit's shuffle). false: tasks go "
+        "out in the data's order (files sorted by name, records in file order), e.g. to replay a "
+        "time-ordered log as it happened.",
+        commands=("train",),
+    )
     max_bad_records: int = flag(
         0,
         "Skip up to this many bad records in the job (corrupt, unparseable, or rejected by the model "

@@ -104,7 +104,7 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
                 max_task_retries=cfg.elasticity.max_task_retries,
                 seed=cfg.data.shuffle_seed,
                 task_type=TaskType.TRAINING if command == "train" else TaskType.PREDICTION,
-                shuffle=command == "train",
+                shuffle=command == "train" and cfg.data.shuffle_tasks,
                 gate_epochs=command == "train",  # the controller opens each epoch (OpenEpoch)
                 fences_pushes=command == "train",  # a task taken back waits for FenceHandouts
             )
