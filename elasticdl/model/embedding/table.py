@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from elasticdl.model.embedding.admission import AdmissionFilter
+from elasticdl.model.embedding.blocks import by_part, by_row
 from elasticdl.model.embedding.errors import EmbeddingError
 from elasticdl.model.embedding.eviction import RecencyLog
 from elasticdl.model.embedding.id_index import IdIndex
@@ -226,12 +227,13 @@ class EmbeddingTable:
                 if chosen.size < missing.size:
                     keep = positions >= 0
                     ids, values, positions = ids[keep], values[keep], positions[keep]
-        # One gather and one scatter of rows and slots together; the optimizer updates the
-        # gathered block through column views of it.
+        # One gather and one scatter of rows and slots together (a row and its slots share
+        # cache lines); the optimizer runs on the block split into contiguous parts.
         block = self._gather(positions, self._rows.shape[1])
-        slots = {name: block[:, cols] for name, cols in self._slot_columns.items()}
-        self.optimizer.apply(block[:, : self.dim], values, slots, step, learning_rate)
-        self._scatter(positions, block)
+        parts = by_part(block, self.dim)
+        slots = dict(zip(self._slot_names, parts[1:]))
+        self.optimizer.apply(parts[0], values, slots, step, learning_rate)
+        self._scatter(positions, by_row(parts, block))
         np.put(self._touched, positions, version)
         self._log_touch(positions)
         self._enforce_cap()
