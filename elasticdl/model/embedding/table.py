@@ -27,6 +27,7 @@ from elasticdl.model.embedding.id_index import IdIndex
 from elasticdl.model.embedding.initializers import DISTRIBUTIONS, check_initializer, initial_rows
 from elasticdl.model.embedding.memory import MappedArray
 from elasticdl.model.embedding.policy import PolicyError, TableCounters, TablePolicy, TableStats
+from elasticdl.model.embedding.recent import RecentPositions
 from elasticdl.model.embedding.rows import IndexedRows, RowGradientSum, check_ids, check_rows
 from elasticdl.model.optimizers import Optimizer
 
@@ -111,6 +112,7 @@ class EmbeddingTable:
         self._fresh_slots = (np.concatenate([fresh[name] for name in self._slot_names], axis=1)
                              if fresh else np.zeros((1, 0), np.float32))
         self._index = IdIndex(_INITIAL_CAPACITY)
+        self._recent = RecentPositions()
         self._size = 0  # positions in use, evicted ones included
         # Positions of evicted rows, reused first: a stack of the evicted batches (appending one
         # costs its own size, not the size of all that wait).
@@ -175,6 +177,7 @@ class EmbeddingTable:
         positions = self._positions(ids, create and self._admission is None)
         if ids.size == 0 or positions.min() >= 0:
             out = self._gather(positions, self.dim)
+            self._recent.remember(ids, positions)  # for the push of these ids that follows
         else:
             out = np.zeros((ids.size, self.dim), np.float32)
             known = positions >= 0
@@ -215,7 +218,8 @@ class EmbeddingTable:
         version = self.version + 1 if version is None else version
         ids, values = grads.ids, np.asarray(grads.values, np.float32)
         # New rows are logged below with this update, not also at their creation.
-        positions = self._positions(ids, create=self._admission is None, fresh_touch=False)
+        positions = self._positions(ids, create=self._admission is None, fresh_touch=False,
+                                    held=self._recent.positions(ids))
         if self._admission is not None:
             missing = np.flatnonzero(positions < 0)
             if missing.size:
@@ -272,8 +276,11 @@ class EmbeddingTable:
 
     # ------------------------------------------------------------ positions
 
-    def _positions(self, ids: np.ndarray, create: bool, fresh_touch: bool = True) -> np.ndarray:
-        positions = self._index.find(ids)
+    def _positions(self, ids: np.ndarray, create: bool, fresh_touch: bool = True,
+                   held: np.ndarray | None = None) -> np.ndarray:
+        """The position of each id (-1: not held, unless ``create``); ``held``: the positions
+        a lookup of the same ids found (RecentPositions), instead of the index's."""
+        positions = self._index.find(ids) if held is None else held
         ttl = self.policy.ttl_versions
         if ttl and positions.size:
             # Lazily: a row advance() has not reached yet is expired when it is read.
@@ -360,6 +367,7 @@ class EmbeddingTable:
         if not positions.size:
             return
         self._index.remove(positions)
+        self._recent.forget()  # those positions go to other ids
         self._free.append(positions)
         self._free_count += positions.size
         if ttl:
