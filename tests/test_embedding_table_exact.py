@@ -82,7 +82,7 @@ def test_lookup_then_update_is_bit_identical_to_the_optimizer_on_contiguous_rows
             looked_up = table.lookup(ids, create=True)
             reference.create(ids)
             np.testing.assert_array_equal(looked_up, np.stack([reference.rows[i] for i in ids.tolist()]))
-        table.apply(IndexedRows(ids, values).deduplicated(), step, None)  # as the PS shard calls it
+        table.apply(IndexedRows(ids, values), step, None)  # repeated ids: the table sums them
         reference.apply(IndexedRows(ids, values), step)
         reference.assert_equals(table)
 
