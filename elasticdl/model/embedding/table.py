@@ -337,7 +337,7 @@ class EmbeddingTable:
         positions = np.concatenate([reused, np.arange(start, self._size, dtype=np.int64)])
         self._index.add(new_ids, positions)
         fresh = np.empty((new_ids.size, self._rows.shape[1]), np.float32)
-        fresh[:, : self.dim] = initial_rows(self.info.initializer, new_ids, self.dim)
+        initial_rows(self.info.initializer, new_ids, self.dim, out=fresh[:, : self.dim])
         fresh[:, self.dim:] = self._fresh_slots
         # Reused positions by index, new ones as one slice (a copy, not a scatter).
         self._scatter(reused, fresh[: reused.size])
