@@ -336,12 +336,15 @@ class EmbeddingTable:
         reused = self._reuse(new_ids.size - (self._size - start))
         positions = np.concatenate([reused, np.arange(start, self._size, dtype=np.int64)])
         self._index.add(new_ids, positions)
-        fresh = np.empty((new_ids.size, self._rows.shape[1]), np.float32)
-        initial_rows(self.info.initializer, new_ids, self.dim, out=fresh[:, : self.dim])
-        fresh[:, self.dim:] = self._fresh_slots
-        # Reused positions by index, new ones as one slice (a copy, not a scatter).
-        self._scatter(reused, fresh[: reused.size])
-        self._rows[start:self._size] = fresh[reused.size:]
+        # Reused positions by index (a scatter); new ones, at the end, written in place.
+        if reused.size:
+            fresh = np.empty((reused.size, self._rows.shape[1]), np.float32)
+            initial_rows(self.info.initializer, new_ids[: reused.size], self.dim, out=fresh[:, : self.dim])
+            fresh[:, self.dim:] = self._fresh_slots
+            self._scatter(reused, fresh)
+        end = self._rows[start:self._size]
+        initial_rows(self.info.initializer, new_ids[reused.size:], self.dim, out=end[:, : self.dim])
+        end[:, self.dim:] = self._fresh_slots
         self.counters.admissions += int(new_ids.size)
         self._touched[positions] = self.version
         if log:
