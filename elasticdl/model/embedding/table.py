@@ -43,6 +43,11 @@ __all__ = ["DISTRIBUTIONS", "EmbeddingError", "EmbeddingTable", "FrozenTable", "
            "TableInfo", "check_ids", "check_initializer", "check_rows", "initial_rows"]
 
 _INITIAL_CAPACITY = 1024
+# Rows (with their slots) up to this size are read whole even when only the row is wanted (a
+# lookup): random reads cost their latency, not their bytes (8,192 rows of 192 bytes from a
+# million: 247 us whole, 266 us for the first 64 bytes), and the slots are then in cache for
+# the update that follows a lookup (its gather: 180 instead of 250 us).
+_WHOLE_ROW_BYTES = 256
 
 
 @dataclass(frozen=True)
@@ -363,6 +368,8 @@ class EmbeddingTable:
         """float32 [len(positions), width]: the first ``width`` floats of those rows (a copy)."""
         if width == self._rows.shape[1]:
             return np.take(self._rows, positions, axis=0)  # whole rows: take is faster still
+        if self._rows.shape[1] * 4 <= _WHOLE_ROW_BYTES:
+            return np.take(self._rows, positions, axis=0)[:, :width].copy()
         return self._items(width)[positions].view(np.float32).reshape(positions.size, width)
 
     def _scatter(self, positions: np.ndarray, block: np.ndarray) -> None:
