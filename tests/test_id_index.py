@@ -174,3 +174,16 @@ def test_a_mapped_array_asks_for_huge_pages_once_it_holds_one_even_after_growing
     small = None
     assert "hg" in _vm_flags(store.resized(100_000))  # 19 MB, grown by mremap
     assert "hg" in _vm_flags(MappedArray(100_000, (48,), np.float32).array())
+
+
+def test_a_mapped_array_without_huge_pages_works_in_small_pages(monkeypatch):
+    """A Python or kernel without MADV_HUGEPAGE: the same array, in 4 KiB pages."""
+    import mmap
+
+    monkeypatch.delattr(mmap, "MADV_HUGEPAGE", raising=False)
+    store = MappedArray(100_000, (48,), np.float32)
+    rows = store.array()
+    rows[-1] = 3
+    assert "hg" not in _vm_flags(rows)
+    rows = None
+    assert (store.resized(200_000)[99_999] == 3).all()
