@@ -171,12 +171,16 @@ class IdIndex:
         pending = np.arange(keys.size)
         width = 1  # the first round tries each home slot alone, later ones a window
         while pending.size:
-            window = (start[:, None] + _STEPS[:width]) & mask
-            free = slots[window] < 0
-            first = free.argmax(axis=1)
-            rows = np.arange(pending.size)
-            has = free[rows, first]
-            target = window[rows, first]
+            if width == 1:  # each home slot alone: 1-D, without a window's argmax
+                target = start & mask
+                has = slots[target] < 0
+            else:
+                window = (start[:, None] + _STEPS[:width]) & mask
+                free = slots[window] < 0
+                first = free.argmax(axis=1)
+                rows = np.arange(pending.size)
+                has = free[rows, first]
+                target = window[rows, first]
             cand = np.flatnonzero(has)
             where, mine = target[cand], positions[pending[cand]]
             before = slots[where]
