@@ -63,10 +63,11 @@ def _standard_normal(seed: int, ids: np.ndarray, dim: int, stream: int) -> np.nd
     return np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * np.pi * u2)  # Box-Muller
 
 
-# Values computed per pass: the hash's uint64 temporaries of a chunk stay in a core's cache
-# (8,192 ids x 16 columns: 1.8 ms in one pass, 0.66 ms by chunks of 2,048 ids). Each value is a
-# function of its id and column alone, so chunks change nothing.
-CHUNK_VALUES = 1 << 15
+# Values computed per pass: the hash's uint64 temporaries (a few arrays of 8 bytes per value)
+# stay bounded when a batch is large (a checkpoint's rows put back at once), since a PS keeps
+# freed heap memory for good (launch/api.py's ROLE_ENV); a batch of 8,192 ids x 16 is one pass.
+# Each value is a function of its id and column alone, so chunks change nothing.
+CHUNK_VALUES = 1 << 17
 
 
 def initial_rows(spec: dict, ids: np.ndarray, dim: int, out: np.ndarray | None = None) -> np.ndarray:
