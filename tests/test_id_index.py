@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -146,3 +148,42 @@ def test_a_mapped_array_grows_in_place_and_copies_only_when_a_view_is_alive():
     np.testing.assert_array_equal(again[:1000].ravel(), np.arange(3000))
     assert (again[4990:5000] == 7).all() and again.shape == (20_000, 3)
     np.testing.assert_array_equal(kept.ravel(), np.arange(30))  # the old view still reads its rows
+
+
+def _vm_flags(array: np.ndarray) -> list[str]:
+    """The kernel's VmFlags of the mapping that holds ``array`` (/proc/self/smaps)."""
+    address = array.__array_interface__["data"][0]
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                start, end = (int(x, 16) for x in head.split("-"))
+                inside = start <= address < end
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError("no mapping holds the array")
+
+
+@pytest.mark.skipif(not os.path.exists("/sys/kernel/mm/transparent_hugepage"), reason="no transparent huge pages")
+def test_a_mapped_array_asks_for_huge_pages_once_it_holds_one_even_after_growing():
+    """Rows are read at random: 4 KiB pages cost a TLB miss per row on top of the cache miss."""
+    store = MappedArray(1000, (48,), np.float32)  # 192 KB: 4 KiB pages
+    small = store.array()
+    assert "hg" not in _vm_flags(small)
+    small = None
+    assert "hg" in _vm_flags(store.resized(100_000))  # 19 MB, grown by mremap
+    assert "hg" in _vm_flags(MappedArray(100_000, (48,), np.float32).array())
+
+
+def test_a_mapped_array_without_huge_pages_works_in_small_pages(monkeypatch):
+    """A Python or kernel without MADV_HUGEPAGE: the same array, in 4 KiB pages."""
+    import mmap
+
+    monkeypatch.delattr(mmap, "MADV_HUGEPAGE", raising=False)
+    store = MappedArray(100_000, (48,), np.float32)
+    rows = store.array()
+    rows[-1] = 3
+    assert "hg" not in _vm_flags(rows)
+    rows = None
+    assert (store.resized(200_000)[99_999] == 3).all()

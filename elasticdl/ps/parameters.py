@@ -122,7 +122,7 @@ class ParameterShard:
         self.step += 1
         for name, grad in grads.items():
             if isinstance(grad, IndexedRows):
-                self.embeddings[name].apply(grad.deduplicated(), self.step, learning_rate, self.version + 1)
+                self.embeddings[name].apply(grad, self.step, learning_rate, self.version + 1)  # sums repeats
                 continue
             if isinstance(grad, NonTrainableChange):
                 self.params[name] += np.asarray(grad.values, dtype=np.float32)

@@ -104,8 +104,7 @@ class IdIndex:
 
     def find(self, keys: np.ndarray) -> np.ndarray:
         """The position of each id (int64), -1 for ids not held."""
-        found = self._locate(keys)
-        return np.where(found >= 0, self._slots[found], -1).astype(np.int64)
+        return self._locate(keys, positions=True)
 
     def add(self, keys: np.ndarray, positions: np.ndarray) -> None:
         """Map ``keys`` (unique, not held) to ``positions`` (free, below ``capacity``)."""
@@ -139,14 +138,15 @@ class IdIndex:
         k = np.ascontiguousarray(keys, np.int64).view(np.uint64)
         return ((k ^ (k >> np.uint64(29))) * _GOLDEN >> self._shift).astype(np.intp)
 
-    def _locate(self, keys: np.ndarray) -> np.ndarray:
-        """The slot holding each key's position, -1 where the key is not held."""
+    def _locate(self, keys: np.ndarray, positions: bool = False) -> np.ndarray:
+        """The slot holding each key's position, -1 where the key is not held; with
+        ``positions``, the position itself (int64; the slot's value, read here anyway)."""
         slots, ids = self._slots, self.ids
         home = self._home(keys)
         held = np.take(slots, home)  # np.take: a plain gather, a little faster than slots[home]
         # ids[held] reads ids[-1] or ids[-2] at an empty slot or a tombstone: masked by held >= 0.
         hit = (held >= 0) & (np.take(ids, held) == keys)
-        out = np.where(hit, home, -1)
+        out = np.where(hit, held, -1).astype(np.int64) if positions else np.where(hit, home, -1)
         rest = np.flatnonzero(~hit & (held != EMPTY))
         mask = slots.size - 1
         start, keys = home[rest] + 1, keys[rest]
@@ -159,7 +159,7 @@ class IdIndex:
             rows = np.arange(rest.size)
             done = stop[rows, first]
             found = done & match[rows, first]
-            out[rest[found]] = window[rows[found], first[found]]
+            out[rest[found]] = (held if positions else window)[rows[found], first[found]]
             more = ~done
             rest, start, keys = rest[more], start[more] + WINDOW, keys[more]
         return out
@@ -171,12 +171,16 @@ class IdIndex:
         pending = np.arange(keys.size)
         width = 1  # the first round tries each home slot alone, later ones a window
         while pending.size:
-            window = (start[:, None] + _STEPS[:width]) & mask
-            free = slots[window] < 0
-            first = free.argmax(axis=1)
-            rows = np.arange(pending.size)
-            has = free[rows, first]
-            target = window[rows, first]
+            if width == 1:  # each home slot alone: 1-D, without a window's argmax
+                target = start & mask
+                has = slots[target] < 0
+            else:
+                window = (start[:, None] + _STEPS[:width]) & mask
+                free = slots[window] < 0
+                first = free.argmax(axis=1)
+                rows = np.arange(pending.size)
+                has = free[rows, first]
+                target = window[rows, first]
             cand = np.flatnonzero(has)
             where, mine = target[cand], positions[pending[cand]]
             before = slots[where]

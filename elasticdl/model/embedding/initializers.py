@@ -63,9 +63,25 @@ def _standard_normal(seed: int, ids: np.ndarray, dim: int, stream: int) -> np.nd
     return np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * np.pi * u2)  # Box-Muller
 
 
-def initial_rows(spec: dict, ids: np.ndarray, dim: int) -> np.ndarray:
-    """The initial rows of ``ids`` (float32 [n, dim]); the same for an id wherever it is made."""
+# Values computed per pass: the hash's uint64 temporaries (a few arrays of 8 bytes per value)
+# stay bounded when a batch is large (a checkpoint's rows put back at once), since a PS keeps
+# freed heap memory for good (launch/api.py's ROLE_ENV); a batch of 8,192 ids x 16 is one pass.
+# Each value is a function of its id and column alone, so chunks change nothing.
+CHUNK_VALUES = 1 << 17
+
+
+def initial_rows(spec: dict, ids: np.ndarray, dim: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The initial rows of ``ids`` (float32 [n, dim]); the same for an id wherever it is made.
+    ``out``: float32 [n, dim] to write them into (a view of the table's new rows)."""
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    out = np.empty((ids.size, dim), np.float32) if out is None else out
+    step = max(1, CHUNK_VALUES // dim)
+    for start in range(0, ids.size, step):
+        out[start:start + step] = _initial_rows(spec, ids[start:start + step], dim)
+    return out
+
+
+def _initial_rows(spec: dict, ids: np.ndarray, dim: int) -> np.ndarray:
     kind, seed = spec["distribution"], int(spec.get("seed", 0))
     if kind == "constant":
         return np.full((ids.size, dim), spec["value"], np.float32)

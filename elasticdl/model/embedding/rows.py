@@ -40,14 +40,25 @@ class IndexedRows:
         ordered = np.sort(ids)
         if not (ordered[1:] == ordered[:-1]).any():
             return self
-        order = np.argsort(ids, kind="stable")
-        ordered = ids[order]
-        starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
-        values = np.asarray(self.values, np.float32)[order]
-        return IndexedRows(ordered[starts], np.add.reduceat(values, starts, axis=0))
+        order, starts = id_runs(ids)
+        return IndexedRows(ids[order][starts], summed_runs(self.values, order, starts))
 
     def select(self, mask: np.ndarray) -> IndexedRows:
         return IndexedRows(self.ids[mask], self.values[mask])
+
+
+def id_runs(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(order, starts): ``ids[order]`` sorted (stable), ``starts`` the first index of each run
+    of one id in it. ``deduplicated`` sums rows by these runs; the table (which finds
+    duplicates through its index, not by a sort) sums them the same way."""
+    order = np.argsort(ids, kind="stable")
+    ordered = ids[order]
+    return order, np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+
+
+def summed_runs(values: np.ndarray, order: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The rows of each run of ``id_runs``, summed (float32 [len(starts), dim])."""
+    return np.add.reduceat(np.asarray(values, np.float32)[order], starts, axis=0)
 
 
 class RowGradientSum:
