@@ -202,7 +202,9 @@ def _assert_exports(report: dict, output, keep: int) -> None:
 def test_a_master_sigkilled_mid_stream_resumes_from_the_ledgers_offsets(kafka_broker, digits, tmp_path,  # noqa: F811
                                                                          etcd_process):
     """The ledger in etcd holds the offsets cut; the master run again goes on from them (records
-    cut after the last checkpoint go back to todo from the cut's marks), while records still arrive."""
+    cut after the last checkpoint go back to todo from the cut's marks), while records still arrive.
+    etcd itself is SIGKILLed with the master and restarted from its data directory (issue 27's
+    acceptance: a master SIGKILL plus an etcd restart mid-stream)."""
     n = 1400
     records = _digits_records(digits, n)
     kafka_broker.create_topic(TOPIC, PARTITIONS)
@@ -213,11 +215,13 @@ def test_a_master_sigkilled_mid_stream_resumes_from_the_ledgers_offsets(kafka_br
     producer = _trickle(kafka_broker, records[600:], per_batch=20, every=0.5)
     try:
         _wait_for(lambda: any((tmp_path / "ckpt").glob("version-*/ps-0-of-1*.npz")), 180, "a first complete cut")
+        etcd_process.kill()  # the store dies hard too, mid-stream
         first.kill()  # the master dies hard; its PS and workers die with it
         first.communicate(timeout=30)
     finally:
         if first.poll() is None:
             first.kill()
+    etcd_process.start()  # the same data directory: the ledger is what etcd had made durable
     report = _finish(_train(kafka_broker, tmp_path, job, **flags), tmp_path, job)
     producer.join()
     assert report["resumed"]
