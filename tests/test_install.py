@@ -121,3 +121,24 @@ def test_the_vendored_digits_and_their_split_are_scikit_learns():
         expected = train_test_split(np.arange(len(target)), test_size=fraction, random_state=seed, stratify=target)
         got = prepare_data.stratified_split(target, fraction, seed)
         assert all(np.array_equal(e, g) for e, g in zip(expected, got)), (seed, fraction)
+
+
+def test_a_keras2_module_without_tf_keras_is_told_the_matching_version_without_dependencies(monkeypatch):
+    import importlib.util
+
+    from elasticdl.model.keras_generation import KerasVersionError, activate
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tf_keras" else find_spec(name, *a))
+    tensorflow = "tensorflow-cpu" if _installed("tensorflow-cpu") else "tensorflow"
+    minor = ".".join(importlib.metadata.version(tensorflow).split(".")[:2])
+    with pytest.raises(KerasVersionError, match=re.escape(f"pip install --no-deps 'tf-keras~={minor}.0'")):
+        activate("2")
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.version(distribution)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
