@@ -32,8 +32,13 @@ $(DEMO_STAMP): setup.py
 keras2: $(DEMO_STAMP)
 	$(PY) -m pip install --quiet --no-deps $(TF_KERAS)
 
+# s3fs first, alone: its aiobotocore allows a few botocore releases, and boto3 (moto's) is then
+# pinned to the botocore installed. In one step pip tried boto3 and botocore releases one by one
+# backwards from the newest (200 botocore downloads of 15 MB in 5 minutes, not done).
 $(STAMP): $(DEMO_STAMP)
-	$(PY) -m pip install --quiet -e ".[$(TEST_EXTRAS)]"
+	$(PY) -m pip install --quiet -e ".[s3]"
+	$(PY) -m pip install --quiet -e ".[$(TEST_EXTRAS)]" \
+	    "boto3==$$($(PY) -c 'import importlib.metadata as m; print(m.version("botocore"))')"
 	$(PY) -m pip install --quiet --no-deps $(TF_KERAS)
 	touch $@
 
