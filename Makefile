@@ -4,8 +4,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# Two installs into the one venv. The demo's: ElasticDL and one TensorFlow (tensorflow-cpu), about
-# 1.5 GB. The tests' on top of it: the developer tools and every extra the suite exercises.
+# Two installs into the one venv. The demo's: ElasticDL and one TensorFlow (tensorflow-cpu), 1.6 GB
+# (was 3.2 GB with two TensorFlows). The tests' on top of it (2.8 GB): the developer tools and every extra the suite exercises.
 DEMO_STAMP := $(VENV)/.demo-stamp
 STAMP := $(VENV)/.installed-stamp
 TEST_EXTRAS := cpu,dev,kafka,kubernetes,parquet,pandas
