@@ -19,7 +19,7 @@ setup(
         "fsspec>=2024.2",  # remote paths (elasticdl/fs/__init__.py); each scheme's backend is an extra below
     ],
     # What the local digits demo does not use is an extra, so that `make demo` installs one TensorFlow
-    # and little else (README.md, "Quick start"); `make test` installs every extra but gpu and keras2.
+    # and little else (README.md, "Quick start"); `make test` adds the extras its tests use (TEST_EXTRAS).
     extras_require={
         # TensorFlow is an extra so a GPU image can bring its own build.
         "cpu": ["tensorflow-cpu>=2.18", "tensorboard"],
