@@ -1,25 +1,53 @@
 # One command each: `make demo` trains the digits demo, `make test` runs the suite.
-# Both set up .venv first on a fresh machine.
+# Both set up .venv first on a fresh machine: the demo with what it needs, the tests with the rest.
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# Two installs into the one venv. The demo's: ElasticDL and one TensorFlow (tensorflow-cpu), 1.6 GB
+# (was 3.2 GB with two TensorFlows). The tests' on top of it (2.8 GB): the developer tools and every extra the suite exercises.
+DEMO_STAMP := $(VENV)/.demo-stamp
 STAMP := $(VENV)/.installed-stamp
+TEST_EXTRAS := cpu,dev,kafka,kubernetes,parquet,pandas
+# tf-keras at the installed tensorflow-cpu's minor version (tf-keras 2.21.x goes with TensorFlow 2.21).
+TF_KERAS = "tf-keras~=$$($(PY) -c 'import importlib.metadata as m; print(".".join(m.version("tensorflow-cpu").split(".")[:2]))').0"
 
-.PHONY: install demo test lint proto bench bench-smoke clean simulate chaos kills replicas-acceptance
+.PHONY: install keras2 demo test lint proto bench bench-smoke clean simulate chaos kills replicas-acceptance
 
-$(STAMP): setup.py
+$(DEMO_STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[cpu,dev,kafka]"
-	touch $(STAMP)
+	$(PY) -m pip install --quiet -e ".[cpu]"
+	@# A venv made before tf-keras was installed without its dependencies holds `tensorflow` too,
+	@# whose files overwrote tensorflow-cpu's (one package directory): remove it, restore tensorflow-cpu.
+	if $(PY) -m pip show --quiet tensorflow >/dev/null 2>&1; then \
+	    $(PY) -m pip uninstall --quiet -y tensorflow && \
+	    $(PY) -m pip install --quiet --no-deps --force-reinstall \
+	        "tensorflow-cpu==$$($(PY) -c 'import importlib.metadata as m; print(m.version("tensorflow-cpu"))')"; \
+	fi
+	touch $@
+
+# tf-keras requires the `tensorflow` distribution, which pip would install beside tensorflow-cpu
+# (2 TensorFlows, 3 GB, whichever wrote its files last imported): install it without dependencies.
+keras2: $(DEMO_STAMP)
+	$(PY) -m pip install --quiet --no-deps $(TF_KERAS)
+
+# s3fs first, alone: its aiobotocore allows a few botocore releases, and boto3 (moto's) is then
+# pinned to the botocore installed. In one step pip tried boto3 and botocore releases one by one
+# backwards from the newest (200 botocore downloads of 15 MB in 5 minutes, not done).
+$(STAMP): $(DEMO_STAMP)
+	$(PY) -m pip install --quiet -e ".[s3]"
+	$(PY) -m pip install --quiet -e ".[$(TEST_EXTRAS)]" \
+	    "boto3==$$($(PY) -c 'import importlib.metadata as m; print(m.version("botocore"))')"
+	$(PY) -m pip install --quiet --no-deps $(TF_KERAS)
+	touch $@
 
 install: $(STAMP)
 
-data/digits/train: | $(STAMP)
+data/digits/train: | $(DEMO_STAMP)
 	$(PY) model_zoo/digits/prepare_data.py --output data/digits
 
-demo: $(STAMP) data/digits/train
+demo: $(DEMO_STAMP) data/digits/train
 	rm -rf out/digits-checkpoints  # a demo starts fresh; real jobs continue with --checkpoint_dir_for_init
 	$(VENV)/bin/elasticdl train \
 	    --model_zoo model_zoo --model_def digits.digits_functional.custom_model \

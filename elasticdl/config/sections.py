@@ -423,7 +423,7 @@ class ModelZooSection:
     keras_version: str = flag(
         "auto",
         "The Keras the module is written for: 2 (tf_keras: tf.keras, feature columns, DenseFeatures; "
-        "needs pip install 'elasticdl[keras2]'), 3, or auto (read from the module's source at submit time).",
+        "needs tf-keras: make keras2, see README.md), 3, or auto (read from the module's source at submit time).",
     )
     feed: str = flag("", "The dataset function's name in the module (empty: dataset_fn, else feed).")
     loss: str = flag("loss", "The loss function's name in the module.")

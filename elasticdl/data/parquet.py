@@ -46,7 +46,7 @@ def _pq():
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise DataError("Parquet data needs pyarrow: pip install pyarrow") from None
+        raise DataError("Parquet data needs pyarrow: pip install 'elasticdl[parquet]'") from None
     return pq
 
 

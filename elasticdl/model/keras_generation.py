@@ -2,7 +2,7 @@
 
 TensorFlow picks its Keras once, when it is imported: ``tf.keras`` is Keras 3 unless
 ``TF_USE_LEGACY_KERAS=1`` is set before, and then it is ``tf_keras`` (Keras 2, the
-``tf-keras`` package: ``pip install elasticdl[keras2]``). Feature columns, ``DenseFeatures``,
+``tf-keras`` package, installed without its dependencies: ``make keras2``). Feature columns, ``DenseFeatures``,
 ``tensorflow.python.keras`` imports and raw TensorFlow ops on Keras tensors work only with
 Keras 2. So the generation is decided from the module's *source text*, before TensorFlow is
 imported anywhere, and every role process sets the variable before it imports TensorFlow.
@@ -118,6 +118,18 @@ def legacy_active() -> bool:
     return os.environ.get(LEGACY_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
+def _tensorflow_minor() -> str:
+    """The installed TensorFlow's X.Y, which tf-keras's version must match (tf-keras 2.21 for TF 2.21)."""
+    import importlib.metadata
+
+    for name in ("tensorflow-cpu", "tensorflow"):
+        try:
+            return ".".join(importlib.metadata.version(name).split(".")[:2])
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "X.Y"
+
+
 def activate(version: str) -> None:
     """Make this process (and the children it starts) use Keras ``version``.
 
@@ -134,7 +146,8 @@ def activate(version: str) -> None:
         if missing:
             raise KerasVersionError(
                 "the model-zoo module is written for Keras 2 (tf_keras), which is not installed: "
-                "pip install 'elasticdl[keras2]' (or tf-keras matching your TensorFlow), "
+                f"pip install --no-deps 'tf-keras~={_tensorflow_minor()}.0' (`make keras2` in ElasticDL's "
+                "clone; without --no-deps, tf-keras adds the `tensorflow` distribution beside tensorflow-cpu), "
                 "or pass --keras_version 3 if the module runs on Keras 3."
             )
     want_legacy = version == "2"

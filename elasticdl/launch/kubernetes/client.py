@@ -77,8 +77,20 @@ class K8sGone(K8sError, JobFailure):
     it; escaping, it means the cluster's watch could not be resumed."""
 
 
+def _require_client() -> None:
+    """The kubernetes package is an extra: `make demo` and a local-only install leave it out."""
+    try:
+        import kubernetes  # noqa: F401
+    except ImportError:
+        raise K8sConfigError(
+            "--backend kubernetes needs the Kubernetes client: pip install 'elasticdl[kubernetes]' "
+            "(or use --backend local)"
+        ) from None
+
+
 def load_api_client(kubeconfig: str = ""):
     """An ApiClient: in a pod, its service account; elsewhere $KUBECONFIG or ~/.kube/config."""
+    _require_client()
     from kubernetes import client, config
 
     token_file = config.incluster_config.SERVICE_TOKEN_FILENAME
@@ -107,6 +119,7 @@ class K8sClient:
     """Pods, services and secrets in one namespace, as dicts."""
 
     def __init__(self, namespace: str, api_client=None):
+        _require_client()
         from kubernetes import client
 
         self.namespace = namespace
