@@ -192,3 +192,22 @@ def settle(config, announce: bool = True):
     if choice.version == section.keras_version:
         return config
     return config.replace(keras_version=choice.version)
+
+
+def feed_dicts_as_keras2_did(model) -> None:
+    """Let a Keras 2 functional model whose ``Input``s are a list (or one tensor) take a dict the
+    way tf.keras 2 took it when the original ElasticDL ran: by the Inputs' names when the dict has
+    them all, else the dict's values in key order (``tf.nest.flatten``). Newer tf_keras checks the
+    names first and refuses an unnamed ``Input`` (``input_1``) fed ``{"feature": ...}`` ("Missing
+    data for input"), though its own mapping below that check still falls back to key order.
+    Only that name check is dropped (``input_spec`` None); shapes are still checked by the layers."""
+    if not legacy_active():
+        return
+    nested = getattr(model, "_nested_inputs", None)
+    if nested is None or isinstance(nested, dict) or not getattr(model, "_is_graph_network", False):
+        return  # subclassed models, and Inputs given as a dict (keyed by name already)
+    import tf_keras
+
+    if isinstance(model, tf_keras.Sequential):
+        return
+    model.input_spec = None
