@@ -58,10 +58,13 @@ def made_resources():
 
 
 def _layer_traces(save: bool):
-    """tf_keras's option to save (or not) the traces of every layer's call with the model."""
+    """tf_keras's option not to save the traces of every layer's call with the model (saving
+    them is its default, kept as it is when ``save``)."""
+    if save:
+        return contextlib.nullcontext()
     from tf_keras.src.saving.legacy.saved_model.utils import keras_option_scope
 
-    return keras_option_scope(save_traces=save)
+    return keras_option_scope(save_traces=False, in_tf_saved_model_scope=False)
 
 
 def export_saved_model(model, path: str) -> str:
