@@ -232,3 +232,37 @@ def test_full_job_two_workers_one_ps(data, tmp_path, model_def, data_key, params
     else:
         rows = np.loadtxt(tmp_path / "pred" / "predictions.csv", delimiter=",", skiprows=1, ndmin=2)
         assert rows.shape[0] == 64 and np.all(np.isfinite(rows))
+
+
+KERAS2_DICT_FEEDING = r"""
+import json
+import tensorflow as tf
+from elasticdl.model.keras_generation import feed_dicts_as_keras2_did
+
+def built(inputs, outputs):
+    model = tf.keras.Model(inputs=inputs, outputs=outputs)
+    feed_dicts_as_keras2_did(model)
+    return model
+
+a, b = tf.keras.Input(shape=(1,)), tf.keras.Input(shape=(1,))  # unnamed: input_1, input_2
+two = built([a, b], a - b)
+x, y = tf.keras.Input(shape=(1,), name="x"), tf.keras.Input(shape=(1,), name="y")
+named = built([x, y], x - y)
+one = tf.constant([[1.0]]); ten = tf.constant([[10.0]])
+print(json.dumps({
+    "key_order": float(two({"b_second": one, "a_first": ten})[0, 0]),  # values in key order: 10 - 1
+    "by_name": float(named({"y": one, "x": ten, "extra": one})[0, 0]),  # names win: 10 - 1
+    "sequential_spec_kept": tf.keras.Sequential([tf.keras.Input(shape=(1,)), tf.keras.layers.Dense(1)]).input_spec is not None,
+}))
+"""
+
+
+def test_keras2_functional_models_take_dicts_as_tf_keras_2_did():
+    """Unnamed Inputs fed a dict take its values in key order; named ones take them by name, the
+    dict's other keys ignored (tf.keras 2's rule, which newer tf_keras refused before applying)."""
+    env = {**ENV, "TF_USE_LEGACY_KERAS": "1"}
+    result = subprocess.run([sys.executable, "-c", KERAS2_DICT_FEEDING], env=env, capture_output=True,
+                            text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
+        "key_order": 9.0, "by_name": 9.0, "sequential_spec_kept": True}
