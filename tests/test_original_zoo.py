@@ -252,6 +252,7 @@ one = tf.constant([[1.0]]); ten = tf.constant([[10.0]])
 print(json.dumps({
     "key_order": float(two({"b_second": one, "a_first": ten})[0, 0]),  # values in key order: 10 - 1
     "by_name": float(named({"y": one, "x": ten, "extra": one})[0, 0]),  # names win: 10 - 1
+    "named_spec_kept": named.input_spec is not None,  # its shape checks stay
     "sequential_spec_kept": tf.keras.Sequential([tf.keras.Input(shape=(1,)), tf.keras.layers.Dense(1)]).input_spec is not None,
 }))
 """
@@ -265,4 +266,4 @@ def test_keras2_functional_models_take_dicts_as_tf_keras_2_did():
                             text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {
-        "key_order": 9.0, "by_name": 9.0, "sequential_spec_kept": True}
+        "key_order": 9.0, "by_name": 9.0, "named_spec_kept": True, "sequential_spec_kept": True}

@@ -200,7 +200,8 @@ def feed_dicts_as_keras2_did(model) -> None:
     them all, else the dict's values in key order (``tf.nest.flatten``). Newer tf_keras checks the
     names first and refuses an unnamed ``Input`` (``input_1``) fed ``{"feature": ...}`` ("Missing
     data for input"), though its own mapping below that check still falls back to key order.
-    Only that name check is dropped (``input_spec`` None); shapes are still checked by the layers."""
+    Only a model with an unnamed Input loses that check (``input_spec`` None); its layers still
+    check the shapes. Named Inputs already take a dict by name, and keep it."""
     if not legacy_active():
         return
     nested = getattr(model, "_nested_inputs", None)
@@ -210,4 +211,8 @@ def feed_dicts_as_keras2_did(model) -> None:
 
     if isinstance(model, tf_keras.Sequential):
         return
-    model.input_spec = None
+    if any(_UNNAMED_INPUT.match(x._keras_history.layer.name) for x in model.inputs):
+        model.input_spec = None
+
+
+_UNNAMED_INPUT = re.compile(r"input(_\d+)?$")  # tf_keras's names for an Input given none
