@@ -66,6 +66,7 @@ def run_one(config, export_dir: str) -> dict:
                 optimizer.apply(params[name], grad, slots[name], step)
         trainer.set_params(params)
     model = trainer.serving_model(lambda name: tables.tables[name].state()[:2])
+    expected = [np.asarray(t) for t in tf.nest.flatten(model(batches[0][0], training=False))]
     export_saved_model(model, export_dir)
     loaded = tf.saved_model.load(export_dir)
     serve = loaded.signatures["serving_default"]
@@ -75,9 +76,12 @@ def run_one(config, export_dir: str) -> dict:
     rows = {k: np.asarray(v).shape[0] for k, v in outputs.items()}
     served = tf.nest.flatten(loaded.serve(features))  # Keras 3's second endpoint, on Keras 2 exports too
     rows["serve"] = int(np.asarray(served[0]).shape[0])
+    # Lookup tables, embeddings and BatchNorm statistics restored: the same outputs as the model's.
+    same = len(served) == len(expected) and all(
+        np.allclose(np.asarray(a), b, rtol=1e-4, atol=1e-5) for a, b in zip(served, expected))
     return {"model_def": config.training.model_def, "losses": losses, "finite": bool(np.all(np.isfinite(losses))),
             "variables": len(trainer.variables), "non_trainable_moved": len(moved), "tables": sorted(trainer.embeddings.infos),
-            "serving_rows": rows, "optimizer": checked.optimizer_spec.name}
+            "serving_rows": rows, "serves_as_trained": bool(same), "optimizer": checked.optimizer_spec.name}
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ so serving needs no parameter server. See docs/embeddings.md.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -35,6 +36,35 @@ def record_input_signature(model, features) -> None:
         _INPUT_SIGNATURES[model] = [tf.nest.map_structure(spec, features)]
     except (TypeError, ValueError):  # ragged or sparse inputs: leave it to Keras
         pass
+
+
+@contextlib.contextmanager
+def made_resources():
+    """The TensorFlow resources (lookup tables) constructed inside the block, in a list."""
+    from tensorflow.python.trackable import resource
+
+    made: list = []
+    original = resource.CapturableResource.__init__
+
+    def record(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        made.append(self)
+
+    resource.CapturableResource.__init__ = record
+    try:
+        yield made
+    finally:
+        resource.CapturableResource.__init__ = original
+
+
+def _layer_traces(save: bool):
+    """tf_keras's option not to save the traces of every layer's call with the model (saving
+    them is its default, kept as it is when ``save``)."""
+    if save:
+        return contextlib.nullcontext()
+    from tf_keras.src.saving.legacy.saved_model.utils import keras_option_scope
+
+    return keras_option_scope(save_traces=False, in_tf_saved_model_scope=False)
 
 
 def export_saved_model(model, path: str) -> str:
@@ -99,11 +129,26 @@ def _export_keras2(model, path: str) -> str:
     else:
         serving = tf.function(outputs, input_signature=signature)
 
-    # Saved as an attribute of the model (the SavedModel's root), then taken off again.
+    # Tables a layer makes in its call() (the original zoo's lookup layers) are made while
+    # tracing, owned by no layer: saved as the model's too, else TensorFlow refuses the export
+    # ("references an 'untracked' resource").
+    with made_resources() as resources:
+        concrete = serving.get_concrete_function()
+    # Saved as attributes of the model (the SavedModel's root), then taken off again.
     model.serve = raw
+    if resources:
+        model.elasticdl_call_resources = resources
+        # Saving retraces a tf.function (its own context), which would make new tables; the
+        # trace made above, with the tables it uses, is saved instead.
+        model.serve = raw.get_concrete_function()
     try:
-        tf.saved_model.save(model, path, signatures={"serving_default": serving.get_concrete_function()})
+        # Keras's own traces of every layer's call would make more such tables, in functions
+        # no root reaches: a model that made tables is saved with its two endpoints only.
+        with _layer_traces(save=not resources):
+            tf.saved_model.save(model, path, signatures={"serving_default": concrete})
     finally:
         del model.serve
+        if resources:
+            del model.elasticdl_call_resources
     logger.info("SavedModel written to %s", path)
     return path

@@ -205,3 +205,27 @@ def settle(config, announce: bool = True):
     if choice.version == section.keras_version:
         return config
     return config.replace(keras_version=choice.version)
+
+
+def feed_dicts_as_keras2_did(model) -> None:
+    """Let a Keras 2 functional model whose ``Input``s are a list (or one tensor) take a dict the
+    way tf.keras 2 took it when the original ElasticDL ran: by the Inputs' names when the dict has
+    them all, else the dict's values in key order (``tf.nest.flatten``). Newer tf_keras checks the
+    names first and refuses an unnamed ``Input`` (``input_1``) fed ``{"feature": ...}`` ("Missing
+    data for input"), though its own mapping below that check still falls back to key order.
+    Only a model with an unnamed Input loses that check (``input_spec`` None); its layers still
+    check the shapes. Named Inputs already take a dict by name, and keep it."""
+    if not legacy_active():
+        return
+    nested = getattr(model, "_nested_inputs", None)
+    if nested is None or isinstance(nested, dict) or not getattr(model, "_is_graph_network", False):
+        return  # subclassed models, and Inputs given as a dict (keyed by name already)
+    import tf_keras
+
+    if isinstance(model, tf_keras.Sequential):
+        return
+    if any(_UNNAMED_INPUT.match(x._keras_history.layer.name) for x in model.inputs):
+        model.input_spec = None
+
+
+_UNNAMED_INPUT = re.compile(r"input(_\d+)?$")  # tf_keras's names for an Input given none

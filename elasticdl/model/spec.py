@@ -111,6 +111,9 @@ class ModelSpec:
                 f"{self.module_path}: {self.model_name}() must return a {keras.__name__}.Model "
                 f"(functional, Sequential or subclassed). Received: {type(model).__name__}.{hint}"
             )
+        from elasticdl.model.keras_generation import feed_dicts_as_keras2_did
+
+        feed_dicts_as_keras2_did(model)  # an unnamed Input fed a dict, as the original zoo does
         return model
 
 
