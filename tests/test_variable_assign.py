@@ -26,6 +26,13 @@ def test_aligned_arrays_start_on_the_boundary_and_hold_their_shape(shape):
         assert is_aligned(array) and array.ctypes.data % ALIGNMENT == 0
 
 
+@pytest.mark.parametrize("shape", [(-1,), (3, -2), (1 << 62, 8), (1 << 32, 1 << 32)])
+def test_a_shape_no_buffer_can_hold_is_refused_as_numpy_refuses_it(shape):
+    # A forged shape whose int64 product wraps around must not get a small buffer reshaped to it.
+    with pytest.raises((ValueError, MemoryError)):
+        aligned_empty(shape, np.float32)
+
+
 def unaligned(values: np.ndarray) -> np.ndarray:
     raw = np.empty(values.nbytes + ALIGNMENT + 4, np.uint8)
     start = (-raw.ctypes.data % ALIGNMENT) + 4

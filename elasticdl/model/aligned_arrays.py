@@ -16,6 +16,8 @@ Example::
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 ALIGNMENT = 64  # bytes: Eigen's largest (AVX-512) alignment
@@ -25,7 +27,11 @@ def aligned_empty(shape, dtype) -> np.ndarray:
     """An uninitialized C-contiguous array of ``shape`` whose data starts on an ALIGNMENT boundary
     (an empty one has no bytes to align)."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(dim) for dim in shape)
+    if any(dim < 0 for dim in shape):  # as np.empty: a negative dimension is no shape
+        raise ValueError(f"negative dimensions are not allowed: {shape}")
+    # Python ints: an int64 product would wrap around for a forged shape and allocate too little.
+    nbytes = math.prod(shape) * dtype.itemsize
     raw = np.empty(nbytes + ALIGNMENT, np.uint8)
     start = -raw.ctypes.data % ALIGNMENT
     return raw[start:start + nbytes].view(dtype).reshape(shape)
