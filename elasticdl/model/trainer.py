@@ -27,6 +27,7 @@ from elasticdl.model.non_trainable import NonTrainableChange, lives_on_ps
 from elasticdl.model.sample_weight import weighted_loss
 from elasticdl.model.slicing import SliceError, with_slices_joined
 from elasticdl.model.spec import DatasetMetadata, ModelSpec, ModelSpecError
+from elasticdl.model.variable_assign import assign
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +201,7 @@ class Trainer:
                     f"the parameter server holds {name!r} with shape {shape}, this model's "
                     f"variable has {tuple(var.shape)}: was the checkpoint made by a different model?"
                 )
-            var.assign(np.asarray(value, dtype=var.dtype.as_numpy_dtype))
+            assign(var, value)  # an aligned received array: shared, not copied
 
     def apply_locally(self, grads: dict[str, np.ndarray], learning_rate: float | None) -> None:
         """Async with --get_model_steps > 1: train on our own updates until the next pull."""

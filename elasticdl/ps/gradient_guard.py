@@ -31,6 +31,7 @@ import numpy as np
 
 from elasticdl.model.embedding.table import IndexedRows
 from elasticdl.model.non_trainable import NonTrainableChange
+from elasticdl.ps.square_sums import cleared_square_sum, square_sum
 
 # Above this a value's square overflows float32 (sqrt(3.4e38)): an optimizer's slots go to inf.
 FLOAT32_SQUARE_LIMIT = math.sqrt(float(np.finfo(np.float32).max))
@@ -76,16 +77,22 @@ class GradientGuard:
 
 def _measure(grads: dict) -> tuple[float, float]:
     """(L2 norm, largest magnitude) of the gradients. Summed in their own float32 (no copy of a
-    large gradient): a sum that overflows is a norm beyond 1.8e19, refused all the same."""
+    large gradient): a sum that overflows is a norm beyond 1.8e19, refused all the same. For a
+    gradient whose sum of squares clears it (ps/square_sums.py) the largest magnitude is that
+    sum's root, a bound: exact values are needed only where one may be beyond float32."""
     total, largest = 0.0, 0.0
     for value in grads.values():
         if isinstance(value, NonTrainableChange):
             continue  # new values of state, not gradients
         array = value.values if isinstance(value, IndexedRows) else value
+        cleared = cleared_square_sum(array)
+        if cleared is not None:  # no value above its root, so none beyond float32 (ps/square_sums.py)
+            largest, total = max(largest, math.sqrt(cleared)), total + cleared
+            continue
         flat = np.ravel(array)
         if flat.size == 0:
             continue
         with np.errstate(over="ignore", invalid="ignore"):
             largest = max(largest, float(np.max(np.abs(flat))))
-            total += float(np.dot(flat, flat))
+        total += square_sum(flat)
     return math.sqrt(total), largest

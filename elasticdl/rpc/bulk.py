@@ -23,6 +23,7 @@ import struct
 import numpy as np
 
 from elasticdl.errors import JobFailure
+from elasticdl.model.aligned_arrays import aligned_empty
 from elasticdl.proto import elasticdl_pb2
 from elasticdl.rpc import codec as tensor_codec
 
@@ -107,10 +108,11 @@ def plan(tensors) -> tuple[list[tuple[str, np.dtype, tuple[int, ...]]], int]:
 
 def recv_arrays(sock: socket.socket, metas) -> dict[str, np.ndarray]:
     """The bytes of the tensors ``plan`` gave, in that order, each received into an array
-    made for it; bfloat16 ones widened to float32 (--wire_dtype)."""
+    made for it, aligned so that the worker's variables can take it without a copy
+    (model/variable_assign.py); bfloat16 ones widened to float32 (--wire_dtype)."""
     out = {}
     for name, dtype, shape in metas:
-        array = np.empty(shape, dtype)
+        array = aligned_empty(shape, dtype)
         if array.nbytes:
             recv_into(sock, array.reshape(-1).view(np.uint8).data)
         out[name] = array.astype(np.float32) if dtype.name == "bfloat16" else array

@@ -14,6 +14,7 @@ from google.protobuf.message import DecodeError
 
 from elasticdl.config.sections import WIRE_DTYPES
 from elasticdl.errors import JobFailure
+from elasticdl.model.aligned_arrays import aligned_empty
 from elasticdl.proto import elasticdl_pb2
 
 _ALLOWED_DTYPES = {"float32", "float64", "float16", "bfloat16", "int32", "int64", "bool"}
@@ -325,7 +326,8 @@ class TensorAssembler:
                 self._received[name] = expected
                 return
             try:
-                self._arrays[name] = array = np.empty(shape, np.float32 if dtype.name == "bfloat16" else dtype)
+                # Aligned: the worker's variables can take it without a copy (model/variable_assign.py).
+                self._arrays[name] = array = aligned_empty(shape, np.float32 if dtype.name == "bfloat16" else dtype)
             except (MemoryError, ValueError) as err:  # a shape no message could fill
                 raise TensorDecodeError(f"tensor {name!r}: shape {shape} of {tensor.dtype}: {err}") from None
             self._received[name] = 0
