@@ -131,3 +131,24 @@ def test_finds_a_master_that_acts_after_its_lease_could_expire(monkeypatch):
     monkeypatch.setattr(SimLeadership, "keep_alive", lambda self: True)
     found = first_finding(r"two leaders", seeds=300)
     assert found is not None and found.mode.store == "etcd"
+
+
+def test_parallel_seeds_run_in_spawned_processes_not_forked(monkeypatch):
+    """A forked pool worker inherits the test process's TensorFlow objects but not their
+    threads: one garbage-collected there waits for ever (`make test` hung in this budget after
+    TF tests had run in the same process). The pool must spawn its workers."""
+    import concurrent.futures
+
+    from elasticdl.sim import runner
+
+    contexts = []
+
+    class Recording(concurrent.futures.ProcessPoolExecutor):
+        def __init__(self, *args, mp_context=None, **kwargs):
+            contexts.append(mp_context)
+            super().__init__(*args, mp_context=mp_context, **kwargs)
+
+    monkeypatch.setattr(runner, "ProcessPoolExecutor", Recording)
+    results = list(runner.run_seeds([0, 1], jobs=2))
+    assert [r.seed for r in results] == [0, 1]
+    assert [c.get_start_method() for c in contexts] == ["spawn"]

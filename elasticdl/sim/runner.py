@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import multiprocessing
 import sys
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -32,7 +33,10 @@ def run_seeds(seeds: Iterable[int], family: str | None = None, jobs: int = 1,
     if jobs <= 1:
         yield from map(_run, work)
         return
-    with ProcessPoolExecutor(jobs) as pool:
+    # Spawned, not forked: a process that has run TensorFlow (a test process that ran other
+    # files first) holds tf.data iterators whose threads a fork does not copy; a forked child
+    # that garbage-collects one waits for those threads for ever (seen as a hung `make test`).
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         yield from pool.map(_run, work, chunksize=16)
 
 
