@@ -139,6 +139,7 @@ MODELS = [
     ("dac_ctr.elasticdl_train.custom_model", "dac", "model='deepfm'", {}),
     ("dac_ctr.elasticdl_train.custom_model", "dac", "model='xdeepfm'", {}),
     ("dac_ctr.elasticdl_train.custom_model", "dac", "model='dcn'", {}),
+    ("dac_ctr.wide_deep_train.custom_model", "dac", "", {}),  # one id group, its callbacks
     # The constructs of the five files an outside trial found failing (issue 30): the ODPS and
     # data-reader import paths, an unnamed Input fed a dict, lookup tables made in call().
     ("cifar10.cifar10_odps_outputs.custom_model", "cifar10", "", {}),
