@@ -7,7 +7,9 @@ setup(
     version="0.1.0",
     description="Elastic parameter-server training for Keras models",
     python_requires=">=3.11",
-    packages=find_packages(include=["elasticdl", "elasticdl.*"]),
+    # elasticdl_preprocessing: the original ElasticDL's preprocessing layers under their import path
+    # (our own code), so that its model zoo runs unedited (docs/model_zoo.md).
+    packages=find_packages(include=["elasticdl", "elasticdl.*", "elasticdl_preprocessing", "elasticdl_preprocessing.*"]),
     install_requires=[
         "numpy>=1.26",
         "ml_dtypes>=0.3",  # bfloat16 for --wire_dtype (TensorFlow brings it too; imported only then)
@@ -34,6 +36,9 @@ setup(
         # install a second TensorFlow over tensorflow-cpu, so install it with
         # `pip install --no-deps 'tf-keras~=X.Y.0'` (X.Y: tensorflow-cpu's), as `make keras2` does.
         "keras2": ["tf-keras>=2.18"],
+        # The original ElasticDL's dac_ctr deepfm, xdeepfm and dcn models import deepctr's FM, CIN and
+        # CrossNet (Keras 2: with the keras2 extra or `make keras2`). deepctr requires no TensorFlow of its own.
+        "original-zoo": ["deepctr>=0.9.4"],
         # The keras-io structured-data examples read their CSV files with pandas.
         "pandas": ["pandas>=2"],
         # s3fs and moto's S3 server: the object-storage tests (tests/s3_fixture.py) and the parquet_s3 benchmark.

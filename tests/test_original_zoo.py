@@ -139,6 +139,7 @@ MODELS = [
     ("dac_ctr.elasticdl_train.custom_model", "dac", "model='deepfm'", {}),
     ("dac_ctr.elasticdl_train.custom_model", "dac", "model='xdeepfm'", {}),
     ("dac_ctr.elasticdl_train.custom_model", "dac", "model='dcn'", {}),
+    ("dac_ctr.wide_deep_train.custom_model", "dac", "", {}),  # one id group, its callbacks
     # The constructs of the five files an outside trial found failing (issue 30): the ODPS and
     # data-reader import paths, an unnamed Input fed a dict, lookup tables made in call().
     ("cifar10.cifar10_odps_outputs.custom_model", "cifar10", "", {}),
@@ -223,7 +224,7 @@ def test_full_job_two_workers_one_ps(data, tmp_path, model_def, data_key, params
                         report["checkpoint"], "--prediction_outputs", str(tmp_path / "pred"), *extra)
     finally:
         ENV.pop("DAC_OUTPUTS")
-    if model_def.startswith("dac_ctr"):  # its PredictionOutputsProcessor got tensors (it asserts so)
+    if model_def.startswith("dac_ctr.elasticdl_train"):  # its PredictionOutputsProcessor got tensors (it asserts so)
         probs = np.concatenate([np.loadtxt(p, ndmin=1) for p in outputs.iterdir()])
         assert probs.shape == (64,)
     elif model_def.startswith("cifar10.cifar10_odps_outputs"):  # no ODPS: its processor logs the batches

@@ -1,13 +1,20 @@
 """Written as the original's dac_ctr/elasticdl_train.py is: ``from model_zoo...`` imports, the
-dataset function named ``feed``, raw TF ops on Keras tensors (hashing, standardizing), Adam, a
-dict of outputs with nested metrics, and a PredictionOutputsProcessor on the original's base."""
+dataset function named ``feed``, elasticdl_preprocessing's layers on feature groups
+(feature_transform.py), Adam, a dict of outputs with nested metrics, and a
+PredictionOutputsProcessor on the original's base."""
 
 import os
 
 import numpy as np
 import tensorflow as tf
 from model_zoo.dac_ctr.ctr_models import MODELS
-from model_zoo.dac_ctr.feature_config import FEATURE_NAMES, HASH_FEATURES, LABEL_KEY, STANDARDIZED_FEATURES
+from model_zoo.dac_ctr.feature_config import (
+    FEATURE_GROUPS,
+    FEATURE_NAMES,
+    HASH_FEATURES,
+    LABEL_KEY,
+    STANDARDIZED_FEATURES,
+)
 from model_zoo.dac_ctr.feature_transform import transform_feature
 
 from elasticdl.python.worker.prediction_outputs_processor import BasePredictionOutputsProcessor
@@ -15,7 +22,7 @@ from elasticdl.python.worker.prediction_outputs_processor import BasePredictionO
 
 def custom_model(model="xdeepfm"):
     input_layers = get_input_layers(FEATURE_NAMES)
-    standardized_tensor, id_tensors, max_ids = transform_feature(input_layers)
+    standardized_tensor, id_tensors, max_ids = transform_feature(input_layers, feature_groups=FEATURE_GROUPS)
     return MODELS[model](input_layers, standardized_tensor, id_tensors, max_ids)
 
 
