@@ -60,7 +60,7 @@ demo: $(DEMO_STAMP) data/digits/train
 # processes about half the time, so two files side by side fill the 2 cores CI has.
 test: $(STAMP)
 	$(VENV)/bin/lint-imports  # the one-way dependencies of pyproject.toml
-	$(VENV)/bin/bandit -q -r elasticdl benchmarks model_zoo -x elasticdl/proto -ll  # security lint: a medium or high finding fails (a justified one: `# nosec` under its reason)
+	$(VENV)/bin/bandit -q -r elasticdl elasticdl_preprocessing benchmarks model_zoo -x elasticdl/proto -ll  # security lint: a medium or high finding fails (a justified one: `# nosec` under its reason)
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25 -m 'not bench' tests
 
 # The benchmark suite end to end at tiny sizes (about 2 minutes): outside `make test`'s 15-minute
