@@ -43,6 +43,8 @@ OUTSIDE_THE_TREE = {
     "elasticdl.ps.replica_snapshot.SnapshotRefused",
     # A backup taken off a shard while a forward was on its way; the primary drops it from the forward.
     "elasticdl.ps.replication.BackupGone",
+    # Slices that do not make a whole variable; a damaged checkpoint or a model error where raised.
+    "elasticdl.model.slicing.SliceError",
 }
 # ElasticDLErrors on neither branch: families whose subclasses are on both. Only their
 # subclasses are raised (checked below); exit_status maps the family itself to 1.

@@ -55,7 +55,11 @@ def _check_lineages(tmp_path) -> None:
             match = re.match(r"ps-(\d+)-of-(\d+)(?:\.term-(\d+))?\.npz$", name)
             if match:
                 terms.setdefault(int(match.group(3) or 0), set()).add(int(match.group(1)))
-        assert terms, f"{version_dir} holds no shard"
+        if not terms:  # only the temporary files of a PS SIGKILLed while it wrote this cut
+            leftovers = os.listdir(version_dir)
+            assert leftovers and all(n.startswith(".") and n.endswith(".tmp") for n in leftovers), \
+                (version_dir, leftovers)
+            continue
         assert any(ids == {0, 1} for ids in terms.values()) or len(terms) == 1, (version_dir, terms)
 
 
