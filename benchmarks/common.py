@@ -89,6 +89,16 @@ def run_child(module: str, spec: dict, cwd: str, timeout: float, log_path: str) 
     return result
 
 
+def job_report(out_path: str, returncode: int, job: str) -> dict:
+    """The report an ``elasticdl train`` printed to ``out_path`` (its stdout); an error naming
+    the files to read when the job failed."""
+    with open(out_path) as f:
+        text = f.read()
+    if returncode != 0 or "{" not in text:
+        raise RuntimeError(f"{job} exited {returncode}; see {out_path} and its .err")
+    return json.loads(text[text.index("{"):])
+
+
 def emit(result: dict) -> None:
     """A child's answer to run_child: one line on stdout."""
     sys.stdout.write(RESULT_PREFIX + json.dumps(result) + "\n")

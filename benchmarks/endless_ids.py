@@ -31,7 +31,6 @@ every 0.2 s while they train. The figures:
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -40,7 +39,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import BENCH_MODEL_ZOO, child_env
+from benchmarks.common import BENCH_MODEL_ZOO, child_env, job_report
 from benchmarks.elastic_recovery import _die_with_this_process, _role_pids
 
 ITEMS = 1_000
@@ -167,10 +166,7 @@ def run_job(name: str, model_params: str, train: str, held_out: str, workdir: st
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
-    text = open(out_path).read()
-    if proc.returncode != 0 or "{" not in text:
-        raise RuntimeError(f"{job} exited {proc.returncode}; see {out_path} and its .err")
-    report = json.loads(text[text.index("{"):])
+    report = job_report(out_path, proc.returncode, job)
     return {"auc": report["metrics"].get("auc"), "records": report.get("records_trained"),
             "tables": report.get("embedding_tables", {}), **rss_growth(sampler.samples, trained_from or trained_to, trained_to)}
 

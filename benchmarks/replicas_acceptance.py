@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks.common import REPO, child_env
+from benchmarks.common import REPO, child_env, job_report
 from benchmarks.elastic_recovery import _die_with_this_process, _lines, _role_pids, _wait_for
 
 MODEL_DEF = "digits.digits_functional.custom_model"
@@ -68,10 +68,7 @@ def _run(command: list[str], workdir: str, job: str, kill_epoch: int, epochs: in
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    text = open(out_path).read()
-    if proc.returncode != 0 or "{" not in text:
-        raise RuntimeError(f"{job} exited {proc.returncode}; see {out_path} and its .err")
-    return json.loads(text[text.index("{"):]), time.time() - started
+    return job_report(out_path, proc.returncode, job), time.time() - started
 
 
 def checks(report: dict, reference: dict) -> dict[str, bool]:
