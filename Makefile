@@ -82,7 +82,8 @@ clean:
 # The benchmark suite (docs/benchmarks.md), about half an hour on 2 cores; results in runs/benchmarks.
 # make bench QUICK=1 (tiny sizes, the smoke test), CASES=training,ps_data_plane, REPS=5
 bench: $(STAMP)
-	$(PY) -m benchmarks $(if $(QUICK),--quick) $(if $(CASES),--cases $(CASES)) $(if $(REPS),--reps $(REPS))
+	$(PY) -m benchmarks $(if $(QUICK),--quick) $(if $(CASES),--cases $(CASES)) $(if $(REPS),--reps $(REPS)) \
+	    $(if $(MODELS),--models $(MODELS)) $(if $(COMPETITORS),--competitors $(COMPETITORS))
 
 # Issue 26's acceptance runs of --ps_replicas in full (docs/replicas.md): sync and async, digits,
 # 20 epochs, ps-1 SIGKILLed at epoch 6, each against its fault-free job; minutes, not in make test.
