@@ -25,7 +25,7 @@ def test_a_deleted_ps_pod_with_replicas_fails_over_to_its_backup_with_nothing_ro
             if log and "first gradient pushed" in open(log).read():
                 break
             assert client.poll() is None, client.stderr.read()[-5000:]
-            time.sleep(0.2)
+            time.sleep(0.2)  # a poll of another process's log with a deadline, not a wait for time to pass
         else:
             pytest.fail("worker-0 never trained")
         assert cluster.client().delete_pod(f"elasticdl-{job}-ps-1", 0)  # its process SIGKILLed
