@@ -115,24 +115,37 @@ def check(plan: Plan, outcome: Outcome, run_dir: str, data: str,
     return verdict
 
 
+def reported_final_cut(report: dict, ckpt: str, problems: list[str]):
+    """(directory, shards) of the newest complete cut on disk, after checking the report's
+    status and that its checkpoint is that cut (each problem appended to ``problems``); None
+    when there is no readable cut, which ends the check."""
+    if report.get("status") != "succeeded":
+        problems.append(f"exit 0 but the report says {report.get('status')!r}")
+    try:
+        cut = final_cut(ckpt)
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as err:
+        problems.append(f"the final cut cannot be read: {err}")
+        return None
+    if cut is None:
+        problems.append("no complete cut on disk")
+        return None
+    directory, shards = cut
+    if os.path.basename(report.get("checkpoint", "").rstrip("/")) != os.path.basename(directory):
+        problems.append(f"the report's checkpoint {report.get('checkpoint')!r} is not the newest complete cut "
+                        f"{os.path.basename(directory)}")
+    return cut
+
+
 def check_success(plan: Plan, report: dict, ckpt: str, data: str) -> list[str]:
     problems = []
     train = os.path.join(data, "train")
     per_epoch = records_per_epoch(train)
     records = plan.epochs * per_epoch
     low, high = version_bounds(plan.mode, shard_batches(train, plan.mode.model), plan.epochs)
-    if report.get("status") != "succeeded":
-        problems.append(f"exit 0 but the report says {report.get('status')!r}")
-    try:
-        cut = final_cut(ckpt)
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as err:
-        return [*problems, f"the final cut cannot be read: {err}"]
+    cut = reported_final_cut(report, ckpt, problems)
     if cut is None:
-        return [*problems, "no complete cut on disk"]
+        return problems
     directory, shards = cut
-    if os.path.basename(report.get("checkpoint", "").rstrip("/")) != os.path.basename(directory):
-        problems.append(f"the report's checkpoint {report.get('checkpoint')!r} is not the newest complete cut "
-                        f"{os.path.basename(directory)}")
     if len(shards) != plan.num_ps:
         problems.append(f"the final cut has {len(shards)} shards, the job {plan.num_ps} PS")
     versions = {s.version for s in shards}
