@@ -40,7 +40,7 @@ import time
 import numpy as np
 
 from benchmarks.common import BENCH_MODEL_ZOO, child_env, job_report
-from benchmarks.elastic_recovery import _die_with_this_process, _role_pids
+from benchmarks.elastic_recovery import _die_with_this_process, _lines, _role_pids
 
 ITEMS = 1_000
 USER_WINDOW = 2_000
@@ -137,8 +137,7 @@ def rss_growth(samples: list[tuple[float, float]], trained_from: float, trained_
 
 
 def _first_gradient_seen(logs: str) -> bool:
-    path = os.path.join(logs, "worker-0.log")
-    return os.path.exists(path) and "first gradient pushed" in open(path, errors="replace").read()
+    return any("first gradient pushed" in line for line in _lines(os.path.join(logs, "worker-0.log")))
 
 
 def run_job(name: str, model_params: str, train: str, held_out: str, workdir: str, timeout: float) -> dict:
