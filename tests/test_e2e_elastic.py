@@ -141,3 +141,32 @@ def test_ps_killed_and_restored_from_checkpoint(digits, tmp_path):  # noqa: F811
     # Nothing lost, nothing applied twice: the PS applied exactly the records of 3 epochs.
     assert report["exactly_once"] == {"records_applied": [3 * 1437], "records_done": 3 * 1437, "holds": True}
     assert sum(epoch.get("rollback", 0) for epoch in report["records_retrained"]) == rollback["records_retrained"]
+
+
+def test_a_worker_frozen_for_good_loses_its_task_at_the_timeout_and_is_replaced(digits, tmp_path):  # noqa: F811
+    """A worker SIGSTOPped mid-job and never continued holds its task (and, in sync mode, the
+    version the other worker waits on) until --task_timeout: then the master takes the task back,
+    fenced on the PS, replaces the worker, and the job ends with every record applied once. (From
+    the commit that made the ledger pure until this test, the job never gave its ledger a clock:
+    no task ever timed out, and a frozen worker held its task for good.)"""
+    job = "frozen"
+    proc = _start(digits, tmp_path, job, num_workers=2, num_ps=1, num_epochs=1, records_per_task=64, task_timeout=8)
+    frozen = None
+    try:
+        logs = tmp_path / "runs" / job / "logs"
+        _wait_for(lambda: all("first gradient pushed" in p.read_text() for p in logs.glob("worker-[01].log"))
+                  and len(list(logs.glob("worker-[01].log"))) == 2, 120, "both workers' first gradient")
+        frozen = _wait_for(lambda: _worker_pids(proc.pid, tmp_path).get(0), 30, "worker 0's pid")
+        os.kill(frozen, signal.SIGSTOP)
+        out, err = communicate_or_explain(proc, tmp_path)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if frozen is not None and _alive([frozen]):
+            os.kill(frozen, signal.SIGKILL)
+    report = report_of(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    assert report["records_done_per_epoch"] == [report["records_per_epoch"]]
+    assert report["exactly_once"]["holds"], report["exactly_once"]
+    log = _master_log(tmp_path, job)
+    assert "worker 0 held it longer than --task_timeout=8s" in log, log[-3000:]
+    assert "its task timed out (--task_timeout)" in log, log[-3000:]

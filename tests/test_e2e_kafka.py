@@ -22,6 +22,7 @@ from kafka_fixture import kafka_broker  # noqa: F401  (pytest finds fixtures by 
 from elasticdl.data import tfrecord
 from elasticdl.data.kafka_client import GroupOffsets, KafkaTopic
 from tests.chaos.checks import final_cut
+from tests.hung_job import communicate_or_explain
 from tests.test_e2e_elastic import _master_log, _wait_for, _worker_pids
 from tests.test_e2e_local import MODEL_ZOO, digits  # noqa: F401
 
@@ -79,12 +80,9 @@ def _train(broker, tmp_path, job: str, **flags) -> subprocess.Popen:
 
 
 def _finish(proc: subprocess.Popen, tmp_path, job: str) -> dict:
-    try:
-        out, err = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    """The job's report once it ends; a job that does not end fails the test with every role's
+    log tail and stack (tests/hung_job.py), before pytest's own timeout kills it blind."""
+    out, err = communicate_or_explain(proc, tmp_path)
     assert proc.returncode == 0, err[-4000:]
     return json.loads((tmp_path / "runs" / job / "report.json").read_text())
 

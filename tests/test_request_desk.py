@@ -219,3 +219,22 @@ def test_requests_left_when_the_loop_stops_get_their_answer_from_no_ledger():
     assert queued_report.future.result(0) == Verdict(False, "the master's job loop has stopped")
     assert job.requests.ask(parked_first, timeout=0.0) == END  # asked later: answered at once
     assert tasks.epochs[0].records_done == 0 and job._events.empty()
+
+
+def test_a_request_parked_by_a_worker_that_died_gets_end_and_its_task_goes_to_a_live_one():
+    """The CI hang of test_e2e_kafka's worker kill: worker 0's request for a task was parked when
+    it was SIGKILLed; the master handled its exit (nothing of its was in progress), then the next
+    change of the ledger handed the parked request a task. That task sat in doing for a worker
+    that no longer existed, and the job never ended. A dead worker's request gets END, and the
+    task goes to the live worker who asks."""
+    desk, dispatcher, tasks, _, _ = desk_for(shards=1, epochs=1)
+    held = served(desk, GetTask(1))[1].result(0)
+    _, parked = served(desk, GetTask(0, wait=60.0))  # worker 0 waits: worker 1 holds the only task
+    assert not parked.done() and desk.parked == 1
+    dispatcher.recover_worker_tasks(0)  # the controller handles worker 0's exit
+    served(desk, ReportTask(held.task_id, 1, records=4, handout=held.handout, interrupted=True))
+    desk.settle()  # the rest of the task is back in todo: not for the dead worker
+    assert parked.result(0) == END and desk.parked == 0
+    assert served(desk, GetTask(0))[1].result(0) == END  # a request of its queued behind its exit
+    rest = served(desk, GetTask(2))[1].result(0)
+    assert (rest.kind, rest.start, rest.end) == ("training", 4, 10)

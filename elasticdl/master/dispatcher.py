@@ -38,6 +38,11 @@ class TaskDispatcher:
         self._diverged: list[str] = []
         # The files whose footer each worker was handed (``footers_for``); forgotten when it exits.
         self._footers_given: dict[int, set[str]] = {}
+        # Workers whose exit the master handled (``recover_worker_tasks``). A request one sent
+        # before it died may still be waiting on the loop (parked, or queued behind its exit): it
+        # gets END, never a task, which would sit in doing for a worker that no longer exists.
+        # Process indices are never reused (elasticdl/master/instance_manager.py).
+        self._gone: set[int] = set()
 
     def halt(self, reason: str) -> None:
         """Stop acting at once (any thread: a store thread saw the leadership go): the master lost
@@ -88,10 +93,14 @@ class TaskDispatcher:
                 found.append((path, *footer))
         return found
 
+    def gone(self, worker_id: int) -> bool:
+        """The master handled this worker's exit: nothing is handed to it any more."""
+        return worker_id in self._gone
+
     def _task_now(self, worker_id: int) -> Task | NoTask:
         if self._halted:
             return NoTask.WAIT
-        if self._finished:
+        if self._finished or worker_id in self._gone:
             return NoTask.END
         if self.evaluation is not None:
             task = self.evaluation.get_task(worker_id)
@@ -133,7 +142,9 @@ class TaskDispatcher:
         return self.main.progress(task_id, worker_id, records_done)
 
     def recover_worker_tasks(self, worker_id: int) -> None:
-        self._footers_given.pop(worker_id, None)  # a process started under its id has none
+        """``worker_id`` exited: its tasks go back, and it is handed nothing more (``gone``)."""
+        self._gone.add(worker_id)
+        self._footers_given.pop(worker_id, None)
         if self.main is not None:
             self.main.recover_worker_tasks(worker_id)
         if self.evaluation is not None:

@@ -107,6 +107,7 @@ class Job(JobSetup, Recovery, ReplicaRecovery, JobEnd):
                 shuffle=command == "train" and cfg.data.shuffle_tasks,
                 gate_epochs=command == "train",  # the controller opens each epoch (OpenEpoch)
                 fences_pushes=command == "train",  # a task taken back waits for FenceHandouts
+                clock=time.monotonic,  # --task_timeout: a frozen worker's task comes back
             )
         records = sum(n for _, n in checked.files)
         self.progress = TrainingProgress(records, cfg.training.num_epochs if command == "train" else 1)

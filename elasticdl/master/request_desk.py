@@ -112,6 +112,8 @@ class RequestDesk:
         for parked in self._parked:
             if self._dispatcher.finished or self._dispatcher.halted:
                 parked.request.future.set_result(self._no_task())
+            elif self._dispatcher.gone(parked.request.worker_id):  # parked before its exit was handled
+                parked.request.future.set_result(END)
             elif moved and isinstance(task := self._dispatcher.get_task(parked.request.worker_id), Task):
                 parked.request.future.set_result(self._answer(parked.request.worker_id, task))
                 self._mark = self._ledger_mark()  # a hand-out moved the ledger: the others see it

@@ -358,6 +358,7 @@ def stream_ledger(config, command: str) -> StreamTaskManager | None:
         seed=config.data.shuffle_seed,
         gate_epochs=True,
         fences_pushes=True,  # a task taken back waits for FenceHandouts, as a file task does
+        clock=time.monotonic,  # --task_timeout: a frozen worker's task comes back
     )
 
 
