@@ -267,3 +267,23 @@ def test_a_sync_job_ends_only_once_its_shards_are_leveled_again_after_a_ps_relau
     ctl.step(c.Tick())
     ctl.step(c.VersionsLeveled(12))
     assert dispatcher.finished
+
+
+def test_a_spare_caught_up_on_some_shards_is_asked_again_for_the_others_only():
+    """A catch-up that failed after some shards (a sync average refused the next one's snapshot):
+    the shards caught up count as backed up, and the next AddBackup asks for the rest only. Asked
+    for all of them again, the executor prepared a caught-up shard afresh, dropping the backup its
+    primary forwarded to: the pushes then held the sync average that refused the other snapshot,
+    at every Tick (the livelock of test_e2e_replicas under load)."""
+    ctl, _ = make(num_ps=2, replicas=1)
+    ctl.step(ps_exit(1))
+    ctl.step(c.BackupPromoted(1, ((1, 0),), (80,)))
+    [add] = of(ctl.step(c.Tick()), c.AddBackup)
+    assert add.shards == (0, 1)
+    ctl.step(c.BackupAdded(1, (0,), complete=False))
+    ctl.step(c.BackupNotAdded(1, "FAILED_PRECONDITION: 1 gradients wait in the sync average"))
+    assert ctl.replicas.backups == [[1], []]
+    [again] = of(ctl.step(c.Tick()), c.AddBackup)
+    assert again.ps == 1 and again.shards == (1,)
+    ctl.step(c.BackupAdded(1, (1,)))
+    assert ctl.replicas.backups == [[1], [1]] and of(ctl.step(c.Tick()), c.AddBackup) == []

@@ -241,10 +241,14 @@ class AddBackup:
 
 @dataclass(frozen=True)
 class BackupAdded:
-    """Event: the answer to ``AddBackup``: PS ``ps`` caught up on ``shards``."""
+    """Event: the answer to ``AddBackup``: PS ``ps`` caught up on ``shards``. ``complete=False``:
+    only on these; the catch-up of the decision's other shards failed (a ``BackupNotAdded``
+    follows), and the next ``AddBackup`` asks for those only: a shard caught up is not prepared
+    again, which would drop the backup its primary already forwards to."""
 
     ps: int
     shards: tuple[int, ...]
+    complete: bool = True
 
 
 @dataclass(frozen=True)

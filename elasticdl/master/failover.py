@@ -187,8 +187,9 @@ class ReplicaRoles:
         if isinstance(event, BackupAdded | BackupNotAdded):
             self._adding.discard(event.ps)
             if isinstance(event, BackupAdded):
-                self._spares.discard(event.ps)
-                self._readd.pop(event.ps, None)
+                if event.complete:  # else it stays a spare (or a re-add) for the shards still short
+                    self._spares.discard(event.ps)
+                    self._readd.pop(event.ps, None)
                 for shard in event.shards:
                     if event.ps not in self.backups[shard]:
                         self.backups[shard].append(event.ps)

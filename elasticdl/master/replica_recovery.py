@@ -136,6 +136,7 @@ class ReplicaRecovery:
         forwards every later update to it (a catch-up). Answered by ``BackupAdded``, or
         ``BackupNotAdded`` (asked again at the next Tick: the spare may not serve yet)."""
         routes = {"version": decision.routes_version, "primary": list(decision.primary)}
+        done: list[int] = []
         try:
             answers = self._routes_answers()
             claimed = predecessor_claims(answers[decision.ps].get("primary", ()), decision)
@@ -149,14 +150,26 @@ class ReplicaRecovery:
                 self._replica_command(decision.ps, "prepare", {"shard": shard})
                 self._replica_command(decision.primary[shard], "catch_up",
                                       {"shard": shard, "backup": decision.ps, "term": self.state.term})
+                done.append(shard)
         except grpc.RpcError as err:
-            return [c.BackupNotAdded(decision.ps, f"{err.code().name}: {err.details()}")]
+            not_added = c.BackupNotAdded(decision.ps, f"{err.code().name}: {err.details()}")
+            if not done:
+                return [not_added]
+            # The shards caught up stay so (their primaries forward to the spare): only the rest is
+            # asked again. Preparing a caught-up shard again dropped the backup its primary forwarded
+            # to, whose pushes then held a sync average that refused the other shard's snapshot, at
+            # every Tick: a livelock (test_e2e_replicas, under load).
+            return self._backup_added(decision, tuple(done), complete=False) + [not_added]
+        return self._backup_added(decision, decision.shards)
+
+    def _backup_added(self, decision: c.AddBackup, shards: tuple[int, ...], complete: bool = True) -> list:
         table = self.controller.replicas
         self._record_roles(list(decision.primary), [
-            [*table.backups[s], decision.ps] if s in decision.shards else list(table.backups[s])
+            [*table.backups[s], decision.ps] if s in shards else list(table.backups[s])
             for s in range(len(decision.primary))])
-        logger.info("PS %d caught up and backs up shards %s again (--ps_replicas)", decision.ps, list(decision.shards))
-        return [c.BackupAdded(decision.ps, decision.shards)]
+        logger.info("PS %d caught up and backs up shards %s again (--ps_replicas)%s", decision.ps, list(shards),
+                    "" if complete else "; the others are asked again")
+        return [c.BackupAdded(decision.ps, shards, complete)]
 
     def _read_back_roles(self, roles: ReplicaRoles) -> StoredRoles | None:
         """A resumed job: the roles its last master recorded say which shards had moved and which

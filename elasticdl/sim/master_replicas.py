@@ -111,12 +111,15 @@ class SimReplicaRecovery:
 
     def _add_backup(self, decision: c.AddBackup) -> list:
         routes = wire.Routes(decision.routes_version, tuple(decision.primary))
+        done: list[int] = []
         try:
             for index in sorted({decision.ps, *(decision.primary[s] for s in decision.shards)}):
                 self._ps(index).configure(routes)
             for shard in decision.shards:
                 self._ps(decision.ps).host.prepare(shard)
                 self._ps(decision.primary[shard]).host.catch_up(shard, decision.ps, self.term)
+                done.append(shard)
         except COMMAND_ERRORS as err:
-            return [c.BackupNotAdded(decision.ps, f"{type(err).__name__}: {err}")]
+            not_added = c.BackupNotAdded(decision.ps, f"{type(err).__name__}: {err}")
+            return [c.BackupAdded(decision.ps, tuple(done), complete=False), not_added] if done else [not_added]
         return [c.BackupAdded(decision.ps, decision.shards)]
