@@ -17,6 +17,7 @@ from tests.sim_support import run as run_world
 
 BROKER_CUT = 0  # the broker away for 0.42 s mid-stream; partition 0's watermark 3 records short
 PLANTED_TRUST_WATERMARK = 0  # a partition whose watermark leaves records out
+PLANTED_HAND_TO_DEAD = 58  # a worker SIGKILLed while its request for a task was parked
 
 
 pytestmark = pytest.mark.usefixtures("quiet")
@@ -42,6 +43,15 @@ def test_finds_a_source_that_trusts_the_watermark_planted_back():
         world = run(PLANTED_TRUST_WATERMARK)
     assert any("records done, the job has" in v or "the job consumed" in v for v in world.result.violations)
     assert run(PLANTED_TRUST_WATERMARK).result.violations == []  # the real source reads past it
+
+
+def test_finds_a_task_handed_to_a_worker_whose_exit_was_handled_planted_back():
+    """The CI hang of test_e2e_kafka's worker kill: a request parked for a task (records still
+    arriving) by a worker that was then killed got a task after the master handled its exit."""
+    with planted("hand-to-dead"):
+        world = run(PLANTED_HAND_TO_DEAD)
+    assert any("whose exit the master had handled" in v for v in world.result.violations), world.result.violations
+    assert run(PLANTED_HAND_TO_DEAD).result.violations == []  # a dead worker's request gets END
 
 
 # Found by the simulator at 10 of 6,000 seeds, 2210 the first (docs/reliability.md): the state

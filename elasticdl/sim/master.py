@@ -31,13 +31,14 @@ from elasticdl.master.stream_source import POLL_SECS as STREAM_POLL_SECONDS
 from elasticdl.master.stream_source import KafkaStreamSource
 from elasticdl.master.stream_tasks import StreamTaskManager
 from elasticdl.master.task_manager import Task, TaskManager
+from elasticdl.master.tasks import NoTask
 from elasticdl.model import checkpoint
 from elasticdl.sim.leader import SimLeadership
 from elasticdl.sim.master_replicas import SimReplicaRecovery
 from elasticdl.sim.model import eval_metrics
-from elasticdl.sim.scheduler import Sleep
+from elasticdl.sim.scheduler import Future, Sleep
 from elasticdl.sim.stream import IDLE_SECONDS
-from elasticdl.sim.transport import Unavailable
+from elasticdl.sim.transport import Deferred, Unavailable
 from elasticdl.store.errors import StateStoreError
 from elasticdl.store.memory import MemoryStateStore
 
@@ -49,6 +50,7 @@ TASK_TIMEOUT = 20.0
 RECORDS_PER_TASK = 4
 FINGERPRINT = "sim"
 STORE_RETRY_BUDGET = 5.0  # RetryPolicy's default budget
+PARK_SECONDS = 1.0  # a get_task with no task now waits this long for one (RequestDesk parks it)
 
 
 class SimMaster(SimReplicaRecovery):
@@ -58,6 +60,8 @@ class SimMaster(SimReplicaRecovery):
         self.world = world
         self.term = term
         self.alive = True
+        self.exits_handled: set[int] = set()  # workers whose exit this master fed its controller
+        self._parked: list[tuple[int, Future, float]] = []  # (worker, its answer, its deadline)
         self.frozen = False
         self.process = None  # its coroutine, set by the world
         mode = world.mode
@@ -178,11 +182,14 @@ class SimMaster(SimReplicaRecovery):
                 self.source.feed(self.tasks)
             events.append(c.Tick())
             for event in events:
+                if isinstance(event, c.RoleExited) and event.exit.role == "worker":
+                    self.exits_handled.add(event.exit.index)
                 try:
                     feed(self.controller, event, self.carry_out)
                 except FeedLivelock as err:
                     self.world.livelock(str(err))
                     return
+                self.settle()
         self.world.job_ended(self, self.controller.outcome)
 
     # ------------------------------------------------------------ decisions (Job._carry_out)
@@ -362,14 +369,47 @@ class SimMaster(SimReplicaRecovery):
     # ------------------------------------------------------------ the servicer (worker calls)
 
     def rpc_get_task(self, worker_id: int):
+        task = self._hand_out(worker_id)
+        # RequestDesk: parked until a task comes. In a stream job, where workers wait for records
+        # (the file families answer WAIT and the worker asks again: the timelines their seeds replay).
+        if task is NoTask.WAIT and self.source is not None and not self.dispatcher.halted:
+            future = Future()
+            self._parked.append((worker_id, future, self.world.clock() + PARK_SECONDS))
+            return Deferred(future)
+        return task
+
+    def settle(self) -> None:
+        """RequestDesk.settle: after a change, each parked request gets a task if one came, END or
+        WAIT once the job finished or halted, WAIT at its deadline."""
+        still = []
+        for worker_id, future, deadline in self._parked:
+            if self.dispatcher.finished or self.dispatcher.halted:
+                future.resolve(NoTask.END if not self.dispatcher.halted else NoTask.WAIT)
+                continue
+            task = self._hand_out(worker_id)
+            if task is not NoTask.WAIT or self.world.clock() >= deadline:
+                future.resolve(task)
+            else:
+                still.append((worker_id, future, deadline))
+        self._parked = still
+
+    def _hand_out(self, worker_id: int):
         task = self.dispatcher.get_task(worker_id)
-        return dataclasses.replace(task) if isinstance(task, Task) else task
+        if not isinstance(task, Task):
+            return task
+        if worker_id in self.exits_handled:
+            # A request the worker made before it died (parked, or delivered late), answered after
+            # its exit was handled: the task would sit in doing for a process that is gone.
+            self.world.violation(f"task {task.task_id} handed to worker {worker_id}, whose exit the master "
+                                 "had handled")
+        return dataclasses.replace(task)
 
     def rpc_report(self, task_id: int, worker_id: int, err: str, records: int, interrupted: bool, handout: int,
                    states=None):
         outcome = self.dispatcher.report(task_id, worker_id, err, records, states, interrupted=interrupted,
                                          handout=handout)
         self.events.append(c.TaskReported(task_id, worker_id, outcome.accepted))
+        self.settle()
         return outcome.accepted
 
     def rpc_progress(self, task_id: int, worker_id: int, done: int) -> bool:

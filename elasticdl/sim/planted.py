@@ -15,6 +15,9 @@ Each is the behaviour of the code before its fix, patched in for the duration of
 - ``trust-watermark`` (``--mode stream``): the stream source took a partition's high watermark
   for its end and never read past it, so the records a broker left out of its watermark (Tansu
   0.6) were never trained (issue 27).
+- ``hand-to-dead``: a request for a task that a worker sent before it died, served after the
+  master handled its exit, got a task: it sat in doing for a process that no longer existed (the
+  CI hang of test_e2e_kafka's worker kill, where no --task_timeout took it back either).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import contextlib
 from collections.abc import Iterator
 
 from elasticdl.master import controller as c
+from elasticdl.master.dispatcher import TaskDispatcher
 from elasticdl.master.leveling import Leveling
 from elasticdl.master.stream_source import KafkaStreamSource
 from elasticdl.ps.replication import BackupApplier, apply_entry
@@ -122,8 +126,24 @@ def _trust_watermark() -> Iterator[None]:
         KafkaStreamSource.poll_once = saved
 
 
+@contextlib.contextmanager
+def _hand_to_dead() -> Iterator[None]:
+    saved = TaskDispatcher.recover_worker_tasks
+
+    def recover(self, worker_id: int) -> None:
+        saved(self, worker_id)
+        self._gone.discard(worker_id)  # before the fix, nothing remembered a worker's exit
+
+    TaskDispatcher.recover_worker_tasks = recover
+    try:
+        yield
+    finally:
+        TaskDispatcher.recover_worker_tasks = saved
+
+
 PLANTS = {"async-reconnect": _async_reconnect, "tell-livelock": _tell_livelock, "no-leveling": _no_leveling,
-          "backup-twice": _backup_twice, "trust-watermark": _trust_watermark}
+          "backup-twice": _backup_twice, "trust-watermark": _trust_watermark,
+          "hand-to-dead": _hand_to_dead}
 
 
 def planted(name: str | None):
