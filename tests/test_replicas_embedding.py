@@ -1,7 +1,9 @@
-"""Shard replicas of embedding tables in one process (docs/replicas.md): the rows a lookup makes
-on the primary (initial values, admission, evictions) reach the backup as numbered entries, so
-the backup's tables equal the primary's bit for bit, also under admission and eviction policies,
-and a new backup's snapshot carries the tables."""
+"""Shard replicas of embedding tables in one process (docs/replicas.md): under an admission or
+eviction policy the rows a lookup makes or removes on the primary reach the backup as numbered
+entries, so the backup's tables equal the primary's bit for bit; an unbounded table's lookup
+only makes rows at their initial values, which the pushes of those ids make on the backup too,
+so it is not forwarded: the backup holds every row a push made, bit for bit, and lacks only
+rows at their initial values. A new backup's snapshot carries the tables."""
 
 from __future__ import annotations
 
@@ -37,16 +39,12 @@ def infos(policy: TablePolicy) -> list[TableInfo]:
             TableInfo("item", DIM, {"distribution": "normal", "mean": 0.0, "stddev": 0.1, "seed": 7}, policy)]
 
 
-def tables_of(core: ParameterServer, by_id: bool = False) -> dict:
+def tables_of(core: ParameterServer) -> dict:
     """Every bit of each table: rows, slots, each row's last update, in the table's own order
-    (the eviction order when it evicts), its counters and admission sketch. ``by_id``: rows
-    sorted by id (the order of an unbounded table's rows is where they were made, which nothing reads)."""
+    (the eviction order when it evicts), its counters and admission sketch."""
     out = {}
     for name, table in core.shard.embeddings.items():
         ids, rows, slots, touched, meta = table.saved()
-        if by_id:
-            order = np.argsort(ids, kind="stable")
-            ids, rows, touched, slots = ids[order], rows[order], touched[order], {s: v[order] for s, v in slots.items()}
         out[name] = {
             "ids": ids.tobytes(), "rows": rows.tobytes(), "slots": {s: v.tobytes() for s, v in slots.items()},
             "touched": touched.tobytes(), "meta": {k: np.asarray(v).tobytes() for k, v in meta.items()},
@@ -54,6 +52,32 @@ def tables_of(core: ParameterServer, by_id: bool = False) -> dict:
             "policy": table.policy,
         }
     return out
+
+
+def same_model(backup: ParameterServer, primary: ParameterServer) -> None:
+    """An unbounded table's backup holds the rows its primary's pushes made, bit for bit (rows,
+    slots, last update; by id: the order is where they were made, which nothing reads); a row
+    the primary made by a lookup alone (never pushed) it lacks, and that row is what a training
+    lookup of the id on the backup makes: its initial value, with fresh slots."""
+    for name, table in primary.shard.embeddings.items():
+        ids, rows, slots, touched, _ = table.saved()
+        b_ids, b_rows, b_slots, b_touched, _ = backup.shard.embeddings[name].saved()
+        where = {i: n for n, i in enumerate(ids.tolist())}
+        assert set(b_ids.tolist()) <= set(where), f"{name}: the backup holds rows its primary does not"
+        at = np.array([where[i] for i in b_ids.tolist()], np.int64)
+        assert rows[at].tobytes() == b_rows.tobytes() and touched[at].tobytes() == b_touched.tobytes()
+        assert all(slots[s][at].tobytes() == b_slots[s].tobytes() for s in slots)
+        only = np.flatnonzero(~np.isin(ids, b_ids))
+        if only.size:
+            fresh = ParameterServer(PSSettings(use_async=True), adam())
+            fresh.push_embedding_table_infos([table.info])
+            made = fresh.lookup_embeddings(name, ids[only], create=True)
+            _, _, fresh_slots, _, _ = fresh.shard.embeddings[name].saved()
+            assert rows[only].tobytes() == made.tobytes(), f"{name}: a row only the primary holds was pushed"
+            assert all(slots[s][only].tobytes() == fresh_slots[s].tobytes() for s in slots)
+        counters, b_counters = table.counters, backup.shard.embeddings[name].counters
+        assert counters.admissions == len(ids) and b_counters.admissions == len(b_ids)
+    assert fingerprint(backup) == fingerprint(primary)
 
 
 def train(primary: ParameterServer, rng, steps: int, first_task: int = 0, check=None) -> None:
@@ -81,6 +105,9 @@ def test_backup_tables_equal_the_primary_s_bit_for_bit_after_every_lookup_and_pu
     primary.push_embedding_table_infos(infos(policy))
 
     def same():
+        if not policy.bounded:
+            same_model(backup, primary)
+            return
         assert tables_of(backup) == tables_of(primary)
         assert fingerprint(backup) == fingerprint(primary)
 
@@ -94,13 +121,18 @@ def test_backup_tables_equal_the_primary_s_bit_for_bit_after_every_lookup_and_pu
         assert counters.dropped_gradients > 0
 
 
-def test_a_lookup_that_changes_nothing_forwards_nothing():
-    """Known ids read again (the usual lookup once a table is warm) cost no forward."""
+@pytest.mark.parametrize("policy", [TablePolicy(), TablePolicy(max_rows=40)], ids=["unbounded", "bounded"])
+def test_a_lookup_that_changes_nothing_forwards_nothing(policy):
+    """Known ids read again (the usual lookup once a table is warm) cost no forward, and neither
+    does an unbounded table's lookup that makes rows (their initial values: a push makes them on
+    the backup); a bounded table's lookup that makes rows is forwarded (it moves its eviction order)."""
     primary, _backup, _applier = pair(use_async=True)
     primary.push_model(dense_model())
-    primary.push_embedding_table_infos(infos(TablePolicy()))
+    primary.push_embedding_table_infos(infos(policy))
     ids = np.arange(0, 20, dtype=np.int64)
+    seq = primary.replication.seq
     primary.lookup_embeddings("user", ids, create=True)
+    assert primary.replication.seq == seq + policy.bounded
     seq = primary.replication.seq
     primary.lookup_embeddings("user", ids, create=True)
     primary.lookup_embeddings("user", np.arange(100, 110, dtype=np.int64), create=False)  # unknown, not made
@@ -141,7 +173,11 @@ def test_a_new_backup_s_snapshot_carries_the_tables_and_it_stays_equal_after(pol
     appliers[2].install(seq, snapshot)
     pusher.join(timeout=60)
     assert not pusher.is_alive()
-    by_id = not policy.evicts  # a table that evicts keeps its rows in eviction order: the same
-    assert tables_of(late, by_id) == tables_of(primary, by_id)
+    if not policy.bounded:  # the snapshot held every row; lookups alone after it were not forwarded
+        same_model(late, primary)
+        train(primary, rng, 10, 200)
+        same_model(late, primary)
+        return
+    assert tables_of(late) == tables_of(primary)  # a table that evicts keeps its rows in eviction order
     train(primary, rng, 10, 200)  # evictions and admissions after the catch-up happen alike
-    assert tables_of(late, by_id) == tables_of(primary, by_id) and fingerprint(late) == fingerprint(primary)
+    assert tables_of(late) == tables_of(primary) and fingerprint(late) == fingerprint(primary)

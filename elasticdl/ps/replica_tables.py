@@ -51,7 +51,10 @@ class ShardTables:
                 if name not in frozen:  # a table made after the snapshot: nothing trained yet
                     return np.zeros((ids.size, table.dim), np.float32)
                 return frozen[name].lookup(ids)
-            before = dataclasses.replace(table.counters) if self.replication is not None else None
+            # An unbounded table's lookup only makes rows at their initial values, which a push
+            # of those ids makes on the backup too (apply creates unknown ids): not forwarded.
+            forwards = self.replication is not None and table.policy.bounded
+            before = dataclasses.replace(table.counters) if forwards else None
             rows = table.lookup(ids, create)
             if before is not None and table.counters != before:  # rows made or evicted: forwarded
                 entry = self._replicate_locked("lookup", name, np.array(ids, np.int64), create)
