@@ -948,3 +948,30 @@ def test_a_leveling_refused_for_longer_than_its_patience_lets_the_job_end_unleve
     clock.now += LEVEL_PATIENCE_SECONDS / 2
     ctl.step(c.Tick())
     assert of(ctl.step(c.VersionsNotLeveled()), c.EndEpoch) == [c.EndEpoch(0, final=True, sync_model=True)]
+
+
+def test_a_worker_frozen_while_it_held_no_task_is_replaced_once_it_went_silent_past_the_timeout():
+    """Found by the nemesis (freeze_worker, seed 26): the only worker was SIGSTOPped between its
+    last task and an evaluation round's first. It held no task, so no task timed out, and the job
+    waited for ever. A worker heard from once that holds no task and asks for nothing within
+    --task_timeout is replaced; one that keeps asking is not, nor one never heard from (starting)."""
+    ctl, dispatcher, _, clock = make(workers=2, epochs=1, tasks=2, task_timeout=5.0)
+    ctl.start()
+    task = take(dispatcher, 0)
+    dispatcher.heard(0, clock.now)
+    dispatcher.heard(1, clock.now)
+    for _ in range(3):  # worker 1 asks every second, holding nothing: alive
+        clock.now += 1.0
+        dispatcher.heard(1, clock.now)
+    answer(ctl, report(ctl, dispatcher, task, 0))
+    dispatcher.heard(0, clock.now)  # its report: then it freezes, holding no task
+    assert of(ctl.step(c.Tick()), c.ReplaceWorker) == []
+    clock.now += 5.5
+    dispatcher.heard(1, clock.now)
+    assert of(ctl.step(c.Tick()), c.ReplaceWorker) == [
+        c.ReplaceWorker(0, "it holds no task and asked for none within --task_timeout")]
+    assert of(ctl.step(c.Tick()), c.ReplaceWorker) == []  # asked once
+    ctl.step(exit_of(0, code=-9))
+    clock.now += 60.0  # a worker never heard from (the replacement, starting) is not counted
+    dispatcher.heard(1, clock.now)
+    assert of(ctl.step(c.Tick()), c.ReplaceWorker) == []

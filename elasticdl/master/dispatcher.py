@@ -43,6 +43,10 @@ class TaskDispatcher:
         # gets END, never a task, which would sit in doing for a worker that no longer exists.
         # Process indices are never reused (elasticdl/master/instance_manager.py).
         self._gone: set[int] = set()
+        # When each live worker last asked for anything (``heard``): a worker that holds no task
+        # and went silent past --task_timeout is frozen (``silent_workers``); a task's own timeout
+        # covers a worker that holds one.
+        self._heard: dict[int, float] = {}
 
     def halt(self, reason: str) -> None:
         """Stop acting at once (any thread: a store thread saw the leadership go): the master lost
@@ -92,6 +96,18 @@ class TaskDispatcher:
                 given.add(path)
                 found.append((path, *footer))
         return found
+
+    def heard(self, worker_id: int, at: float) -> None:
+        """Worker ``worker_id`` asked for something at ``at`` (the caller's clock)."""
+        if worker_id not in self._gone:
+            self._heard[worker_id] = at
+
+    def silent_workers(self, now: float, limit: float) -> list[int]:
+        """The workers heard from once (a worker still starting is not counted: a pod may take
+        minutes) that hold no task and asked for nothing in the last ``limit`` seconds. An idle
+        worker asks every second or so (a parked get_task is answered within TASK_WAIT_SECONDS)."""
+        busy = self.active_workers()
+        return sorted(w for w, at in self._heard.items() if w not in busy and now - at > limit)
 
     def gone(self, worker_id: int) -> bool:
         """The master handled this worker's exit: nothing is handed to it any more."""
@@ -144,6 +160,7 @@ class TaskDispatcher:
     def recover_worker_tasks(self, worker_id: int) -> None:
         """``worker_id`` exited: its tasks go back, and it is handed nothing more (``gone``)."""
         self._gone.add(worker_id)
+        self._heard.pop(worker_id, None)
         self._footers_given.pop(worker_id, None)
         if self.main is not None:
             self.main.recover_worker_tasks(worker_id)
@@ -160,6 +177,11 @@ class TaskDispatcher:
         if self.evaluation is not None:
             stalled.update(self.evaluation.requeue_timed_out())
         return sorted(stalled)
+
+    @property
+    def task_timeout(self) -> float | None:
+        """--task_timeout (the main ledger's), None without a main ledger."""
+        return None if self.main is None else self.main.task_timeout
 
     def active_workers(self) -> set[int]:
         active = self.main.active_workers() if self.main is not None else set()

@@ -80,6 +80,7 @@ class RequestDesk:
         """Answer ``request`` (or park it); the events its answer implies, for the controller."""
         if not request.future.set_running_or_notify_cancel():
             return []  # withdrawn by its gRPC thread (deadline): it never happened
+        self._dispatcher.heard(request.worker_id, self._clock())
         try:
             match request:
                 case GetTask():

@@ -420,6 +420,10 @@ class TaskManager(LedgerPersistence):
         logger.info("epoch %d of %d starts", self.epoch + 1, self._num_epochs)
         return True
 
+    @property
+    def task_timeout(self) -> float:
+        return self._task_timeout
+
     def requeue_timed_out(self) -> None:
         """Take back the tasks held past ``task_timeout`` (the controller asks at every Tick: with
         every worker frozen, nobody else would ask for a task and so time one out)."""

@@ -369,6 +369,7 @@ class SimMaster(SimReplicaRecovery):
     # ------------------------------------------------------------ the servicer (worker calls)
 
     def rpc_get_task(self, worker_id: int):
+        self.dispatcher.heard(worker_id, self.world.clock())  # RequestDesk.serve
         task = self._hand_out(worker_id)
         # RequestDesk: parked until a task comes. In a stream job, where workers wait for records
         # (the file families answer WAIT and the worker asks again: the timelines their seeds replay).
@@ -406,6 +407,7 @@ class SimMaster(SimReplicaRecovery):
 
     def rpc_report(self, task_id: int, worker_id: int, err: str, records: int, interrupted: bool, handout: int,
                    states=None):
+        self.dispatcher.heard(worker_id, self.world.clock())
         outcome = self.dispatcher.report(task_id, worker_id, err, records, states, interrupted=interrupted,
                                          handout=handout)
         self.events.append(c.TaskReported(task_id, worker_id, outcome.accepted))
@@ -413,6 +415,7 @@ class SimMaster(SimReplicaRecovery):
         return outcome.accepted
 
     def rpc_progress(self, task_id: int, worker_id: int, done: int) -> bool:
+        self.dispatcher.heard(worker_id, self.world.clock())
         return self.dispatcher.progress(task_id, worker_id, done).accepted
 
     def rpc_report_clock(self, worker_id: int, clock: int, blocked: float):

@@ -199,6 +199,4 @@ def known_bugs(plan: Plan, outcome: Outcome, report: dict | None, problems: list
         known.append("damaged newest checkpoint")
     if plan.mode.name == "sync-g2" and any("shards are at versions" in p for p in problems):
         known.append("grads_to_wait 2 version split")
-    if outcome.returncode is None and any(f.startswith("stop_worker") for f in outcome.injected):
-        known.append("frozen worker blocking the job's end")
     return known

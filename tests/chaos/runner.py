@@ -19,6 +19,7 @@ from elasticdl.model.checkpoint import complete_versions
 from tests.chaos.job import ChaosJob
 from tests.chaos.modes import Plan
 from tests.chaos.schedule import Fault
+from tests.test_e2e_local import _alive
 
 POLL = 0.2
 MAX_MASTER_RESTARTS = 3
@@ -59,8 +60,9 @@ class StallWatch:
 class _Hold:
     fault: Fault
     undo: object  # () -> None
-    cuts_at: int
+    cuts_at: float
     until: float
+    gone: object = None  # () -> bool: the hold lasts until it holds (freeze_worker: the process was replaced)
 
 
 class Nemesis:
@@ -84,6 +86,10 @@ class Nemesis:
         """Fire the next fault if its event came; undo the holds whose event or time came."""
         now = self.clock()
         for hold in list(self.holds):
+            if hold.gone is not None:
+                if hold.gone():
+                    self.holds.remove(hold)
+                continue
             if self.job.events.count("cut") > hold.cuts_at or now >= hold.until:
                 self.holds.remove(hold)
                 self._undo(hold)
@@ -125,6 +131,12 @@ class Nemesis:
             done = pid is not None
             if done:
                 self._hold(fault, lambda: _signal(pid, signal.SIGCONT))
+        elif fault.action == "freeze_worker":
+            pid = job.signal_role("worker", fault.target, signal.SIGSTOP)
+            done = pid is not None
+            if done:  # never continued: at --task_timeout the master takes its task back and replaces it
+                self.holds.append(_Hold(fault, lambda: _signal(pid, signal.SIGKILL), float("inf"), float("inf"),
+                                        gone=lambda: not _alive([pid])))
         elif fault.action == "kill_master":
             done = job.signal_role("master", 0, signal.SIGKILL) is not None
             self.master_killed = self.master_killed or done

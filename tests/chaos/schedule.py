@@ -21,10 +21,11 @@ from tests.chaos.modes import MODES, Mode, Plan
 
 # Faults by store: etcd's own faults, and a master restart, need etcd (a restarted master
 # without one starts the job over, by design).
-ANY_STORE = ("kill_ps", "stop_ps", "kill_worker", "stop_worker", "stop_master", "scale", "damage_cut")
+# freeze_worker: a SIGSTOP never undone, which only --task_timeout (20 s here) gets the job past.
+ANY_STORE = ("kill_ps", "stop_ps", "kill_worker", "stop_worker", "stop_master", "scale", "damage_cut", "freeze_worker")
 ETCD_ONLY = ("kill_master", "kill_etcd", "cut_store")
 WEIGHTS = {"kill_ps": 4, "stop_ps": 2, "kill_worker": 3, "stop_worker": 2, "stop_master": 1, "scale": 2,
-           "damage_cut": 2, "kill_master": 2, "kill_etcd": 2, "cut_store": 2}
+           "damage_cut": 2, "kill_master": 2, "kill_etcd": 2, "cut_store": 2, "freeze_worker": 1}
 KILLS = ("kill_ps", "kill_worker", "kill_master")
 HOLDS = ("stop_ps", "stop_worker", "stop_master", "kill_etcd", "cut_store")
 TRIGGERS = ("cut", "epoch", "cut", "relaunch")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import threading
 import zipfile
@@ -259,3 +260,24 @@ def test_a_short_seed_ends_with_every_invariant_holding(seed, workdir):
     assert result.verdict.kind != "violation", (result.verdict.describe(), result.outcome.master_log_tail)
     assert result.plan.mode.model is DIGITS
     assert os.path.isdir(result.run_dir)
+
+
+def test_a_worker_frozen_for_good_is_held_until_the_master_replaced_it(monkeypatch):
+    """freeze_worker: a SIGSTOP never undone by time or a cut; the hold (which keeps the stall
+    watch quiet) ends once the process is gone, which only the master's --task_timeout brings.
+    A job that never replaces it runs into the deadline: a hang, a violation."""
+    from tests.chaos import runner
+
+    job, now, alive = _FakeJob(), [0.0], {4242}
+    monkeypatch.setattr(runner, "_alive", lambda pids: [p for p in pids if p in alive])
+    nemesis = Nemesis(job, [Fault("freeze_worker", "cut", 1, 0)], clock=lambda: now[0])
+    job.events.cuts.add(20)
+    nemesis.step()
+    assert job.signals == [("worker", 0, signal.SIGSTOP)] and nemesis.holds
+    now[0] = 1e6
+    job.events.cuts.update({40, 60})
+    nemesis.step()
+    assert nemesis.holds  # neither time nor cuts end it
+    alive.clear()  # the master took its task back and killed it
+    nemesis.step()
+    assert not nemesis.holds and nemesis.outcome.injected == ["freeze_worker[0]@cutx1"]
