@@ -389,12 +389,9 @@ class Controller(PSLosses):
         So is a worker frozen while it held no task: it went silent past --task_timeout (the
         nemesis froze the only worker between its last task and an evaluation round's first, and
         the job waited for ever)."""
-        decisions = self._replace(self.dispatcher.stalled_workers(), "its task timed out (--task_timeout)")
-        limit = self.dispatcher.task_timeout
-        if limit is not None:
-            decisions += self._replace(self.dispatcher.silent_workers(self._clock(), limit),
-                                       "it holds no task and asked for none within --task_timeout")
-        return decisions
+        return (self._replace(self.dispatcher.stalled_workers(), "its task timed out (--task_timeout)")
+                + self._replace(self.dispatcher.silent_workers(self._clock()),
+                                "it holds no task and asked for none within --task_timeout"))
 
     def _replace_lingering(self) -> list[Decision]:
         now = self._clock()

@@ -102,11 +102,14 @@ class TaskDispatcher:
         if worker_id not in self._gone:
             self._heard[worker_id] = at
 
-    def silent_workers(self, now: float, limit: float) -> list[int]:
+    def silent_workers(self, now: float) -> list[int]:
         """The workers heard from once (a worker still starting is not counted: a pod may take
-        minutes) that hold no task and asked for nothing in the last ``limit`` seconds. An idle
-        worker asks every second or so (a parked get_task is answered within TASK_WAIT_SECONDS)."""
-        busy = self.active_workers()
+        minutes) that hold no task and asked for nothing within --task_timeout (the main
+        ledger's; none without one). An idle worker asks every second or so (a parked get_task
+        is answered within TASK_WAIT_SECONDS)."""
+        if self.main is None:
+            return []
+        busy, limit = self.active_workers(), self.main.task_timeout
         return sorted(w for w, at in self._heard.items() if w not in busy and now - at > limit)
 
     def gone(self, worker_id: int) -> bool:
@@ -177,11 +180,6 @@ class TaskDispatcher:
         if self.evaluation is not None:
             stalled.update(self.evaluation.requeue_timed_out())
         return sorted(stalled)
-
-    @property
-    def task_timeout(self) -> float | None:
-        """--task_timeout (the main ledger's), None without a main ledger."""
-        return None if self.main is None else self.main.task_timeout
 
     def active_workers(self) -> set[int]:
         active = self.main.active_workers() if self.main is not None else set()
